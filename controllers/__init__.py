@@ -1,0 +1,1 @@
+"""Policies that decide reconfigurations (DS2 autoscaler, balancer, ...)."""

@@ -1,0 +1,34 @@
+"""reflow's public API: build a ``StreamJob``, ``run()`` it on Ray, rescale it live."""
+
+from engine.api import KeyedStream, Stream, StreamJob
+from engine.config import JobConfig
+from engine.errors import (
+    CodecError,
+    JobDefinitionError,
+    JobFailedError,
+    ReflowError,
+    RescaleRefused,
+    UserFunctionError,
+)
+from engine.functions import Context, KeyedProcessFunction, RuntimeContext
+from engine.state import ListState, MapState, ReducingState, ValueState
+
+__all__ = [
+    "CodecError",
+    "Context",
+    "JobConfig",
+    "JobDefinitionError",
+    "JobFailedError",
+    "KeyedProcessFunction",
+    "KeyedStream",
+    "ListState",
+    "MapState",
+    "ReducingState",
+    "ReflowError",
+    "RescaleRefused",
+    "RuntimeContext",
+    "Stream",
+    "StreamJob",
+    "UserFunctionError",
+    "ValueState",
+]

@@ -1,0 +1,193 @@
+"""Fluent builders producing the logical graph: ``StreamJob``, ``Stream``, ``KeyedStream``.
+
+Every builder call validates at once, so an invalid job fails where it is written, with the
+operator named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from engine import graph as g
+from engine.config import JobConfig
+from engine.errors import JobDefinitionError
+from engine.functions import KeyedProcessFunction, ReduceFunction
+from engine.keygroups import DEFAULT_NUM_KEY_GROUPS
+from engine.sinks import Sink
+from engine.sources import Source
+
+if TYPE_CHECKING:
+    from engine.runtime import JobHandle
+
+
+class StreamJob:
+    """A job under construction. ``run()`` deploys it on Ray and returns a ``JobHandle``."""
+
+    def __init__(
+        self,
+        name: str,
+        num_key_groups: int = DEFAULT_NUM_KEY_GROUPS,
+        parallelism: int = 1,
+        config: JobConfig | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name:
+            raise JobDefinitionError("a job needs a non-empty name")
+        if not isinstance(num_key_groups, int) or num_key_groups < 1:
+            raise JobDefinitionError(f"job {name!r}: num_key_groups must be >= 1")
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise JobDefinitionError(f"job {name!r}: default parallelism must be >= 1")
+        self.name = name
+        self.num_key_groups = num_key_groups
+        self.default_parallelism = parallelism
+        self.config = config or JobConfig()
+        self._ops: list[g.OperatorDef] = []
+        self._counter = 0
+
+    # -- building
+    def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> Stream:
+        if not isinstance(source, Source):
+            raise JobDefinitionError(
+                f"source {name or '?'!r}: {type(source).__name__} is not an engine.sources.Source"
+            )
+        op = self._add(g.SOURCE, name, source, parallelism or self.default_parallelism, ())
+        return Stream(self, (op.name,))
+
+    def _auto_name(self, kind: str) -> str:
+        self._counter += 1
+        return f"{kind}-{self._counter}"
+
+    def _add(
+        self,
+        kind: str,
+        name: str | None,
+        fn: Any,
+        parallelism: int,
+        inputs: tuple[g.InputDef, ...],
+        dead_letter: Sink | None = None,
+    ) -> g.OperatorDef:
+        name = name or self._auto_name(kind)
+        if any(o.name == name for o in self._ops):
+            raise JobDefinitionError(
+                f"operator name {name!r} is used twice; give each operator a unique name"
+            )
+        if dead_letter is not None and not isinstance(dead_letter, Sink):
+            raise JobDefinitionError(f"operator {name!r}: dead_letter must be a Sink")
+        op = g.OperatorDef(name, kind, fn, parallelism, inputs, dead_letter)
+        if op.keyed and parallelism > self.num_key_groups:
+            raise JobDefinitionError(
+                f"keyed operator {name!r} has parallelism {parallelism} > num_key_groups "
+                f"{self.num_key_groups}; lower it or raise num_key_groups"
+            )
+        self._ops.append(op)
+        return op
+
+    def _parallelism_of(self, names: tuple[str, ...]) -> int:
+        ps = {o.parallelism for o in self._ops if o.name in names}
+        return ps.pop() if len(ps) == 1 else self.default_parallelism
+
+    def graph(self) -> g.JobGraph:
+        """The validated logical graph."""
+        return g.JobGraph(self.name, self.num_key_groups, tuple(self._ops))
+
+    def run(self, address: str | None = None) -> JobHandle:
+        """Deploy on Ray (``ray.init()`` is called when no cluster is connected)."""
+        from engine.runtime import deploy
+
+        return deploy(self.graph(), self.config, address=address)
+
+
+def _check_callable(fn: Any, what: str, name: str | None) -> None:
+    if not callable(fn):
+        raise JobDefinitionError(f"{what} {name or ''!r}: {fn!r} is not callable")
+
+
+class Stream:
+    """The output of one or more operators (more than one after ``union``)."""
+
+    def __init__(self, job: StreamJob, heads: tuple[str, ...]) -> None:
+        self._job = job
+        self._heads = heads
+
+    def _inputs(self, key_fn: Callable[[Any], Any] | None = None) -> tuple[g.InputDef, ...]:
+        return tuple(g.InputDef(h, key_fn) for h in self._heads)
+
+    def _stateless(
+        self, kind: str, fn: Any, name: str | None, parallelism: int | None, dead_letter: Sink | None
+    ) -> Stream:
+        _check_callable(fn, kind, name)
+        p = parallelism or self._job._parallelism_of(self._heads)
+        op = self._job._add(kind, name, fn, p, self._inputs(), dead_letter)
+        return Stream(self._job, (op.name,))
+
+    def map(
+        self, fn: Callable[[Any], Any], name: str | None = None, parallelism: int | None = None,
+        dead_letter: Sink | None = None,
+    ) -> Stream:
+        return self._stateless(g.MAP, fn, name, parallelism, dead_letter)
+
+    def flat_map(
+        self, fn: Callable[[Any], Iterable[Any]], name: str | None = None,
+        parallelism: int | None = None, dead_letter: Sink | None = None,
+    ) -> Stream:
+        return self._stateless(g.FLAT_MAP, fn, name, parallelism, dead_letter)
+
+    def filter(
+        self, fn: Callable[[Any], bool], name: str | None = None, parallelism: int | None = None,
+        dead_letter: Sink | None = None,
+    ) -> Stream:
+        return self._stateless(g.FILTER, fn, name, parallelism, dead_letter)
+
+    def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
+        _check_callable(key_fn, "key_by", None)
+        return KeyedStream(self._job, self._heads, key_fn)
+
+    def union(self, *others: Stream) -> Stream:
+        heads = list(self._heads)
+        for o in others:
+            if not isinstance(o, Stream) or o._job is not self._job:
+                raise JobDefinitionError("union takes streams of the same job")
+            heads.extend(h for h in o._heads if h not in heads)
+        return Stream(self._job, tuple(heads))
+
+    def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
+        if not isinstance(sink, Sink):
+            raise JobDefinitionError(
+                f"sink {name or '?'!r}: {type(sink).__name__} is not an engine.sinks.Sink"
+            )
+        p = parallelism or self._job._parallelism_of(self._heads)
+        self._job._add(g.SINK, name, sink, p, self._inputs())
+
+
+class KeyedStream:
+    """A stream partitioned by ``key_fn``; its operators keep state per key."""
+
+    def __init__(self, job: StreamJob, heads: tuple[str, ...], key_fn: Callable[[Any], Any]) -> None:
+        self._job = job
+        self._heads = heads
+        self._key_fn = key_fn
+
+    def _keyed(self, kind: str, fn: Any, name: str | None, parallelism: int | None,
+               dead_letter: Sink | None) -> Stream:
+        p = parallelism or self._job.default_parallelism
+        inputs = tuple(g.InputDef(h, self._key_fn) for h in self._heads)
+        op = self._job._add(kind, name, fn, p, inputs, dead_letter)
+        return Stream(self._job, (op.name,))
+
+    def process(
+        self, fn: KeyedProcessFunction, name: str | None = None, parallelism: int | None = None,
+        dead_letter: Sink | None = None,
+    ) -> Stream:
+        if not isinstance(fn, KeyedProcessFunction):
+            raise JobDefinitionError(
+                f"process {name or '?'!r}: {type(fn).__name__} is not a KeyedProcessFunction"
+            )
+        return self._keyed(g.PROCESS, fn, name, parallelism, dead_letter)
+
+    def reduce(
+        self, fn: Callable[[Any, Any], Any], name: str | None = None,
+        parallelism: int | None = None, dead_letter: Sink | None = None,
+    ) -> Stream:
+        """Emit the running reduced value of the key for every input (Flink's ``reduce``)."""
+        _check_callable(fn, "reduce", name)
+        return self._keyed(g.REDUCE, ReduceFunction(fn), name, parallelism, dead_letter)

@@ -1,0 +1,288 @@
+"""Channels: ordered input queues, credit accounting and output batching/routing (pure).
+
+* ``InputChannel`` restores the sender's order from per-channel sequence numbers (Ray does
+  not order calls of async actors) and queues encoded frames.
+* ``CreditGate`` bounds the unacknowledged frames per output channel.
+* ``OutputRouter`` partitions records over a task's output edges (forward, rebalance,
+  keyed by key group), batches them per channel and emits encoded frames into an outbox.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.keygroups import KeyGroupCache
+from engine.messages import (
+    ChannelEvent,
+    Frame,
+    LatencyMarker,
+    OutputChannel,
+    OutputEdge,
+    encode_frame,
+)
+
+
+class InputChannel:
+    """One input channel: a reorder buffer in front of a FIFO of encoded frames."""
+
+    __slots__ = ("channel_id", "port", "next_seq", "pending", "queue", "ended")
+
+    def __init__(self, channel_id: int, port: int = 0) -> None:
+        self.channel_id = channel_id
+        self.port = port
+        self.next_seq = 0
+        self.pending: dict[int, bytes] = {}
+        self.queue: deque[tuple[int, bytes]] = deque()
+        self.ended = False
+
+    def offer(self, seq: int, payload: bytes) -> int:
+        """Accept frame ``seq``; returns how many frames became ready (in order)."""
+        if seq < self.next_seq or seq in self.pending:
+            raise ValueError(f"channel {self.channel_id}: frame {seq} delivered twice")
+        self.pending[seq] = payload
+        ready = 0
+        while self.next_seq in self.pending:
+            self.queue.append((self.next_seq, self.pending.pop(self.next_seq)))
+            self.next_seq += 1
+            ready += 1
+        return ready
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.pending)
+
+
+class CreditGate:
+    """At most ``credits`` unacknowledged frames per channel."""
+
+    def __init__(self, credits: int) -> None:
+        if credits < 1:
+            raise ValueError("credits must be >= 1")
+        self.credits = credits
+        self._in_flight: dict[int, int] = {}
+
+    def can_send(self, channel_id: int) -> bool:
+        return self._in_flight.get(channel_id, 0) < self.credits
+
+    def on_send(self, channel_id: int) -> None:
+        n = self._in_flight.get(channel_id, 0)
+        if n >= self.credits:
+            raise RuntimeError(f"channel {channel_id}: sent without credit")
+        self._in_flight[channel_id] = n + 1
+
+    def on_ack(self, channel_id: int) -> None:
+        n = self._in_flight.get(channel_id, 0)
+        if n <= 0:
+            raise RuntimeError(f"channel {channel_id}: acknowledgement without a frame in flight")
+        self._in_flight[channel_id] = n - 1
+
+    def in_flight(self, channel_id: int) -> int:
+        return self._in_flight.get(channel_id, 0)
+
+    def total_in_flight(self) -> int:
+        return sum(self._in_flight.values())
+
+
+@dataclass(frozen=True, slots=True)
+class OutFrame:
+    """An encoded frame ready to push: ``target`` task name, channel and sequence number."""
+
+    channel_id: int
+    target: str
+    seq: int
+    payload: bytes
+    records: int
+
+
+class _ChannelBuffer:
+    __slots__ = ("channel", "seq", "values", "timestamps", "keys", "kgs", "since")
+
+    def __init__(self, channel: OutputChannel, seq: int, keyed: bool) -> None:
+        self.channel = channel
+        self.seq = seq
+        self.values: list[Any] = []
+        self.timestamps: list[int] = []
+        self.keys: list[Any] | None = [] if keyed else None
+        self.kgs: list[int] | None = [] if keyed else None
+        self.since = 0.0
+
+
+class KeyFunctionError(Exception):
+    """A key_by function raised on ``record``."""
+
+    def __init__(self, record: Any, cause: BaseException) -> None:
+        self.record = record
+        self.cause = cause
+        super().__init__(f"{type(cause).__name__}: {cause}")
+
+
+class OutputRouter:
+    """Partitions, batches and encodes a task's output.
+
+    ``key_fns`` gives the key function of every keyed edge (by edge id). Frames go to
+    ``outbox`` in per-channel order; ``now()`` (monotonic seconds) timestamps buffers for
+    the linger deadline.
+    """
+
+    def __init__(
+        self,
+        batch_size: int,
+        linger_s: float,
+        num_key_groups: int,
+        key_fns: dict[int, Callable[[Any], Any]],
+        now: Callable[[], float],
+    ) -> None:
+        self.batch_size = batch_size
+        self.linger_s = linger_s
+        self.key_fns = key_fns
+        self.now = now
+        self.cache = KeyGroupCache(num_key_groups)
+        self.edges: list[OutputEdge] = []
+        self._buffers: dict[int, list[_ChannelBuffer]] = {}
+        self._rr: dict[int, int] = {}
+        self.outbox: deque[OutFrame] = deque()
+        self.records_out = 0
+        self.bytes_out = 0
+        self._dirty: set[_ChannelBuffer] = set()
+
+    def connect(self, edges: Sequence[OutputEdge]) -> None:
+        """Use these edges from now on; channels kept by id keep their sequence numbers.
+
+        Buffered records must have been flushed before (the task is drained)."""
+        old = {b.channel.channel_id: b for bufs in self._buffers.values() for b in bufs}
+        if any(b.values for b in old.values()):
+            raise RuntimeError("reconnecting outputs with unflushed records")
+        self.edges = list(edges)
+        self._buffers = {
+            e.edge_id: [
+                _ChannelBuffer(c, old[c.channel_id].seq if c.channel_id in old else 0,
+                               e.partitioning == "keyed")
+                for c in e.channels
+            ]
+            for e in self.edges
+        }
+        self._dirty = set()
+
+    def update_routing(self, edge_id: int, routing: Sequence[int]) -> None:
+        for i, e in enumerate(self.edges):
+            if e.edge_id == edge_id:
+                self.edges[i] = OutputEdge(e.edge_id, e.partitioning, e.channels, tuple(routing))
+
+    # -- records
+    def emit(self, values: list[Any], timestamps: list[int]) -> None:
+        if not values:
+            return
+        for edge in self.edges:
+            bufs = self._buffers[edge.edge_id]
+            if edge.partitioning == "keyed":
+                self._emit_keyed(edge, bufs, values, timestamps)
+            else:
+                if edge.partitioning == "forward" or len(bufs) == 1:
+                    buf = bufs[0]
+                else:
+                    i = self._rr.get(edge.edge_id, 0)
+                    self._rr[edge.edge_id] = (i + 1) % len(bufs)
+                    buf = bufs[i]
+                if not buf.values:
+                    buf.since = self.now()
+                    self._dirty.add(buf)
+                buf.values.extend(values)
+                buf.timestamps.extend(timestamps)
+                if len(buf.values) >= self.batch_size:
+                    self._flush(buf)
+
+    def _emit_keyed(
+        self, edge: OutputEdge, bufs: list[_ChannelBuffer], values: list[Any], timestamps: list[int]
+    ) -> None:
+        key_fn = self.key_fns[edge.edge_id]
+        try:
+            keys = [key_fn(v) for v in values]
+        except Exception:
+            for v in values:
+                try:
+                    key_fn(v)
+                except Exception as exc:
+                    raise KeyFunctionError(v, exc) from exc
+            raise
+        kgs = self.cache.key_groups(keys)
+        routing = edge.routing
+        now = None
+        if len(bufs) == 1:
+            touched = [bufs[0]]
+            b = bufs[0]
+            b.values.extend(values)
+            b.timestamps.extend(timestamps)
+            b.keys.extend(keys)  # type: ignore[union-attr]
+            b.kgs.extend(kgs)  # type: ignore[union-attr]
+        else:
+            touched_set: set[int] = set()
+            for v, ts, k, kg in zip(values, timestamps, keys, kgs, strict=True):
+                ci = routing[kg]
+                b = bufs[ci]
+                b.values.append(v)
+                b.timestamps.append(ts)
+                b.keys.append(k)  # type: ignore[union-attr]
+                b.kgs.append(kg)  # type: ignore[union-attr]
+                touched_set.add(ci)
+            touched = [bufs[i] for i in touched_set]
+        for b in touched:
+            if b not in self._dirty:
+                if now is None:
+                    now = self.now()
+                b.since = now
+                self._dirty.add(b)
+            if len(b.values) >= self.batch_size:
+                self._flush(b)
+
+    def _flush(self, buf: _ChannelBuffer, event: ChannelEvent | None = None) -> None:
+        n = len(buf.values)
+        if n == 0 and event is None:
+            return
+        payload = encode_frame(Frame(buf.values, buf.timestamps, buf.keys, buf.kgs, event))
+        self.outbox.append(OutFrame(buf.channel.channel_id, buf.channel.target, buf.seq, payload, n))
+        buf.seq += 1
+        self.records_out += n
+        self.bytes_out += len(payload)
+        buf.values = []
+        buf.timestamps = []
+        if buf.keys is not None:
+            buf.keys = []
+            buf.kgs = []
+        self._dirty.discard(buf)
+
+    def flush_due(self) -> None:
+        """Flush every channel whose oldest record waited ``linger_s`` or longer."""
+        if not self._dirty:
+            return
+        deadline = self.now() - self.linger_s
+        for b in [b for b in self._dirty if b.since <= deadline]:
+            self._flush(b)
+
+    def next_deadline(self) -> float | None:
+        if not self._dirty:
+            return None
+        return min(b.since for b in self._dirty) + self.linger_s
+
+    def flush_all(self) -> None:
+        for b in list(self._dirty):
+            self._flush(b)
+
+    # -- events
+    def broadcast(self, event: ChannelEvent) -> None:
+        """Flush every channel, then send ``event`` on each."""
+        for bufs in self._buffers.values():
+            for b in bufs:
+                self._flush(b, event)
+
+    def send_marker(self, marker: LatencyMarker) -> None:
+        """A latency marker goes to one channel per edge, round robin, behind its records."""
+        for edge in self.edges:
+            bufs = self._buffers[edge.edge_id]
+            i = self._rr.get(-1 - edge.edge_id, 0)
+            self._rr[-1 - edge.edge_id] = (i + 1) % len(bufs)
+            self._flush(bufs[i], marker)
+
+    def buffered_records(self) -> int:
+        return sum(len(b.values) for b in self._dirty)

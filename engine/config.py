@@ -1,0 +1,47 @@
+"""Job configuration: one frozen dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import JobDefinitionError
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Knobs of a deployed job.
+
+    ``batch_size``/``linger_ms``: a channel sends a frame when it holds this many records or
+    its oldest record waited this long. ``credits``: unacknowledged frames a sender may have
+    on one channel (a frame is acknowledged when the receiver takes it for processing), so a
+    task holds at most ``credits`` frames per input channel. ``metrics_port``: 0 picks a free
+    port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
+    (0 lets many tasks share a small machine).
+    """
+
+    batch_size: int = 1000
+    linger_ms: float = 5.0
+    credits: int = 4
+    latency_marker_interval_ms: float = 100.0
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = 0
+    metrics_poll_interval_s: float = 1.0
+    task_num_cpus: float = 0.0
+    source_poll_records: int = 1000
+    timer_check_interval_ms: float = 10.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.batch_size >= 1, "batch_size must be >= 1"),
+            (self.linger_ms >= 0, "linger_ms must be >= 0"),
+            (self.credits >= 1, "credits must be >= 1 (a channel needs one frame in flight)"),
+            (self.latency_marker_interval_ms > 0, "latency_marker_interval_ms must be > 0"),
+            (self.metrics_port is None or 0 <= self.metrics_port < 65536, "metrics_port must be a port number, 0, or None"),
+            (self.metrics_poll_interval_s > 0, "metrics_poll_interval_s must be > 0"),
+            (self.task_num_cpus >= 0, "task_num_cpus must be >= 0"),
+            (self.source_poll_records >= 1, "source_poll_records must be >= 1"),
+            (self.timer_check_interval_ms > 0, "timer_check_interval_ms must be > 0"),
+        ]
+        for ok, msg in checks:
+            if not ok:
+                raise JobDefinitionError(f"JobConfig: {msg}")

@@ -1,0 +1,94 @@
+"""User function types: ``KeyedProcessFunction`` with its contexts, and the built-in reduce."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from engine.state import KeyedStateBackend, ListState, MapState, ReducingState, ValueState
+
+
+class RuntimeContext:
+    """Given to ``KeyedProcessFunction.open``: declares state, tells where the function runs."""
+
+    def __init__(self, backend: KeyedStateBackend, operator: str, task_index: int, parallelism: int) -> None:
+        self._backend = backend
+        self.operator = operator
+        self.task_index = task_index
+        self.parallelism = parallelism
+
+    def value_state(self, name: str, default: Any = None) -> ValueState:
+        return ValueState(self._backend, name, default)
+
+    def list_state(self, name: str) -> ListState:
+        return ListState(self._backend, name)
+
+    def map_state(self, name: str) -> MapState:
+        return MapState(self._backend, name)
+
+    def reducing_state(self, name: str, reduce_fn: Callable[[Any, Any], Any]) -> ReducingState:
+        return ReducingState(self._backend, name, reduce_fn)
+
+
+class TimerService:
+    """Processing-time timers of the current key (times in ms since the epoch)."""
+
+    def __init__(self, backend: KeyedStateBackend, now_ms: Callable[[], int]) -> None:
+        self._backend = backend
+        self._now_ms = now_ms
+
+    def current_processing_time(self) -> int:
+        return self._now_ms()
+
+    def register_processing_time_timer(self, time_ms: int) -> None:
+        """Call ``on_timer(time_ms, ...)`` for the current key once processing time reaches it.
+
+        One timer per (key, time): registering the same time twice fires once.
+        """
+        self._backend.register_timer(time_ms)
+
+    def delete_processing_time_timer(self, time_ms: int) -> None:
+        self._backend.delete_timer(time_ms)
+
+
+class Context:
+    """Given to ``process_element`` and ``on_timer``: the current key, timestamp and timers."""
+
+    __slots__ = ("_backend", "timestamp", "timer_service")
+
+    def __init__(self, backend: KeyedStateBackend, timer_service: TimerService) -> None:
+        self._backend = backend
+        self.timer_service = timer_service
+        self.timestamp = 0
+
+    @property
+    def key(self) -> Any:
+        return self._backend.current_key
+
+
+class KeyedProcessFunction:
+    """Per-key processing with keyed state and timers (Flink's KeyedProcessFunction).
+
+    Declare state in ``open`` (``self.count = ctx.value_state("count", 0)``); state handles
+    always act on the current key. ``process_element`` and ``on_timer`` return an iterable of
+    outputs (``yield`` works) or None. Outputs inherit the timestamp of the input (of the
+    timer, in ``on_timer``).
+    """
+
+    def open(self, ctx: RuntimeContext) -> None:  # noqa: B027 - optional hook
+        """Declare state here."""
+
+    def process_element(self, value: Any, ctx: Context) -> Iterable[Any] | None:
+        raise NotImplementedError("a KeyedProcessFunction must implement process_element")
+
+    def on_timer(self, timestamp: int, ctx: Context) -> Iterable[Any] | None:
+        return None
+
+
+class ReduceFunction(KeyedProcessFunction):
+    """Emits the running reduced value of the key for every input (Flink's ``reduce``)."""
+
+    STATE = "reduce"
+
+    def __init__(self, fn: Callable[[Any, Any], Any]) -> None:
+        self.fn = fn

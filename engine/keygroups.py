@@ -1,0 +1,111 @@
+"""Key groups: the unit of state, routing and migration (pure functions).
+
+``key_group = stable_hash(key) % num_key_groups``. The hash is stable across processes and
+machines (never Python's ``hash()``, which is salted per process for str). An *assignment*
+is a tuple with one task index per key group.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+import msgpack
+
+DEFAULT_NUM_KEY_GROUPS = 128
+_MASK32 = 0xFFFFFFFF
+
+
+def _fmix32(h: int) -> int:
+    # MurmurHash3 finaliser: spreads nearby integers over all key groups.
+    h &= _MASK32
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    h ^= h >> 16
+    return h
+
+
+def stable_hash(key: object) -> int:
+    """A 32-bit hash of ``key`` that is the same in every process and on every machine.
+
+    str, bytes and int are hashed directly; any other msgpack-encodable key (tuples, floats,
+    None, bool) through its msgpack encoding.
+    """
+    if type(key) is str:
+        return _fmix32(zlib.crc32(key.encode("utf-8")))
+    if type(key) is int:
+        return _fmix32((key & _MASK32) ^ ((key >> 32) & _MASK32) ^ (0x9E3779B9 if key < 0 else 0))
+    if type(key) is bytes:
+        return _fmix32(zlib.crc32(key))
+    try:
+        return _fmix32(zlib.crc32(msgpack.packb(key, use_bin_type=True)))
+    except TypeError as exc:
+        raise TypeError(
+            f"key {key!r} of type {type(key).__name__} cannot be hashed stably; "
+            "key_by must return str, bytes, int, float, bool, None or tuples of them"
+        ) from exc
+
+
+def key_group_of(key: object, num_key_groups: int) -> int:
+    """The key group that ``key`` belongs to."""
+    return stable_hash(key) % num_key_groups
+
+
+class KeyGroupCache:
+    """Memoises ``key_group_of`` for hot keys; bounded so memory stays flat."""
+
+    def __init__(self, num_key_groups: int, max_entries: int = 500_000) -> None:
+        self.num_key_groups = num_key_groups
+        self._max = max_entries
+        self._cache: dict[object, int] = {}
+
+    def key_groups(self, keys: Sequence[object]) -> list[int]:
+        cache = self._cache
+        n = self.num_key_groups
+        out = []
+        append = out.append
+        for k in keys:
+            kg = cache.get(k)
+            if kg is None:
+                kg = stable_hash(k) % n
+                if len(cache) >= self._max:
+                    cache.clear()
+                cache[k] = kg
+            append(kg)
+        return out
+
+
+def uniform_assignment(num_key_groups: int, parallelism: int) -> tuple[int, ...]:
+    """Contiguous, balanced ranges of key groups per task (Flink's default assignment)."""
+    if not 1 <= parallelism <= num_key_groups:
+        raise ValueError(
+            f"parallelism {parallelism} must be between 1 and the number of key groups "
+            f"({num_key_groups})"
+        )
+    return tuple(kg * parallelism // num_key_groups for kg in range(num_key_groups))
+
+
+def key_groups_of_task(assignment: Sequence[int], task_index: int) -> list[int]:
+    """The key groups an assignment gives to one task, in ascending order."""
+    return [kg for kg, t in enumerate(assignment) if t == task_index]
+
+
+def validate_assignment(assignment: Sequence[int], num_key_groups: int, parallelism: int) -> None:
+    """Raise ValueError unless ``assignment`` maps every key group to a task in range."""
+    if len(assignment) != num_key_groups:
+        raise ValueError(
+            f"the assignment has {len(assignment)} entries; it needs one task index per key "
+            f"group ({num_key_groups})"
+        )
+    bad = [kg for kg, t in enumerate(assignment) if not (isinstance(t, int) and 0 <= t < parallelism)]
+    if bad:
+        raise ValueError(
+            f"key groups {bad[:8]} map to task indices outside 0..{parallelism - 1}"
+        )
+
+
+def moved_key_groups(old: Sequence[int], new: Sequence[int]) -> list[int]:
+    """Key groups whose owner differs between two assignments of the same operator."""
+    return [kg for kg, (a, b) in enumerate(zip(old, new, strict=True)) if a != b]

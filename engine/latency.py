@@ -1,0 +1,211 @@
+"""A mergeable latency histogram with fixed log buckets (pure; no Ray, no I/O).
+
+Every ``LatencyHistogram`` has the same bucket layout, so histograms from different tasks,
+processes or seconds merge exactly by adding counts. Buckets grow by 4% from 0.1 ms to
+1,000 s; a quantile is reported as its bucket's geometric midpoint (clamped to the observed
+min/max), so it is within ~2% of the true value. Values below 0.1 ms (including 0 and the
+negative latencies that clock skew can produce) share one underflow bucket, whose
+representative is the mean of the values in it; values at or above the top bound share one
+overflow bucket, represented by the observed maximum.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+LOWEST_MS = 0.1
+HIGHEST_MS = 1_000_000.0
+GROWTH = 1.04
+_LOG_GROWTH = math.log(GROWTH)
+NUM_LOG_BUCKETS = math.ceil(math.log(HIGHEST_MS / LOWEST_MS) / _LOG_GROWTH)
+NUM_BUCKETS = NUM_LOG_BUCKETS + 2  # [underflow, log buckets..., overflow]
+_OVERFLOW = NUM_LOG_BUCKETS + 1
+# Geometric midpoints of the log buckets 1..N: bucket i is [LOWEST*g^(i-1), LOWEST*g^i).
+_MIDPOINTS = LOWEST_MS * GROWTH ** (np.arange(1, NUM_LOG_BUCKETS + 1, dtype=np.float64) - 0.5)
+_WIRE_VERSION = 1
+
+
+def _bucket_of(ms: float) -> int:
+    if ms < LOWEST_MS:
+        return 0
+    return min(_OVERFLOW, int(math.log(ms / LOWEST_MS) / _LOG_GROWTH) + 1)
+
+
+class LatencyHistogram:
+    """Counts of latencies (ms) in fixed log buckets, plus exact count, sum, min and max.
+
+    ``observe``/``observe_many`` add values (non-finite values are ignored); ``merge`` adds
+    another histogram; ``to_wire``/``from_wire`` round-trip through msgpack-able lists.
+    """
+
+    __slots__ = ("_count", "_counts", "_max", "_min", "_sum", "_under_sum")
+
+    def __init__(self) -> None:
+        self._counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
+        self._count = 0
+        self._sum = 0.0
+        self._min = math.inf
+        self._max = -math.inf
+        self._under_sum = 0.0  # sum of the values in the underflow bucket
+
+    # -- recording -------------------------------------------------------------------------
+
+    def observe(self, ms: float) -> None:
+        """Record one latency in milliseconds."""
+        ms = float(ms)
+        if not math.isfinite(ms):
+            return
+        b = _bucket_of(ms)
+        self._counts[b] += 1
+        if b == 0:
+            self._under_sum += ms
+        self._count += 1
+        self._sum += ms
+        self._min = min(self._min, ms)
+        self._max = max(self._max, ms)
+
+    def observe_many(self, values: Iterable[float] | np.ndarray) -> None:
+        """Record many latencies (ms) at once, vectorised."""
+        x = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.float64)
+        x = x[np.isfinite(x)]
+        if x.size == 0:
+            return
+        under = x < LOWEST_MS
+        idx = np.floor(np.log(np.maximum(x, LOWEST_MS) / LOWEST_MS) / _LOG_GROWTH).astype(np.int64)
+        idx += 1
+        np.minimum(idx, _OVERFLOW, out=idx)
+        idx[under] = 0
+        self._counts += np.bincount(idx, minlength=NUM_BUCKETS)
+        if under.any():
+            self._under_sum += float(x[under].sum())
+        self._count += int(x.size)
+        self._sum += float(x.sum())
+        self._min = min(self._min, float(x.min()))
+        self._max = max(self._max, float(x.max()))
+
+    def merge(self, other: LatencyHistogram) -> LatencyHistogram:
+        """Add ``other``'s observations to this histogram (in place); returns self."""
+        self._counts += other._counts
+        self._count += other._count
+        self._sum += other._sum
+        self._under_sum += other._under_sum
+        self._min = min(self._min, other._min)
+        self._max = max(self._max, other._max)
+        return self
+
+    # -- reading ---------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def sum_ms(self) -> float:
+        return self._sum
+
+    @property
+    def sum_seconds(self) -> float:
+        """Sum of all observations in seconds (a Prometheus histogram's ``_sum``)."""
+        return self._sum / 1000.0
+
+    @property
+    def mean(self) -> float:
+        """Mean latency (ms); 0.0 when empty."""
+        return self._sum / self._count if self._count else 0.0
+
+    @property
+    def max(self) -> float:
+        """Largest latency observed (ms), exact; 0.0 when empty."""
+        return self._max if self._count else 0.0
+
+    @property
+    def min(self) -> float:
+        """Smallest latency observed (ms), exact; 0.0 when empty."""
+        return self._min if self._count else 0.0
+
+    def _representatives(self) -> np.ndarray:
+        """One value per bucket, non-decreasing, each within its bucket's observed range."""
+        reps = np.empty(NUM_BUCKETS, dtype=np.float64)
+        under = int(self._counts[0])
+        reps[0] = self._under_sum / under if under else LOWEST_MS
+        reps[1:_OVERFLOW] = _MIDPOINTS
+        reps[_OVERFLOW] = self._max if self._counts[_OVERFLOW] else HIGHEST_MS
+        if self._count:
+            np.clip(reps, self._min, self._max, out=reps)
+        return np.maximum.accumulate(reps)
+
+    def quantile(self, q: float) -> float:
+        """The q-quantile (0 <= q <= 1) in ms, within ~2% (exact at q=0 and q=1); 0.0 when
+        empty. Uses the nearest rank: the smallest value with at least ceil(q*count)
+        observations at or below it."""
+        if not 0.0 <= q <= 1.0:
+            raise ValueError(f"quantile q must be in [0, 1], got {q!r}")
+        if self._count == 0:
+            return 0.0
+        if q == 0.0:
+            return self._min
+        if q == 1.0:
+            return self._max
+        rank = max(1, math.ceil(q * self._count))
+        bucket = int(np.searchsorted(np.cumsum(self._counts), rank, side="left"))
+        return float(self._representatives()[bucket])
+
+    def cumulative_buckets(self, bounds_seconds: Sequence[float]) -> list[int]:
+        """For each upper bound (seconds, ascending; ``math.inf`` allowed), how many
+        observations are <= it, as a Prometheus histogram's ``le`` buckets. A bucket that
+        straddles a bound counts as below it when its representative value is, so each
+        count is exact up to one bucket (~4%) around the bound."""
+        bounds = [float(b) for b in bounds_seconds]
+        if any(b2 < b1 for b1, b2 in itertools.pairwise(bounds)):
+            raise ValueError("cumulative_buckets: bounds must be in ascending order")
+        if not bounds:
+            return []
+        cum = np.cumsum(self._counts)
+        cut = np.searchsorted(self._representatives(), np.asarray(bounds) * 1000.0, side="right")
+        return [int(cum[k - 1]) if k > 0 else 0 for k in cut.tolist()]
+
+    # -- wire ------------------------------------------------------------------------------
+
+    def to_wire(self) -> list[Any]:
+        """A msgpack-able list (sparse counts): ``from_wire`` rebuilds an equal histogram."""
+        nz = np.flatnonzero(self._counts)
+        return [
+            _WIRE_VERSION, LOWEST_MS, GROWTH, NUM_BUCKETS,
+            nz.tolist(), self._counts[nz].tolist(),
+            self._count, self._sum, self._under_sum,
+            self._min if self._count else None, self._max if self._count else None,
+        ]
+
+    @classmethod
+    def from_wire(cls, wire: Sequence[Any]) -> LatencyHistogram:
+        """Rebuild a histogram from ``to_wire()`` output; ValueError on another layout."""
+        if len(wire) != 11 or wire[0] != _WIRE_VERSION:
+            raise ValueError("not a LatencyHistogram wire value (or an unknown version)")
+        _, lowest, growth, num_buckets, idx, counts, count, total, under_sum, lo, hi = wire
+        if (lowest, growth, num_buckets) != (LOWEST_MS, GROWTH, NUM_BUCKETS):
+            raise ValueError(
+                f"LatencyHistogram layout mismatch: wire has lowest={lowest} growth={growth} "
+                f"buckets={num_buckets}, this build has {LOWEST_MS}/{GROWTH}/{NUM_BUCKETS}"
+            )
+        h = cls()
+        if idx:
+            h._counts[np.asarray(idx, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
+        h._count = int(count)
+        h._sum = float(total)
+        h._under_sum = float(under_sum)
+        if h._count:
+            h._min = float(lo)
+            h._max = float(hi)
+        return h
+
+    def __repr__(self) -> str:
+        return (
+            f"LatencyHistogram(count={self._count}, mean={self.mean:.3f}ms, "
+            f"p50={self.quantile(0.5):.3f}ms, p99={self.quantile(0.99):.3f}ms, "
+            f"max={self.max:.3f}ms)"
+        )

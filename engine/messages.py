@@ -1,0 +1,307 @@
+"""Every element and control message, as frozen dataclasses, and their msgpack wire codec.
+
+Two families:
+
+* **Channel events** travel on a data channel, in order with the records (a frame carries
+  records followed by at most one event): ``Watermark``, ``CheckpointBarrier``,
+  ``DrainBarrier``, ``LatencyMarker``, ``EndOfStream``.
+* **Control messages** go between the JobMaster and a task outside the data path:
+  commands (JobMaster → task) and reports (task → JobMaster).
+
+On the wire a message is ``[tag, field, ...]`` encoded with the exact msgpack codec; only
+the classes declared here decode. Every invariant is in the class docstring and checked in
+``__post_init__`` where cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from engine.codec import pack_exact, pack_fast, register_wire_hooks, unpack_exact, unpack_fast
+from engine.errors import CodecError
+
+M = TypeVar("M")
+_REGISTRY: dict[str, type] = {}
+_WIRE_TYPES: set[type] = set()
+
+
+def wire(cls: type[M]) -> type[M]:
+    """Declare a frozen dataclass as a wire message (its class name is its tag)."""
+    if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__name__} must be a frozen dataclass to travel on the wire")
+    _REGISTRY[cls.__name__] = cls
+    _WIRE_TYPES.add(cls)
+    return cls
+
+
+def _to_list(msg: Any) -> list[Any]:
+    tag = type(msg).__name__
+    if _REGISTRY.get(tag) is not type(msg):
+        raise CodecError(f"{tag} is not a declared wire message")
+    return [tag, *(getattr(msg, f.name) for f in dataclasses.fields(msg))]
+
+
+def _from_list(items: Any) -> Any:
+    try:
+        tag, *fields = items
+        cls = _REGISTRY[tag]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CodecError(f"not a declared wire message: {items!r:.200}") from exc
+    return cls(*fields)
+
+
+register_wire_hooks(_WIRE_TYPES, lambda m: _to_list(m), lambda items: _from_list(items))
+
+
+def encode_message(msg: Any) -> bytes:
+    """Encode a control message (exact codec: tuples stay tuples)."""
+    return pack_exact(_to_list(msg))
+
+
+def decode_message(data: bytes) -> Any:
+    return _from_list(unpack_exact(data))
+
+
+# ---------------------------------------------------------------- channel events
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """No record with event time <= ``timestamp`` (ms) follows on this channel."""
+
+    timestamp: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointBarrier:
+    """Aligned checkpoint barrier; ids grow by one per checkpoint."""
+
+    checkpoint_id: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DrainBarrier:
+    """Sent by paused sources: once a task has it on every input, nothing is in flight to it.
+
+    ``epoch`` identifies the pause; a task reports ``Drained(epoch)`` after aligning.
+    """
+
+    epoch: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class LatencyMarker:
+    """Created at a source task at wall-clock ``created_at`` (s); flows like a record to sinks."""
+
+    created_at: float
+    source_task: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class EndOfStream:
+    """The sending task will send nothing more on this channel."""
+
+
+ChannelEvent = Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """What one push on a channel carries: records (in order) then at most one event.
+
+    ``keys`` and ``key_groups`` are set on keyed channels (one per record), else None.
+    ``timestamps`` has one entry (ms) per record.
+    """
+
+    values: tuple[Any, ...] | list[Any]
+    timestamps: tuple[int, ...] | list[int]
+    keys: tuple[Any, ...] | list[Any] | None = None
+    key_groups: tuple[int, ...] | list[int] | None = None
+    event: ChannelEvent | None = None
+
+
+def encode_frame(frame: Frame) -> bytes:
+    event = None if frame.event is None else _to_list(frame.event)
+    return pack_fast((frame.values, frame.timestamps, frame.keys, frame.key_groups, event))
+
+
+def decode_frame(data: bytes) -> Frame:
+    values, timestamps, keys, kgs, event = unpack_fast(data)
+    return Frame(values, timestamps, keys, kgs, None if event is None else _from_list(event))
+
+
+# ---------------------------------------------------------------- JobMaster → task
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class OutputChannel:
+    """One channel from this task to ``target`` (a task actor name), input ``port`` there."""
+
+    channel_id: int
+    target: str
+    port: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class OutputEdge:
+    """All channels of one logical edge leaving this task.
+
+    ``partitioning`` is ``forward`` (exactly one channel), ``rebalance`` (round robin) or
+    ``keyed`` (``routing[key_group]`` is an index into ``channels``).
+    """
+
+    edge_id: int
+    partitioning: str
+    channels: tuple[OutputChannel, ...]
+    routing: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.partitioning not in ("forward", "rebalance", "keyed"):
+            raise ValueError(f"unknown partitioning {self.partitioning!r}")
+        if self.partitioning == "forward" and len(self.channels) != 1:
+            raise ValueError("a forward edge has exactly one channel")
+        if self.partitioning == "keyed" and any(
+            not 0 <= r < len(self.channels) for r in self.routing
+        ):
+            raise ValueError("keyed routing points outside the edge's channels")
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Replace the task's inputs and outputs. Only sent before start or while drained.
+
+    ``inputs`` are ``(channel_id, port)`` pairs this task reads; channels kept by id keep
+    their sequence numbers, removed ones must be empty.
+    """
+
+    inputs: tuple[tuple[int, int], ...]
+    outputs: tuple[OutputEdge, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Begin processing (sources begin reading from ``offset`` when not None)."""
+
+    offset: Any = None
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class PauseSource:
+    """Source: stop reading after the current batch, flush, send DrainBarrier(epoch) on all
+    outputs, report SourcePaused and Drained. Every task that drains stays quiet (fires no
+    timers) until Resume."""
+
+    epoch: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """After a drain: sources read again from where they paused; timers fire again."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SnapshotKeyGroups:
+    """Reply with ``KeyGroupSnapshot`` of every key group this task holds."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InstallKeyGroups:
+    """Install these key groups (``(key_group, encoded_state)`` pairs) and own them."""
+
+    groups: tuple[tuple[int, bytes], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class StopTask:
+    """Stop processing and flush sinks; the actor will be killed afterwards."""
+
+
+# ---------------------------------------------------------------- task → JobMaster
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class KeyGroupSnapshot:
+    """Encoded state of key groups: ``(key_group, bytes)`` pairs, one per held group."""
+
+    groups: tuple[tuple[int, bytes], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SourcePaused:
+    """The source paused after emitting everything before ``offset``."""
+
+    task: str
+    offset: Any
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Drained:
+    """``task`` aligned DrainBarrier(epoch) on all inputs and flushed its outputs."""
+
+    task: str
+    epoch: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskFinished:
+    """``task`` saw EndOfStream on every input (or its source ended) and flushed everything."""
+
+    task: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    """``task`` failed; ``record`` is the repr of the offending record, or '' when none."""
+
+    task: str
+    operator: str
+    task_index: int
+    record: str
+    cause: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A command was carried out."""
+
+
+# ---------------------------------------------------------------- JobMaster → driver
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """``state`` is one of created, running, finished, failed, stopped. On failure,
+    ``error`` says what failed; ``operator``/``task_index``/``record`` are set when a user
+    function raised on a record."""
+
+    job: str
+    state: str
+    error: str = ""
+    operator: str = ""
+    task_index: int = -1
+    record: str = ""
+    cause: str = ""
+    metrics_url: str = ""

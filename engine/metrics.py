@@ -1,0 +1,187 @@
+"""Task metrics snapshots and the job's Prometheus endpoint.
+
+Tasks keep plain counters (``TaskCore``) and send ``TaskMetrics`` snapshots; the JobMaster
+polls them and serves them, with rescale progress, on one endpoint per job
+(prometheus-client, bound to 127.0.0.1 unless configured). Names follow Prometheus
+conventions: ``reflow_`` prefix, base units, ``_total`` counters, ``_seconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from engine.latency import LatencyHistogram
+from engine.messages import wire
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskMetrics:
+    """A snapshot of one task's counters (monotonic since the task started)."""
+
+    task: str
+    vertex: str
+    task_index: int
+    status: str
+    records_in: int
+    records_out: int
+    bytes_in: int
+    bytes_out: int
+    busy_seconds: float
+    idle_seconds: float
+    backpressured_seconds: float
+    queued_frames: int
+    state_bytes: int
+    key_groups: int
+    dead_letters: int
+    latency: Any
+    watermark: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class RescaleProgress:
+    """What a running (or the last) rescale of ``operator`` is doing."""
+
+    operator: str
+    protocol: str
+    phase: str
+    key_groups_total: int
+    key_groups_moved: int
+    bytes_moved: int
+    running: bool
+
+
+@dataclass(frozen=True)
+class JobMetrics:
+    """What ``JobHandle.metrics()`` returns: every live task's snapshot and rescale progress."""
+
+    job: str
+    status: str
+    tasks: tuple[TaskMetrics, ...]
+    rescales: tuple[RescaleProgress, ...]
+    endpoint: str | None
+
+    def operator(self, vertex: str) -> list[TaskMetrics]:
+        return [t for t in self.tasks if t.vertex == vertex]
+
+    def total(self, field: str, vertex: str | None = None) -> float:
+        return sum(getattr(t, field) for t in self.tasks if vertex is None or t.vertex == vertex)
+
+    def latency(self, vertex: str | None = None) -> LatencyHistogram:
+        h = LatencyHistogram()
+        for t in self.tasks:
+            if vertex is None or t.vertex == vertex:
+                h.merge(LatencyHistogram.from_wire(t.latency))
+        return h
+
+
+_COUNTERS = [
+    ("records_in", "reflow_records_in", "Records taken in by the task"),
+    ("records_out", "reflow_records_out", "Records sent by the task"),
+    ("bytes_in", "reflow_bytes_in", "Encoded bytes received by the task"),
+    ("bytes_out", "reflow_bytes_out", "Encoded bytes sent by the task"),
+    ("busy_seconds", "reflow_busy_seconds", "Time spent processing (useful time)"),
+    ("idle_seconds", "reflow_idle_seconds", "Time spent waiting for input"),
+    ("backpressured_seconds", "reflow_backpressured_seconds", "Time blocked on output credits"),
+    ("dead_letters", "reflow_dead_letters", "Records sent to a dead-letter sink"),
+]
+_GAUGES = [
+    ("queued_frames", "reflow_queued_frames", "Frames waiting in the task's input queues"),
+    ("state_bytes", "reflow_state_bytes", "Estimated encoded size of the task's keyed state"),
+    ("key_groups", "reflow_key_groups", "Key groups held by the task"),
+]
+_LABELS = ["job", "operator", "task"]
+
+
+class JobCollector:
+    """A prometheus-client collector reading the JobMaster's latest snapshots."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.tasks: dict[str, TaskMetrics] = {}
+        self.rescales: dict[str, RescaleProgress] = {}
+        self.rescales_total: dict[str, int] = {}
+        self.running = 1
+
+    def collect(self) -> Iterator[Any]:
+        tasks = list(self.tasks.values())
+        for field, name, doc in _COUNTERS:
+            fam = CounterMetricFamily(name, doc, labels=_LABELS)
+            for t in tasks:
+                fam.add_metric([self.job, t.vertex, str(t.task_index)], getattr(t, field))
+            yield fam
+        for field, name, doc in _GAUGES:
+            g = GaugeMetricFamily(name, doc, labels=_LABELS)
+            for t in tasks:
+                g.add_metric([self.job, t.vertex, str(t.task_index)], getattr(t, field))
+            yield g
+        hist = HistogramMetricFamily(
+            "reflow_end_to_end_latency_seconds",
+            "Latency of latency markers from source to sink tasks",
+            labels=_LABELS,
+        )
+        for t in tasks:
+            h = LatencyHistogram.from_wire(t.latency)
+            if h.count == 0:
+                continue
+            counts = h.cumulative_buckets(list(LATENCY_BUCKETS_S))
+            buckets = [(repr(b), c) for b, c in zip(LATENCY_BUCKETS_S, counts, strict=False)]
+            buckets.append(("+Inf", h.count))
+            hist.add_metric([self.job, t.vertex, str(t.task_index)], buckets, h.sum_seconds)
+        yield hist
+        phase = GaugeMetricFamily(
+            "reflow_rescale_in_progress", "1 while a rescale of the operator runs, by phase",
+            labels=["job", "operator", "protocol", "phase"],
+        )
+        moved = GaugeMetricFamily(
+            "reflow_rescale_key_groups_moved", "Key groups moved by the current/last rescale",
+            labels=["job", "operator"],
+        )
+        total = GaugeMetricFamily(
+            "reflow_rescale_key_groups", "Key groups to move in the current/last rescale",
+            labels=["job", "operator"],
+        )
+        moved_b = GaugeMetricFamily(
+            "reflow_rescale_bytes_moved", "State bytes moved by the current/last rescale",
+            labels=["job", "operator"],
+        )
+        for r in self.rescales.values():
+            phase.add_metric([self.job, r.operator, r.protocol, r.phase], 1 if r.running else 0)
+            moved.add_metric([self.job, r.operator], r.key_groups_moved)
+            total.add_metric([self.job, r.operator], r.key_groups_total)
+            moved_b.add_metric([self.job, r.operator], r.bytes_moved)
+        yield from (phase, moved, total, moved_b)
+        count = CounterMetricFamily("reflow_rescales", "Completed rescales", labels=["job", "operator"])
+        for op, n in self.rescales_total.items():
+            count.add_metric([self.job, op], n)
+        yield count
+        up = GaugeMetricFamily("reflow_job_running", "1 while the job runs", labels=["job"])
+        up.add_metric([self.job], self.running)
+        yield up
+
+
+class MetricsEndpoint:
+    """One HTTP endpoint serving a job's metrics; ``port`` 0 picks a free port."""
+
+    def __init__(self, collector: JobCollector, host: str, port: int) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(collector)
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        self.host = host
+        self.port = self._server.server_port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/metrics"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,203 @@
+"""Operator runners: how each operator kind processes a batch inside a task (pure).
+
+Runners take and return parallel lists (values, timestamps). Fast paths run a whole batch
+through the user function; when it raises, the batch is re-run record by record to find the
+offending record, which then goes to the dead-letter sink (when configured) or fails the job
+with operator, task and record named.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine import graph as g
+from engine.clock import Clock, now_ms
+from engine.errors import UserFunctionError
+from engine.functions import Context, KeyedProcessFunction, ReduceFunction, RuntimeContext, TimerService
+from engine.sinks import SinkWriter
+from engine.state import KeyedStateBackend
+
+Batch = tuple[list[Any], list[int]]
+_MISSING = object()
+
+
+def describe(record: Any, limit: int = 200) -> str:
+    text = repr(record)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class ErrorPolicy:
+    """What happens to a record whose user function raised: dead letter, or fail the job."""
+
+    def __init__(self, operator: str, task_index: int, dead_letter: SinkWriter | None) -> None:
+        self.operator = operator
+        self.task_index = task_index
+        self.dead_letter = dead_letter
+        self.dead_letters = 0
+
+    def on_error(self, record: Any, timestamp: int, exc: BaseException) -> None:
+        cause = f"{type(exc).__name__}: {exc}"
+        if self.dead_letter is None:
+            raise UserFunctionError(self.operator, self.task_index, describe(record), cause) from exc
+        self.dead_letter.write([(self.operator, self.task_index, record, cause)], [timestamp])
+        self.dead_letters += 1
+
+
+class StatelessRunner:
+    """map, flat_map, filter, and sink."""
+
+    def __init__(self, op: g.OperatorDef, policy: ErrorPolicy, writer: SinkWriter | None = None) -> None:
+        self.op = op
+        self.kind = op.kind
+        self.fn = op.fn
+        self.policy = policy
+        self.writer = writer
+
+    def process(self, values: list[Any], timestamps: list[int]) -> Batch:
+        try:
+            return self._fast(values, timestamps)
+        except UserFunctionError:
+            raise
+        except Exception:
+            return self._slow(values, timestamps)
+
+    def _fast(self, values: list[Any], timestamps: list[int]) -> Batch:
+        fn = self.fn
+        if self.kind == g.MAP:
+            return [fn(v) for v in values], timestamps
+        if self.kind == g.FILTER:
+            keep = [bool(fn(v)) for v in values]
+            return ([v for v, k in zip(values, keep, strict=True) if k],
+                    [t for t, k in zip(timestamps, keep, strict=True) if k])
+        if self.kind == g.FLAT_MAP:
+            out: list[Any] = []
+            out_ts: list[int] = []
+            for v, t in zip(values, timestamps, strict=True):
+                n = len(out)
+                out.extend(fn(v))
+                out_ts.extend([t] * (len(out) - n))
+            return out, out_ts
+        if self.kind == g.SINK:
+            assert self.writer is not None
+            self.writer.write(values, timestamps)
+            return [], []
+        raise AssertionError(self.kind)
+
+    def _slow(self, values: list[Any], timestamps: list[int]) -> Batch:
+        out: list[Any] = []
+        out_ts: list[int] = []
+        for v, t in zip(values, timestamps, strict=True):
+            try:
+                o, ots = self._fast([v], [t])
+            except Exception as exc:
+                self.policy.on_error(v, t, exc)
+                continue
+            out.extend(o)
+            out_ts.extend(ots)
+        return out, out_ts
+
+
+class UnknownKeyGroupError(RuntimeError):
+    """A record reached a task that does not own its key group: a routing bug."""
+
+
+class KeyedRunner:
+    """process and reduce: per-record calls with the record's key as current key."""
+
+    def __init__(
+        self, op: g.OperatorDef, policy: ErrorPolicy, backend: KeyedStateBackend,
+        task_index: int, clock: Clock,
+    ) -> None:
+        self.op = op
+        self.policy = policy
+        self.backend = backend
+        self.fn: KeyedProcessFunction = op.fn
+        self.clock = clock
+        self.timer_service = TimerService(backend, lambda: now_ms(clock))
+        self.ctx = Context(backend, self.timer_service)
+        self.is_reduce = isinstance(self.fn, ReduceFunction)
+        self.fn.open(RuntimeContext(backend, op.name, task_index, op.parallelism))
+
+    def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int]) -> Batch:
+        out: list[Any] = []
+        out_ts: list[int] = []
+        i, n = 0, len(values)
+        while i < n:
+            try:
+                if self.is_reduce:
+                    i = self._reduce_from(i, values, timestamps, keys, kgs, out, out_ts)
+                else:
+                    i = self._process_from(i, values, timestamps, keys, kgs, out, out_ts)
+            except (UserFunctionError, UnknownKeyGroupError):
+                raise
+            except Exception as exc:
+                self.policy.on_error(values[i], timestamps[i], exc)
+                i += 1
+        return out, out_ts
+
+    def _group(self, kg: int) -> dict[str, dict[Any, Any]]:
+        try:
+            return self.backend.groups[kg]
+        except KeyError:
+            raise UnknownKeyGroupError(
+                f"operator {self.op.name!r} got a record of key group {kg}, which this task "
+                "does not own"
+            ) from None
+
+    def _reduce_from(self, i: int, values: list[Any], timestamps: list[int], keys: list[Any],
+                     kgs: list[int], out: list[Any], out_ts: list[int]) -> int:
+        fn = self.fn.fn  # type: ignore[attr-defined]
+        name = ReduceFunction.STATE
+        groups = self.backend.groups
+        n = len(values)
+        while i < n:
+            kg = kgs[i]
+            tables = groups.get(kg)
+            if tables is None:
+                tables = self._group(kg)
+            table = tables.get(name)
+            if table is None:
+                table = tables[name] = {}
+            k = keys[i]
+            cur = table.get(k, _MISSING)
+            new = values[i] if cur is _MISSING else fn(cur, values[i])
+            table[k] = new
+            out.append(new)
+            out_ts.append(timestamps[i])
+            i += 1
+        return i
+
+    def _process_from(self, i: int, values: list[Any], timestamps: list[int], keys: list[Any],
+                      kgs: list[int], out: list[Any], out_ts: list[int]) -> int:
+        backend, ctx, fn = self.backend, self.ctx, self.fn
+        n = len(values)
+        while i < n:
+            kg = kgs[i]
+            if kg not in backend.groups:
+                self._group(kg)
+            backend.set_current(keys[i], kg)
+            ts = timestamps[i]
+            ctx.timestamp = ts
+            res = fn.process_element(values[i], ctx)
+            if res is not None:
+                before = len(out)
+                out.extend(res)
+                out_ts.extend([ts] * (len(out) - before))
+            i += 1
+        return i
+
+    def fire_timers(self, now: int) -> Batch:
+        out: list[Any] = []
+        out_ts: list[int] = []
+        for t, kg, key in self.backend.pop_due_timers(now):
+            self.backend.set_current(key, kg)
+            self.ctx.timestamp = t
+            try:
+                res = self.fn.on_timer(t, self.ctx)
+                if res is not None:
+                    before = len(out)
+                    out.extend(res)
+                    out_ts.extend([t] * (len(out) - before))
+            except Exception as exc:
+                self.policy.on_error(("timer", key, t), t, exc)
+        return out, out_ts

@@ -1,0 +1,674 @@
+"""The Ray shells: the task actor, the JobMaster actor, and the driver's ``JobHandle``.
+
+This is the only module that applies Ray. Logic lives in pure classes (``TaskCore``,
+``Deployment``, the migration plans); the shells move bytes and wait.
+
+Data frames are msgpack bytes passed as actor-call arguments; control messages are
+declared wire dataclasses encoded with msgpack (``engine.messages``). Task specs and the job
+graph hold user code and travel once, at deployment, through Ray's own serialisation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import deque
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from engine import graph as g
+from engine.channel import CreditGate
+from engine.clock import SystemClock
+from engine.config import JobConfig
+from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment, task_name
+from engine.errors import (
+    JobFailedError,
+    JobNotRunningError,
+    RescaleRefused,
+    UserFunctionError,
+)
+from engine.messages import (
+    Drained,
+    InstallKeyGroups,
+    JobStatus,
+    KeyGroupSnapshot,
+    PauseSource,
+    Resume,
+    SnapshotKeyGroups,
+    SourcePaused,
+    Start,
+    StopTask,
+    TaskFailed,
+    TaskFinished,
+    decode_message,
+    encode_message,
+)
+from engine.metrics import JobCollector, JobMetrics, MetricsEndpoint, RescaleProgress, TaskMetrics
+from engine.physical import PhysicalPlan, plan_physical
+from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
+from migration.protocols import PROTOCOLS
+from migration.protocols.stop_restart import plan_stop_restart
+from migration.report import RescaleReport
+
+NAMESPACE = "reflow"
+_ACTIVE = ("created", "running")
+
+
+# ====================================================================== task actor
+
+
+class TaskActor:
+    """Shell around one ``TaskCore``: receives frames, runs the loop, sends with credits."""
+
+    def __init__(self, spec: TaskSpec, master: Any) -> None:
+        self.core = TaskCore(spec, SystemClock())
+        self.clock = self.core.clock
+        self.master = master
+        self.handles: dict[str, Any] = {}
+        self.gate = CreditGate(spec.config.credits)
+        self.in_flight: dict[int, deque[Any]] = {}
+        self.acks: dict[tuple[int, int], asyncio.Future[None]] = {}
+        self._wake: asyncio.Event | None = None
+        self._send_lock: asyncio.Lock | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def _event(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._send_lock = asyncio.Lock()
+        return self._wake
+
+    async def push(self, channel_id: int, seq: int, payload: bytes) -> None:
+        """A data frame; returns once the task has taken it for processing (the ack)."""
+        core = self.core
+        if core.status not in _ACTIVE:
+            return
+        core.receive(channel_id, seq, payload)
+        fut = asyncio.get_running_loop().create_future()
+        self.acks[(channel_id, seq)] = fut
+        self._event().set()
+        await fut
+
+    async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
+        msg = decode_message(payload)
+        if handles:
+            self.handles.update(handles)
+        wake = self._event()
+        reply = self.core.handle(msg)
+        if isinstance(msg, Start) and self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+        await self._send_outbox()
+        self._send_reports()
+        self._ack_consumed()
+        wake.set()
+        return encode_message(reply)
+
+    async def metrics(self) -> bytes:
+        return encode_message(self.core.metrics())
+
+    def _ack_consumed(self) -> None:
+        consumed = self.core.consumed
+        if not consumed:
+            return
+        acks = self.acks
+        for key in consumed:
+            fut = acks.pop(key, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        consumed.clear()
+
+    def _release_all_acks(self) -> None:
+        for fut in self.acks.values():
+            if not fut.done():
+                fut.set_result(None)
+        self.acks.clear()
+
+    def _send_reports(self) -> None:
+        reports = self.core.reports
+        while reports:
+            self.master.report.remote(encode_message(reports.pop(0)))
+
+    async def _send_outbox(self) -> None:
+        assert self._send_lock is not None
+        async with self._send_lock:
+            outbox = self.core.router.outbox
+            gate = self.gate
+            while outbox:
+                f = outbox[0]
+                q = self.in_flight.setdefault(f.channel_id, deque())
+                if not gate.can_send(f.channel_id):
+                    t0 = self.clock.monotonic()
+                    await self._await_ack(q.popleft())
+                    gate.on_ack(f.channel_id)
+                    self.core.backpressured_s += self.clock.monotonic() - t0
+                    continue
+                outbox.popleft()
+                q.append(self.handles[f.target].push.remote(f.channel_id, f.seq, f.payload))
+                gate.on_send(f.channel_id)
+
+    async def _await_ack(self, ref: Any) -> None:
+        try:
+            await ref
+        except RayActorError as exc:
+            raise _DownstreamDied(str(exc)) from exc
+
+    async def _settle_in_flight(self) -> None:
+        for cid, q in self.in_flight.items():
+            while q:
+                await self._await_ack(q.popleft())
+                self.gate.on_ack(cid)
+
+    async def _loop(self) -> None:
+        core, clock = self.core, self.clock
+        cfg = core.spec.config
+        marker_every = cfg.latency_marker_interval_ms / 1000.0
+        timer_every = cfg.timer_check_interval_ms / 1000.0
+        next_marker = clock.monotonic() + marker_every
+        next_timer_check = 0.0
+        wake = self._event()
+        try:
+            while core.status == RUNNING:
+                t0 = clock.monotonic()
+                did = False
+                if core.is_source:
+                    did = core.poll_source(cfg.source_poll_records)
+                else:
+                    for _ in range(8):
+                        if not core.step():
+                            break
+                        did = True
+                if core.keyed is not None and t0 >= next_timer_check:
+                    did = core.fire_timers() or did
+                    next_timer_check = t0 + timer_every
+                t1 = clock.monotonic()
+                if did:
+                    core.busy_s += t1 - t0
+                self._ack_consumed()
+                if core.is_source and t1 >= next_marker:
+                    core.emit_latency_marker()
+                    next_marker = t1 + marker_every
+                core.router.flush_due()
+                await self._send_outbox()
+                self._send_reports()
+                if did:
+                    await asyncio.sleep(0)
+                    continue
+                timeout = self._idle_timeout(t1, next_marker, timer_every)
+                if not core.has_work():
+                    wake.clear()
+                    t2 = clock.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), timeout)
+                    core.idle_s += clock.monotonic() - t2
+            await self._send_outbox()
+            await self._settle_in_flight()
+        except _DownstreamDied as exc:
+            core.status = FAILED
+            core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
+                                           f"a downstream task died: {exc}"))
+        except Exception as exc:  # an engine bug: fail loudly with the task named
+            core.status = FAILED
+            core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
+                                           f"internal error {type(exc).__name__}: {exc}"))
+        finally:
+            self._ack_consumed()
+            self._send_reports()
+            if core.status != RUNNING:
+                self._release_all_acks()
+
+    def _idle_timeout(self, now: float, next_marker: float, timer_every: float) -> float:
+        core = self.core
+        candidates = [0.05]
+        deadline = core.router.next_deadline()
+        if deadline is not None:
+            candidates.append(deadline - now)
+        if core.is_source:
+            candidates.append(core.seconds_until_source_ready())
+            candidates.append(next_marker - now)
+        if core.keyed is not None and core.next_timer_ms() is not None:
+            candidates.append(timer_every)
+        return max(0.0, min(candidates))
+
+
+class _DownstreamDied(Exception):
+    pass
+
+
+RemoteTask = ray.remote(max_restarts=0, max_task_retries=0)(TaskActor)
+
+
+# ====================================================================== JobMaster
+
+
+class JobMaster:
+    """Deploys the job, runs rescales, watches tasks, serves metrics."""
+
+    def __init__(self, graph: g.JobGraph, config: JobConfig, job_id: str) -> None:
+        self.graph = graph
+        self.config = config
+        self.job_id = job_id
+        self.clock = SystemClock()
+        self.plan: PhysicalPlan = plan_physical(graph)
+        self.dep: Deployment = initial_deployment(self.plan, job_id)
+        self.ids = ChannelIds()
+        self.handles: dict[str, Any] = {}
+        self.specs: dict[str, TaskSpec] = {}
+        self.state = "created"
+        self.failure: TaskFailed | None = None
+        self.error = ""
+        self.finished: set[str] = set()
+        self.drained: dict[int, set[str]] = {}
+        self.paused_offsets: dict[str, Any] = {}
+        self.epoch = 0
+        self.collector = JobCollector(job_id)
+        self.endpoint: MetricsEndpoint | None = None
+        self._changed: asyncio.Event | None = None
+        self._rescale_lock: asyncio.Lock | None = None
+        self._poller: asyncio.Task[None] | None = None
+
+    # -- plumbing
+    def _ev(self) -> asyncio.Event:
+        if self._changed is None:
+            self._changed = asyncio.Event()
+            self._rescale_lock = asyncio.Lock()
+        return self._changed
+
+    def _notify(self) -> None:
+        ev = self._ev()
+        ev.set()
+        ev.clear()
+
+    async def _until(self, cond: Any, timeout: float | None, what: str) -> None:
+        ev = self._ev()
+        deadline = None if timeout is None else self.clock.monotonic() + timeout
+        while not cond():
+            if self.state == "failed":
+                raise JobFailedError(self.error)
+            remaining = None if deadline is None else deadline - self.clock.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError(what)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), min(0.5, remaining) if remaining else 0.5)
+
+    async def _call(self, task: str, msg: Any, handles: dict[str, Any] | None = None) -> Any:
+        return decode_message(await self.handles[task].control.remote(encode_message(msg), handles))
+
+    def _spec(self, vertex_name: str, index: int, name: str, dep: Deployment) -> TaskSpec:
+        v = dep.plan.vertex(vertex_name)
+        key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name) if e.key_fn is not None}
+        return TaskSpec(self.job_id, v.name, name, index, v.parallelism, v.operators,
+                        dep.plan.num_key_groups, self.config, key_fns, dep.key_groups_of(v.name, index))
+
+    def _create(self, name: str, spec: TaskSpec) -> None:
+        me = ray.get_runtime_context().current_actor
+        self.specs[name] = spec
+        self.handles[name] = RemoteTask.options(
+            name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
+            max_concurrency=10_000,
+        ).remote(spec, me)
+
+    def _targets(self, connect: Any) -> dict[str, Any]:
+        return {c.target: self.handles[c.target] for e in connect.outputs for c in e.channels}
+
+    async def _connect(self, names: list[str]) -> None:
+        msgs = connect_messages(self.dep, self.ids)
+        # receivers first, so a channel exists before anything is sent on it
+        order = [t for v in reversed(self.dep.plan.vertices) for t in self.dep.tasks[v.name] if t in names]
+        await asyncio.gather(*(self._call(t, msgs[t], self._targets(msgs[t])) for t in order))
+
+    # -- lifecycle
+    async def start(self) -> str:
+        self._ev()
+        for v in self.plan.vertices:
+            for i, name in enumerate(self.dep.tasks[v.name]):
+                self._create(name, self._spec(v.name, i, name, self.dep))
+        await self._connect(self.dep.task_names())
+        for v in reversed(self.plan.vertices):  # sources last
+            await asyncio.gather(*(self._call(t, Start()) for t in self.dep.tasks[v.name]))
+        self.state = "running"
+        if self.config.metrics_port is not None:
+            self.endpoint = MetricsEndpoint(self.collector, self.config.metrics_host, self.config.metrics_port)
+        self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
+        return self.endpoint.url if self.endpoint else ""
+
+    async def report(self, payload: bytes) -> None:
+        msg = decode_message(payload)
+        match msg:
+            case TaskFinished(task=t):
+                self.finished.add(t)
+                if self.state == "running" and all(n in self.finished for n in self.dep.task_names()):
+                    self.state = "finished"
+                    await self._teardown()
+            case TaskFailed():
+                if self.state in ("running", "created"):
+                    self.failure = msg
+                    self.error = (f"task {msg.task} of operator {msg.operator!r} failed: "
+                                  f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
+                    await self._fail()
+            case Drained(task=t, epoch=e):
+                self.drained.setdefault(e, set()).add(t)
+            case SourcePaused(task=t, offset=o):
+                self.paused_offsets[t] = o
+            case _:
+                raise ValueError(f"unknown report {msg!r}")
+        self._notify()
+
+    async def _fail(self, error: str | None = None) -> None:
+        if error is not None:
+            self.error = error
+        self.state = "failed"
+        self._notify()
+        await self._teardown()
+
+    async def _teardown(self) -> None:
+        self.collector.running = 0
+        for h in self.handles.values():
+            with contextlib.suppress(Exception):
+                ray.kill(h)
+        self.handles.clear()
+
+    async def _poll_metrics(self) -> None:
+        misses: dict[str, int] = {}
+        while self.state in _ACTIVE:
+            await asyncio.sleep(self.config.metrics_poll_interval_s)
+            names = [n for n in self.dep.task_names() if n in self.handles and n not in self.finished]
+            refs = {n: self.handles[n].metrics.remote() for n in names}
+            for n, ref in refs.items():
+                try:
+                    tm = decode_message(await asyncio.wait_for(ref, 10.0))
+                    self.collector.tasks[n] = tm
+                    misses.pop(n, None)
+                except RayActorError as exc:
+                    if self.state == "running" and n in self.dep.task_names():
+                        await self._fail(f"task {n} died: {exc}")
+                        return
+                except (TimeoutError, GetTimeoutError):
+                    misses[n] = misses.get(n, 0) + 1
+            self.collector.tasks = {k: v for k, v in self.collector.tasks.items()
+                                    if k in self.dep.task_names()}
+
+    # -- driver API
+    def status(self) -> bytes:
+        f = self.failure
+        return encode_message(JobStatus(
+            self.job_id, self.state, self.error,
+            f.operator if f else "", f.task_index if f else -1, f.record if f else "",
+            f.cause if f else "", self.endpoint.url if self.endpoint else "",
+        ))
+
+    async def wait(self, timeout: float | None) -> bytes:
+        with contextlib.suppress(TimeoutError, JobFailedError):
+            await self._until(lambda: self.state not in _ACTIVE, timeout, "wait")
+        return self.status()
+
+    async def metrics(self) -> bytes:
+        names = [n for n in self.dep.task_names() if n in self.handles]
+        snaps: list[TaskMetrics] = []
+        for n in names:
+            try:
+                snaps.append(decode_message(await self.handles[n].metrics.remote()))
+            except RayActorError:
+                continue
+        for s in snaps:
+            self.collector.tasks[s.task] = s
+        from engine.codec import pack_exact
+
+        return pack_exact([
+            self.state, [encode_message(s) for s in snaps],
+            [encode_message(r) for r in self.collector.rescales.values()],
+            self.endpoint.url if self.endpoint else "",
+        ])
+
+    async def stop(self) -> None:
+        if self.state in _ACTIVE:
+            for n in list(self.handles):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._call(n, StopTask()), 10.0)
+            self.state = "stopped"
+        await self._teardown()
+        if self.endpoint is not None:
+            self.endpoint.close()
+            self.endpoint = None
+        self._notify()
+
+    # -- rescale
+    def _validate_rescale(self, operator: str, parallelism: int, protocol: str) -> str:
+        if self.state != "running":
+            raise RescaleRefused(f"job {self.job_id} is {self.state}, not running; nothing to rescale")
+        if protocol not in PROTOCOLS:
+            raise RescaleRefused(
+                f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
+        try:
+            op = self.graph.operator(operator)
+        except Exception as exc:
+            raise RescaleRefused(str(exc)) from None
+        v = self.dep.plan.vertex_of(operator)
+        if v.name != operator:
+            raise RescaleRefused(
+                f"operator {operator!r} is chained behind {v.name!r} and runs in its tasks; "
+                f"rescale {v.name!r}")
+        if op.kind == g.SOURCE:
+            raise RescaleRefused(f"operator {operator!r} is a source; sources cannot be rescaled")
+        if not isinstance(parallelism, int) or parallelism < 1:
+            raise RescaleRefused(f"parallelism {parallelism!r} for {operator!r} must be an integer >= 1")
+        if v.keyed and parallelism > self.dep.plan.num_key_groups:
+            raise RescaleRefused(
+                f"parallelism {parallelism} for keyed operator {operator!r} exceeds the number "
+                f"of key groups ({self.dep.plan.num_key_groups})")
+        return v.name
+
+    async def rescale(self, operator: str, parallelism: int, protocol: str) -> bytes:
+        vertex = self._validate_rescale(operator, parallelism, protocol)
+        self._ev()
+        assert self._rescale_lock is not None
+        async with self._rescale_lock:
+            vertex = self._validate_rescale(operator, parallelism, protocol)
+            phase = "pause"
+            try:
+                report = await self._stop_restart(vertex, parallelism, lambda p: None)
+            except Exception as exc:
+                phase = self.collector.rescales.get(vertex, None)
+                name = phase.phase if phase else "?"
+                msg = (f"rescale of {operator!r} to parallelism {parallelism} "
+                       f"({protocol}) failed in phase {name}: {type(exc).__name__}: {exc}")
+                if self.state != "failed":
+                    await self._fail(msg)
+                raise JobFailedError(self.error or msg) from exc
+            return encode_message(report)
+
+    async def _stop_restart(self, vertex: str, parallelism: int, _: Any) -> RescaleReport:
+        clock = self.clock
+        requested = clock.now()
+        v = self.dep.plan.vertex(vertex)
+        sr = plan_stop_restart(vertex, v.parallelism, self.dep.assignments.get(vertex),
+                               parallelism, self.dep.plan.num_key_groups)
+        phases: list[tuple[str, float]] = []
+        progress = {"moved": 0, "bytes": 0}
+
+        def enter(name: str) -> None:
+            self.collector.rescales[vertex] = RescaleProgress(
+                vertex, "stop-restart", name, len(sr.moved), progress["moved"], progress["bytes"],
+                name != "done")
+
+        t = clock.monotonic()
+
+        def mark(name: str) -> None:
+            nonlocal t
+            now = clock.monotonic()
+            phases.append((name, now - t))
+            t = now
+
+        timeout = 300.0
+        # pause + drain
+        enter("pause")
+        self.epoch += 1
+        epoch = self.epoch
+        live = [n for n in self.dep.task_names() if n not in self.finished]
+        sources = [n for vv in self.dep.plan.vertices if vv.is_source for n in self.dep.tasks[vv.name]
+                   if n in live]
+        self.paused_offsets = {}
+        await asyncio.gather(*(self._call(n, PauseSource(epoch)) for n in sources))
+        mark("pause")
+        enter("drain")
+        await self._until(
+            lambda: all(n in self.drained.get(epoch, set()) or n in self.finished
+                        for n in self.dep.task_names()),
+            timeout, "drain")
+        mark("drain")
+        # snapshot
+        enter("snapshot")
+        old_tasks = list(self.dep.tasks[vertex])
+        snaps: list[KeyGroupSnapshot] = await asyncio.gather(
+            *(self._call(n, SnapshotKeyGroups()) for n in old_tasks))
+        groups = {kg: data for s in snaps for kg, data in s.groups}
+        mark("snapshot")
+        # stop old tasks
+        enter("stop")
+        await asyncio.gather(*(self._call(n, StopTask()) for n in old_tasks))
+        for n in old_tasks:
+            ray.kill(self.handles.pop(n))
+            self.collector.tasks.pop(n, None)
+            self.finished.discard(n)
+        mark("stop")
+        # deploy new tasks
+        enter("deploy")
+        gen = self.dep.generation + 1
+        plan = self.dep.plan.rescaled(vertex, parallelism)
+        tasks = dict(self.dep.tasks)
+        tasks[vertex] = tuple(task_name(self.job_id, vertex, i, gen) for i in range(parallelism))
+        assignments = dict(self.dep.assignments)
+        if sr.new_assignment:
+            assignments[vertex] = sr.new_assignment
+        self.dep = Deployment(plan, self.job_id, tasks, assignments, gen)
+        self.plan = plan
+        for i, name in enumerate(tasks[vertex]):
+            self._create(name, self._spec(vertex, i, name, self.dep))
+        mark("deploy")
+        # install key groups
+        enter("install")
+        per_task: dict[int, list[tuple[int, bytes]]] = {}
+        for kg, data in groups.items():
+            per_task.setdefault(sr.new_assignment[kg], []).append((kg, data))
+        await asyncio.gather(*(
+            self._call(tasks[vertex][i], InstallKeyGroups(tuple(items)))
+            for i, items in per_task.items()))
+        moved = set(sr.moved)
+        progress["moved"] = len(sr.moved)
+        progress["bytes"] = sum(len(d) for d in groups.values())
+        bytes_moved = progress["bytes"]
+        mark("install")
+        # reconnect everything that touches the vertex, start the new tasks, resume
+        enter("connect")
+        await self._connect(self.dep.task_names())
+        await asyncio.gather(*(self._call(n, Start()) for n in tasks[vertex]))
+        mark("connect")
+        enter("resume")
+        await asyncio.gather(*(self._call(n, Resume()) for n in self.dep.task_names()
+                               if n not in self.finished))
+        mark("resume")
+        enter("done")
+        self.collector.rescales_total[vertex] = self.collector.rescales_total.get(vertex, 0) + 1
+        done = clock.now()
+        del moved
+        return RescaleReport(
+            vertex, "stop-restart", sr.old_parallelism, parallelism, requested, done,
+            done - requested, len(sr.moved), bytes_moved, tuple(phases),
+            tuple(sorted(self.paused_offsets.items())),
+        )
+
+
+RemoteJobMaster = ray.remote(max_restarts=0, max_task_retries=0)(JobMaster)
+
+
+# ====================================================================== driver side
+
+
+class JobHandle:
+    """The driver's handle on a running job."""
+
+    def __init__(self, master: Any, job_id: str, metrics_url: str) -> None:
+        self._master = master
+        self.job_id = job_id
+        self.metrics_url = metrics_url
+
+    def status(self) -> JobStatus:
+        return decode_message(ray.get(self._master.status.remote()))
+
+    def wait(self, timeout: float | None = None) -> JobStatus:
+        """Block until the job ends. Raises ``UserFunctionError``/``JobFailedError`` when it
+        failed and ``TimeoutError`` when it still runs after ``timeout`` seconds."""
+        st: JobStatus = decode_message(ray.get(self._master.wait.remote(timeout)))
+        if st.state == "failed":
+            if st.record:
+                raise UserFunctionError(st.operator, st.task_index, st.record, st.cause)
+            raise JobFailedError(st.error)
+        if st.state in _ACTIVE:
+            raise TimeoutError(f"job {self.job_id} still {st.state} after {timeout} s")
+        return st
+
+    def stop(self) -> None:
+        """Stop the job (sinks are flushed) and release its actors."""
+        with contextlib.suppress(RayActorError):
+            ray.get(self._master.stop.remote())
+        with contextlib.suppress(Exception):
+            ray.kill(self._master)
+
+    def metrics(self) -> JobMetrics:
+        from engine.codec import unpack_exact
+
+        state, tasks, rescales, url = unpack_exact(ray.get(self._master.metrics.remote()))
+        return JobMetrics(self.job_id, state, tuple(decode_message(t) for t in tasks),
+                          tuple(decode_message(r) for r in rescales), url or None)
+
+    def rescale(self, operator: str, parallelism: int, protocol: str = "stop-restart") -> RescaleReport:
+        """Change ``operator``'s parallelism while the job runs; returns the report.
+
+        Raises ``RescaleRefused`` (job untouched) for an invalid request."""
+        try:
+            return decode_message(ray.get(self._master.rescale.remote(operator, parallelism, protocol)))
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if hasattr(exc, "cause") else None
+            if isinstance(cause, (RescaleRefused, JobFailedError)):
+                raise cause from None
+            raise
+
+    def __enter__(self) -> JobHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _sinks_of(graph: g.JobGraph) -> list[Any]:
+    out = [op.fn for op in graph.operators if op.kind == g.SINK]
+    out += [op.dead_letter for op in graph.operators if op.dead_letter is not None]
+    return out
+
+
+def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> JobHandle:
+    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors."""
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
+                 configure_logging=False)
+    for sink in _sinks_of(graph):
+        sink.prepare()
+    job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"
+    master = RemoteJobMaster.options(
+        name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
+    ).remote(graph, config, job_id)
+    try:
+        url = ray.get(master.start.remote())
+    except Exception:
+        with contextlib.suppress(Exception):
+            ray.kill(master)
+        raise
+    return JobHandle(master, job_id, url)
+
+
+def wall_time() -> float:
+    """For drivers and examples only (engine logic uses an injected Clock)."""
+    return time.time()

@@ -1,0 +1,1 @@
+"""How state moves: assignments, plans and protocols."""

@@ -1,0 +1,283 @@
+"""Unit tests for engine.messages: wire round trips, frames, refusal of undeclared messages."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from engine import messages as m
+from engine.codec import pack_exact, pack_fast
+from engine.errors import CodecError
+
+
+def assert_same(a, b):
+    """Equal values of identical types, recursively through tuples/lists/dicts/dataclasses."""
+    assert type(a) is type(b), f"{a!r} vs {b!r}"
+    if dataclasses.is_dataclass(a):
+        for f in dataclasses.fields(a):
+            assert_same(getattr(a, f.name), getattr(b, f.name))
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same(x, y)
+    else:
+        assert a == b
+
+
+CH0 = m.OutputChannel(3, "op/map/0", 0)
+CH1 = m.OutputChannel(4, "op/map/1", 1)
+
+CHANNEL_EVENTS = [
+    m.Watermark(1_700_000_000_123),
+    m.Watermark(-1),
+    m.CheckpointBarrier(7),
+    m.DrainBarrier(2),
+    m.LatencyMarker(1_700_000_000.25, 3),
+    m.EndOfStream(),
+]
+
+# Messages whose fields are plain values.
+FLAT_CONTROL_MESSAGES = [
+    CH0,
+    m.Connect(((1, 0), (2, 0), (3, 1)), ()),
+    m.Connect((), ()),
+    m.Start(),
+    m.Start(None),
+    m.Start(42),
+    m.Start({"file": "a.parquet", "row": 10, "batch": (3, 4)}),
+    m.Start([0, [1, 2]]),
+    m.PauseSource(5),
+    m.Resume(),
+    m.SnapshotKeyGroups(),
+    m.InstallKeyGroups(((0, b"\x00\x01"), (127, b""))),
+    m.InstallKeyGroups(()),
+    m.StopTask(),
+    m.KeyGroupSnapshot(((5, pack_exact({"a": (1, 2)})),)),
+    m.SourcePaused("src/0", (1, "x")),
+    m.SourcePaused("src/1", None),
+    m.Drained("map/2", 9),
+    m.TaskFinished("sink/0"),
+    m.TaskFailed("map/1", "map", 1, "{'a': 1}", "ZeroDivisionError('division by zero')"),
+    m.Ack(),
+    m.JobStatus("wordcount", "running"),
+    m.JobStatus(
+        "wordcount", "failed", "user function raised", "count", 2, "('a', 1)", "KeyError('a')",
+        "http://127.0.0.1:9000/metrics",
+    ),
+]
+
+# Messages that nest other wire messages (OutputEdge holds OutputChannels, Connect holds
+# OutputEdges).
+NESTED_CONTROL_MESSAGES = [
+    m.OutputEdge(0, "forward", (CH0,)),
+    m.OutputEdge(1, "rebalance", (CH0, CH1)),
+    m.OutputEdge(2, "keyed", (CH0, CH1), (0, 1, 1, 0)),
+    m.Connect(((1, 0),), (m.OutputEdge(0, "keyed", (CH0, CH1), (1, 0)),)),
+]
+
+
+def test_every_declared_message_is_covered():
+    covered = {type(x).__name__ for x in CHANNEL_EVENTS + FLAT_CONTROL_MESSAGES}
+    covered |= {type(x).__name__ for x in NESTED_CONTROL_MESSAGES}
+    assert covered == set(m._REGISTRY), "add new wire messages to this test module"
+
+
+@pytest.mark.parametrize("msg", CHANNEL_EVENTS + FLAT_CONTROL_MESSAGES, ids=repr)
+def test_message_round_trip(msg):
+    data = m.encode_message(msg)
+    assert isinstance(data, bytes)
+    out = m.decode_message(data)
+    assert out == msg
+    assert_same(msg, out)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine bug: messages.py encodes fields with pack_exact, which has no codec for "
+    "the nested wire dataclasses OutputChannel/OutputEdge, so OutputEdge and any Connect "
+    "with outputs raise CodecError('no codec for OutputChannel'/'OutputEdge')",
+)
+@pytest.mark.parametrize("msg", NESTED_CONTROL_MESSAGES, ids=repr)
+def test_nested_message_round_trip(msg):
+    out = m.decode_message(m.encode_message(msg))
+    assert_same(msg, out)
+
+
+def test_tags_are_class_names():
+    assert m.encode_message(m.Watermark(5)) == pack_exact(["Watermark", 5])
+    assert m.decode_message(pack_exact(["Drained", "t", 3])) == m.Drained("t", 3)
+
+
+def test_tuples_stay_tuples_in_control_messages():
+    out = m.decode_message(m.encode_message(m.InstallKeyGroups(((1, b"a"), (2, b"b")))))
+    assert type(out.groups) is tuple
+    assert all(type(g) is tuple for g in out.groups)
+    assert type(out.groups[0][1]) is bytes
+
+
+# ---------------------------------------------------------------- frames
+
+
+@pytest.mark.parametrize("event", [None, *CHANNEL_EVENTS], ids=repr)
+def test_frame_round_trip_without_keys(event):
+    frame = m.Frame(["a", ("b", 1), {"c": [2]}], [10, 11, 12], event=event)
+    out = m.decode_frame(m.encode_frame(frame))
+    assert out.values == ("a", ("b", 1), {"c": (2,)})  # fast codec: lists become tuples
+    assert out.timestamps == (10, 11, 12)
+    assert out.keys is None
+    assert out.key_groups is None
+    assert out.event == event
+    if event is not None:
+        assert type(out.event) is type(event)
+
+
+@pytest.mark.parametrize("event", [None, m.Watermark(99), m.CheckpointBarrier(1)], ids=repr)
+def test_frame_round_trip_with_keys(event):
+    frame = m.Frame(
+        values=[{"user": "u1", "n": 1}, {"user": ("u", 2), "n": 2}],
+        timestamps=[1000, 1001],
+        keys=["u1", ("u", 2)],
+        key_groups=[17, 127],
+        event=event,
+    )
+    out = m.decode_frame(m.encode_frame(frame))
+    assert out == m.Frame(
+        ({"user": "u1", "n": 1}, {"user": ("u", 2), "n": 2}),
+        (1000, 1001),
+        ("u1", ("u", 2)),
+        (17, 127),
+        event,
+    )
+
+
+def test_empty_frame_carrying_only_an_event():
+    out = m.decode_frame(m.encode_frame(m.Frame((), (), event=m.EndOfStream())))
+    assert out == m.Frame((), (), None, None, m.EndOfStream())
+
+
+def test_latency_marker_float_survives_a_frame():
+    out = m.decode_frame(m.encode_frame(m.Frame((), (), event=m.LatencyMarker(0.1, 2))))
+    assert out.event == m.LatencyMarker(0.1, 2)
+    assert type(out.event.created_at) is float
+
+
+def test_frame_with_undeclared_event_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Bogus:
+        x: int
+
+    with pytest.raises(CodecError, match="Bogus is not a declared wire message"):
+        m.encode_frame(m.Frame((1,), (1,), event=Bogus(1)))
+
+
+def test_frame_bytes_with_unknown_event_tag_are_refused():
+    data = pack_fast(((1,), (1,), None, None, ("Pickle", b"cos\nsystem\n")))
+    with pytest.raises(CodecError, match="not a declared wire message"):
+        m.decode_frame(data)
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def test_undeclared_message_is_refused_on_encode():
+    @dataclasses.dataclass(frozen=True)
+    class NotDeclared:
+        x: int
+
+    with pytest.raises(CodecError, match="NotDeclared is not a declared wire message"):
+        m.encode_message(NotDeclared(1))
+    with pytest.raises(CodecError, match="Frame is not a declared wire message"):
+        m.encode_message(m.Frame((), ()))
+    with pytest.raises(CodecError):
+        m.encode_message({"tag": "Watermark"})
+
+
+def test_subclass_of_declared_message_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class SpecialWatermark(m.Watermark):
+        pass
+
+    with pytest.raises(CodecError, match="SpecialWatermark"):
+        m.encode_message(SpecialWatermark(1))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [["Unknown", 1], ["os.system", "ls"], [], 5, None, {"Nope": 1}, ["__class__"]],
+    ids=repr,
+)
+def test_undeclared_message_is_refused_on_decode(payload):
+    with pytest.raises(CodecError, match="not a declared wire message"):
+        m.decode_message(pack_exact(payload))
+
+
+def test_garbage_bytes_are_refused_on_decode():
+    with pytest.raises(CodecError):
+        m.decode_message(b"\xc1\xc1")
+    with pytest.raises(CodecError):
+        m.decode_frame(b"\xc1")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="engine bug: decode_message calls cls(*fields) outside its try block, so a declared "
+    "tag with the wrong number of fields raises TypeError instead of CodecError",
+)
+@pytest.mark.parametrize(
+    "payload", [["Watermark"], ["Watermark", 1, 2], {"Watermark": 1}], ids=repr
+)
+def test_declared_tag_with_wrong_fields_raises_codec_error(payload):
+    with pytest.raises(CodecError):
+        m.decode_message(pack_exact(payload))
+
+
+def test_wire_requires_frozen_dataclass():
+    @dataclasses.dataclass
+    class Mutable:
+        x: int
+
+    class Plain:
+        pass
+
+    with pytest.raises(TypeError, match="must be a frozen dataclass"):
+        m.wire(Mutable)
+    with pytest.raises(TypeError, match="must be a frozen dataclass"):
+        m.wire(Plain)
+    assert "Mutable" not in m._REGISTRY and "Plain" not in m._REGISTRY
+
+
+def test_messages_are_immutable():
+    wm = m.Watermark(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        wm.timestamp = 2  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- OutputEdge invariants
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(partitioning="broadcast", channels=(CH0,)), "unknown partitioning 'broadcast'"),
+        (dict(partitioning="forward", channels=()), "exactly one channel"),
+        (dict(partitioning="forward", channels=(CH0, CH1)), "exactly one channel"),
+        (dict(partitioning="keyed", channels=(CH0, CH1), routing=(0, 2)), "outside"),
+        (dict(partitioning="keyed", channels=(CH0,), routing=(0, -1)), "outside"),
+        (dict(partitioning="keyed", channels=(), routing=(0,)), "outside"),
+    ],
+)
+def test_output_edge_invariants(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        m.OutputEdge(edge_id=0, **kwargs)
+
+
+def test_output_edge_valid_shapes():
+    e = m.OutputEdge(0, "keyed", (CH0, CH1), (1, 0, 1))
+    assert e.routing == (1, 0, 1)
+    assert m.OutputEdge(1, "rebalance", (CH0, CH1)).routing == ()
+    assert m.OutputEdge(2, "forward", (CH1,)).channels == (CH1,)

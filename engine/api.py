@@ -50,12 +50,16 @@ class StreamJob:
             raise JobDefinitionError(
                 f"source {name or '?'!r}: {type(source).__name__} is not an engine.sources.Source"
             )
-        op = self._add(g.SOURCE, name, source, parallelism or self.default_parallelism, ())
+        op = self._add(g.SOURCE, name, source, _or(parallelism, self.default_parallelism), ())
         return Stream(self, (op.name,))
 
     def _auto_name(self, kind: str) -> str:
-        self._counter += 1
-        return f"{kind}-{self._counter}"
+        taken = {o.name for o in self._ops}
+        while True:
+            self._counter += 1
+            name = f"{kind}-{self._counter}"
+            if name not in taken:
+                return name
 
     def _add(
         self,
@@ -97,6 +101,11 @@ class StreamJob:
         return deploy(self.graph(), self.config, address=address)
 
 
+def _or(parallelism: int | None, default: int) -> int:
+    # ``parallelism=0`` must reach validation, not silently become the default
+    return default if parallelism is None else parallelism
+
+
 def _check_callable(fn: Any, what: str, name: str | None) -> None:
     if not callable(fn):
         raise JobDefinitionError(f"{what} {name or ''!r}: {fn!r} is not callable")
@@ -116,7 +125,7 @@ class Stream:
         self, kind: str, fn: Any, name: str | None, parallelism: int | None, dead_letter: Sink | None
     ) -> Stream:
         _check_callable(fn, kind, name)
-        p = parallelism or self._job._parallelism_of(self._heads)
+        p = _or(parallelism, self._job._parallelism_of(self._heads))
         op = self._job._add(kind, name, fn, p, self._inputs(), dead_letter)
         return Stream(self._job, (op.name,))
 
@@ -155,7 +164,7 @@ class Stream:
             raise JobDefinitionError(
                 f"sink {name or '?'!r}: {type(sink).__name__} is not an engine.sinks.Sink"
             )
-        p = parallelism or self._job._parallelism_of(self._heads)
+        p = _or(parallelism, self._job._parallelism_of(self._heads))
         self._job._add(g.SINK, name, sink, p, self._inputs())
 
 
@@ -169,7 +178,7 @@ class KeyedStream:
 
     def _keyed(self, kind: str, fn: Any, name: str | None, parallelism: int | None,
                dead_letter: Sink | None) -> Stream:
-        p = parallelism or self._job.default_parallelism
+        p = _or(parallelism, self._job.default_parallelism)
         inputs = tuple(g.InputDef(h, self._key_fn) for h in self._heads)
         op = self._job._add(kind, name, fn, p, inputs, dead_letter)
         return Stream(self._job, (op.name,))

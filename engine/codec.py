@@ -26,6 +26,8 @@ T = TypeVar("T")
 _TUPLE_CODE = 0
 _SET_CODE = 1
 _WIRE_CODE = 2  # a declared wire message nested inside another (engine.messages)
+_BIGINT_CODE = 3  # an int outside msgpack's 64-bit range, as decimal text
+_FROZENSET_CODE = 4
 _FIRST_USER_CODE = 16
 _MAX_CODE = 127
 
@@ -83,19 +85,45 @@ def register_dataclass(cls: type[T], code: int) -> type[T]:
     return cls
 
 
+def _default_common(obj: Any) -> Any:
+    t = type(obj)
+    if t is int:
+        return msgpack.ExtType(_BIGINT_CODE, str(obj).encode())
+    if t is set:
+        return msgpack.ExtType(_SET_CODE, _pack_exact(sorted(obj, key=repr)))
+    if t is frozenset:
+        return msgpack.ExtType(_FROZENSET_CODE, _pack_exact(sorted(obj, key=repr)))
+    return None
+
+
+def _ext_common(code: int, data: bytes) -> Any:
+    if code == _BIGINT_CODE:
+        return int(data.decode())
+    if code == _SET_CODE:
+        return set(unpack_exact(data))
+    if code == _FROZENSET_CODE:
+        return frozenset(unpack_exact(data))
+    return _NOT_COMMON
+
+
+_NOT_COMMON = object()
+
+
 def _default_exact(obj: Any) -> Any:
     if type(obj) is tuple:
         return msgpack.ExtType(_TUPLE_CODE, _pack_exact(list(obj)))
-    if type(obj) in (set, frozenset):
-        return msgpack.ExtType(_SET_CODE, _pack_exact(sorted(obj, key=repr)))
+    common = _default_common(obj)
+    if common is not None:
+        return common
     if type(obj) in _WIRE_TYPES and _wire_to_list is not None:
         return msgpack.ExtType(_WIRE_CODE, _pack_exact(_wire_to_list(obj)))
     return _default_user(obj, _pack_exact)
 
 
 def _default_fast(obj: Any) -> Any:
-    if isinstance(obj, (set, frozenset)):
-        return msgpack.ExtType(_SET_CODE, _pack_exact(sorted(obj, key=repr)))
+    common = _default_common(obj)
+    if common is not None:
+        return common
     return _default_user(obj, _pack_fast)
 
 
@@ -112,16 +140,18 @@ def _default_user(obj: Any, pack: Callable[[Any], bytes]) -> Any:
 def _ext_exact(code: int, data: bytes) -> Any:
     if code == _TUPLE_CODE:
         return tuple(unpack_exact(data))
-    if code == _SET_CODE:
-        return set(unpack_exact(data))
+    common = _ext_common(code, data)
+    if common is not _NOT_COMMON:
+        return common
     if code == _WIRE_CODE and _wire_from_list is not None:
         return _wire_from_list(unpack_exact(data))
     return _ext_user(code, data, unpack_exact)
 
 
 def _ext_fast(code: int, data: bytes) -> Any:
-    if code == _SET_CODE:
-        return set(unpack_exact(data))
+    common = _ext_common(code, data)
+    if common is not _NOT_COMMON:
+        return common
     return _ext_user(code, data, unpack_fast)
 
 

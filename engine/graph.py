@@ -134,6 +134,7 @@ class JobGraph:
 
     def with_parallelism(self, name: str, parallelism: int) -> JobGraph:
         """The same graph with one operator's parallelism changed (validated again)."""
+        self.operator(name)
         ops = tuple(
             OperatorDef(o.name, o.kind, o.fn, parallelism, o.inputs, o.dead_letter)
             if o.name == name

@@ -27,11 +27,24 @@ def _fmix32(h: int) -> int:
     return h
 
 
+def _normalise(key: object) -> object:
+    # Keys equal in Python (1 == 1.0 == True) must land in the same key group.
+    t = type(key)
+    if t is bool:
+        return int(key)  # type: ignore[arg-type]
+    if t is float and key.is_integer():  # type: ignore[attr-defined]
+        return int(key)  # type: ignore[arg-type]
+    if t is tuple:
+        return tuple(_normalise(k) for k in key)  # type: ignore[attr-defined]
+    return key
+
+
 def stable_hash(key: object) -> int:
     """A 32-bit hash of ``key`` that is the same in every process and on every machine.
 
     str, bytes and int are hashed directly; any other msgpack-encodable key (tuples, floats,
-    None, bool) through its msgpack encoding.
+    None) through its msgpack encoding. Keys that compare equal (``1``, ``1.0``, ``True``)
+    hash equally.
     """
     if type(key) is str:
         return _fmix32(zlib.crc32(key.encode("utf-8")))
@@ -39,9 +52,13 @@ def stable_hash(key: object) -> int:
         return _fmix32((key & _MASK32) ^ ((key >> 32) & _MASK32) ^ (0x9E3779B9 if key < 0 else 0))
     if type(key) is bytes:
         return _fmix32(zlib.crc32(key))
+    norm = _normalise(key)
+    if type(norm) is int:
+        return stable_hash(norm)
     try:
+        key = norm
         return _fmix32(zlib.crc32(msgpack.packb(key, use_bin_type=True)))
-    except TypeError as exc:
+    except (TypeError, OverflowError) as exc:
         raise TypeError(
             f"key {key!r} of type {type(key).__name__} cannot be hashed stably; "
             "key_by must return str, bytes, int, float, bool, None or tuples of them"

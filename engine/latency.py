@@ -3,10 +3,10 @@
 Every ``LatencyHistogram`` has the same bucket layout, so histograms from different tasks,
 processes or seconds merge exactly by adding counts. Buckets grow by 4% from 0.1 ms to
 1,000 s; a quantile is reported as its bucket's geometric midpoint (clamped to the observed
-min/max), so it is within ~2% of the true value. Values below 0.1 ms (including 0 and the
-negative latencies that clock skew can produce) share one underflow bucket, whose
-representative is the mean of the values in it; values at or above the top bound share one
-overflow bucket, represented by the observed maximum.
+min/max), so it is within ~2% of the true value. Two buckets sit below 0.1 ms: negative
+values (clock skew between hosts) and [0, 0.1) ms (e.g. integer latencies of 0 ms); each is
+represented by the mean of its values. Values at or above the top bound share one overflow
+bucket, represented by the observed maximum.
 """
 
 from __future__ import annotations
@@ -23,17 +23,20 @@ HIGHEST_MS = 1_000_000.0
 GROWTH = 1.04
 _LOG_GROWTH = math.log(GROWTH)
 NUM_LOG_BUCKETS = math.ceil(math.log(HIGHEST_MS / LOWEST_MS) / _LOG_GROWTH)
-NUM_BUCKETS = NUM_LOG_BUCKETS + 2  # [underflow, log buckets..., overflow]
-_OVERFLOW = NUM_LOG_BUCKETS + 1
-# Geometric midpoints of the log buckets 1..N: bucket i is [LOWEST*g^(i-1), LOWEST*g^i).
-_MIDPOINTS = LOWEST_MS * GROWTH ** (np.arange(1, NUM_LOG_BUCKETS + 1, dtype=np.float64) - 0.5)
+NUM_BUCKETS = NUM_LOG_BUCKETS + 3  # [negative, [0, LOWEST), log buckets..., overflow]
+_NEG = 0
+_SMALL = 1
+_FIRST_LOG = 2
+_OVERFLOW = NUM_LOG_BUCKETS + 2
+# Geometric midpoints of the log buckets: bucket _FIRST_LOG + i is [LOWEST*g^i, LOWEST*g^(i+1)).
+_MIDPOINTS = LOWEST_MS * GROWTH ** (np.arange(NUM_LOG_BUCKETS, dtype=np.float64) + 0.5)
 _WIRE_VERSION = 1
 
 
 def _bucket_of(ms: float) -> int:
     if ms < LOWEST_MS:
-        return 0
-    return min(_OVERFLOW, int(math.log(ms / LOWEST_MS) / _LOG_GROWTH) + 1)
+        return _NEG if ms < 0 else _SMALL
+    return min(_OVERFLOW, int(math.log(ms / LOWEST_MS) / _LOG_GROWTH) + _FIRST_LOG)
 
 
 class LatencyHistogram:
@@ -43,7 +46,7 @@ class LatencyHistogram:
     another histogram; ``to_wire``/``from_wire`` round-trip through msgpack-able lists.
     """
 
-    __slots__ = ("_count", "_counts", "_max", "_min", "_sum", "_under_sum")
+    __slots__ = ("_count", "_counts", "_max", "_min", "_neg_sum", "_small_sum", "_sum")
 
     def __init__(self) -> None:
         self._counts = np.zeros(NUM_BUCKETS, dtype=np.int64)
@@ -51,7 +54,8 @@ class LatencyHistogram:
         self._sum = 0.0
         self._min = math.inf
         self._max = -math.inf
-        self._under_sum = 0.0  # sum of the values in the underflow bucket
+        self._neg_sum = 0.0  # sum of the values in the negative bucket
+        self._small_sum = 0.0  # sum of the values in [0, LOWEST_MS)
 
     # -- recording -------------------------------------------------------------------------
 
@@ -62,8 +66,10 @@ class LatencyHistogram:
             return
         b = _bucket_of(ms)
         self._counts[b] += 1
-        if b == 0:
-            self._under_sum += ms
+        if b == _NEG:
+            self._neg_sum += ms
+        elif b == _SMALL:
+            self._small_sum += ms
         self._count += 1
         self._sum += ms
         self._min = min(self._min, ms)
@@ -75,14 +81,18 @@ class LatencyHistogram:
         x = x[np.isfinite(x)]
         if x.size == 0:
             return
-        under = x < LOWEST_MS
         idx = np.floor(np.log(np.maximum(x, LOWEST_MS) / LOWEST_MS) / _LOG_GROWTH).astype(np.int64)
-        idx += 1
+        idx += _FIRST_LOG
         np.minimum(idx, _OVERFLOW, out=idx)
-        idx[under] = 0
-        self._counts += np.bincount(idx, minlength=NUM_BUCKETS)
+        under = x < LOWEST_MS
         if under.any():
-            self._under_sum += float(x[under].sum())
+            neg = x < 0
+            small = under & ~neg
+            idx[neg] = _NEG
+            idx[small] = _SMALL
+            self._neg_sum += float(x[neg].sum())
+            self._small_sum += float(x[small].sum())
+        self._counts += np.bincount(idx, minlength=NUM_BUCKETS)
         self._count += int(x.size)
         self._sum += float(x.sum())
         self._min = min(self._min, float(x.min()))
@@ -93,7 +103,8 @@ class LatencyHistogram:
         self._counts += other._counts
         self._count += other._count
         self._sum += other._sum
-        self._under_sum += other._under_sum
+        self._neg_sum += other._neg_sum
+        self._small_sum += other._small_sum
         self._min = min(self._min, other._min)
         self._max = max(self._max, other._max)
         return self
@@ -131,9 +142,10 @@ class LatencyHistogram:
     def _representatives(self) -> np.ndarray:
         """One value per bucket, non-decreasing, each within its bucket's observed range."""
         reps = np.empty(NUM_BUCKETS, dtype=np.float64)
-        under = int(self._counts[0])
-        reps[0] = self._under_sum / under if under else LOWEST_MS
-        reps[1:_OVERFLOW] = _MIDPOINTS
+        neg, small = int(self._counts[_NEG]), int(self._counts[_SMALL])
+        reps[_NEG] = self._neg_sum / neg if neg else 0.0
+        reps[_SMALL] = self._small_sum / small if small else 0.0
+        reps[_FIRST_LOG:_OVERFLOW] = _MIDPOINTS
         reps[_OVERFLOW] = self._max if self._counts[_OVERFLOW] else HIGHEST_MS
         if self._count:
             np.clip(reps, self._min, self._max, out=reps)
@@ -177,16 +189,16 @@ class LatencyHistogram:
         return [
             _WIRE_VERSION, LOWEST_MS, GROWTH, NUM_BUCKETS,
             nz.tolist(), self._counts[nz].tolist(),
-            self._count, self._sum, self._under_sum,
+            self._count, self._sum, self._neg_sum, self._small_sum,
             self._min if self._count else None, self._max if self._count else None,
         ]
 
     @classmethod
     def from_wire(cls, wire: Sequence[Any]) -> LatencyHistogram:
         """Rebuild a histogram from ``to_wire()`` output; ValueError on another layout."""
-        if len(wire) != 11 or wire[0] != _WIRE_VERSION:
+        if len(wire) != 12 or wire[0] != _WIRE_VERSION:
             raise ValueError("not a LatencyHistogram wire value (or an unknown version)")
-        _, lowest, growth, num_buckets, idx, counts, count, total, under_sum, lo, hi = wire
+        _, lowest, growth, num_buckets, idx, counts, count, total, neg, small, lo, hi = wire
         if (lowest, growth, num_buckets) != (LOWEST_MS, GROWTH, NUM_BUCKETS):
             raise ValueError(
                 f"LatencyHistogram layout mismatch: wire has lowest={lowest} growth={growth} "
@@ -197,7 +209,8 @@ class LatencyHistogram:
             h._counts[np.asarray(idx, dtype=np.int64)] = np.asarray(counts, dtype=np.int64)
         h._count = int(count)
         h._sum = float(total)
-        h._under_sum = float(under_sum)
+        h._neg_sum = float(neg)
+        h._small_sum = float(small)
         if h._count:
             h._min = float(lo)
             h._max = float(hi)

@@ -49,7 +49,10 @@ def _from_list(items: Any) -> Any:
         cls = _REGISTRY[tag]
     except (TypeError, ValueError, KeyError) as exc:
         raise CodecError(f"not a declared wire message: {items!r:.200}") from exc
-    return cls(*fields)
+    try:
+        return cls(*fields)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"{tag} does not accept fields {fields!r:.200}: {exc}") from exc
 
 
 register_wire_hooks(_WIRE_TYPES, lambda m: _to_list(m), lambda items: _from_list(items))

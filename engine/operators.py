@@ -121,18 +121,19 @@ class KeyedRunner:
     def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int]) -> Batch:
         out: list[Any] = []
         out_ts: list[int] = []
-        i, n = 0, len(values)
-        while i < n:
+        n = len(values)
+        self.pos = 0  # index of the record being processed, kept for error reports
+        while self.pos < n:
             try:
                 if self.is_reduce:
-                    i = self._reduce_from(i, values, timestamps, keys, kgs, out, out_ts)
+                    self._reduce_from(values, timestamps, keys, kgs, out, out_ts)
                 else:
-                    i = self._process_from(i, values, timestamps, keys, kgs, out, out_ts)
+                    self._process_from(values, timestamps, keys, kgs, out, out_ts)
             except (UserFunctionError, UnknownKeyGroupError):
                 raise
             except Exception as exc:
-                self.policy.on_error(values[i], timestamps[i], exc)
-                i += 1
+                self.policy.on_error(values[self.pos], timestamps[self.pos], exc)
+                self.pos += 1
         return out, out_ts
 
     def _group(self, kg: int) -> dict[str, dict[Any, Any]]:
@@ -144,34 +145,38 @@ class KeyedRunner:
                 "does not own"
             ) from None
 
-    def _reduce_from(self, i: int, values: list[Any], timestamps: list[int], keys: list[Any],
-                     kgs: list[int], out: list[Any], out_ts: list[int]) -> int:
+    def _reduce_from(self, values: list[Any], timestamps: list[int], keys: list[Any],
+                     kgs: list[int], out: list[Any], out_ts: list[int]) -> None:
         fn = self.fn.fn  # type: ignore[attr-defined]
         name = ReduceFunction.STATE
         groups = self.backend.groups
         n = len(values)
-        while i < n:
-            kg = kgs[i]
-            tables = groups.get(kg)
-            if tables is None:
-                tables = self._group(kg)
-            table = tables.get(name)
-            if table is None:
-                table = tables[name] = {}
-            k = keys[i]
-            cur = table.get(k, _MISSING)
-            new = values[i] if cur is _MISSING else fn(cur, values[i])
-            table[k] = new
-            out.append(new)
-            out_ts.append(timestamps[i])
-            i += 1
-        return i
+        i = self.pos
+        try:
+            while i < n:
+                kg = kgs[i]
+                tables = groups.get(kg)
+                if tables is None:
+                    tables = self._group(kg)
+                table = tables.get(name)
+                if table is None:
+                    table = tables[name] = {}
+                k = keys[i]
+                cur = table.get(k, _MISSING)
+                new = values[i] if cur is _MISSING else fn(cur, values[i])
+                table[k] = new
+                out.append(new)
+                out_ts.append(timestamps[i])
+                i += 1
+        finally:
+            self.pos = i
 
-    def _process_from(self, i: int, values: list[Any], timestamps: list[int], keys: list[Any],
-                      kgs: list[int], out: list[Any], out_ts: list[int]) -> int:
+    def _process_from(self, values: list[Any], timestamps: list[int], keys: list[Any],
+                      kgs: list[int], out: list[Any], out_ts: list[int]) -> None:
         backend, ctx, fn = self.backend, self.ctx, self.fn
         n = len(values)
-        while i < n:
+        while self.pos < n:
+            i = self.pos
             kg = kgs[i]
             if kg not in backend.groups:
                 self._group(kg)
@@ -181,10 +186,13 @@ class KeyedRunner:
             res = fn.process_element(values[i], ctx)
             if res is not None:
                 before = len(out)
-                out.extend(res)
+                try:
+                    out.extend(res)
+                except BaseException:
+                    del out[before:]  # a failed record emits nothing
+                    raise
                 out_ts.extend([ts] * (len(out) - before))
-            i += 1
-        return i
+            self.pos = i + 1
 
     def fire_timers(self, now: int) -> Batch:
         out: list[Any] = []

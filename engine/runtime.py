@@ -409,8 +409,11 @@ class JobMaster:
         names = [n for n in self.dep.task_names() if n in self.handles]
         snaps: list[TaskMetrics] = []
         for n in names:
+            h = self.handles.get(n)
+            if h is None:  # torn down meanwhile
+                continue
             try:
-                snaps.append(decode_message(await self.handles[n].metrics.remote()))
+                snaps.append(decode_message(await h.metrics.remote()))
             except RayActorError:
                 continue
         for s in snaps:

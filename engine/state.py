@@ -26,7 +26,9 @@ class KeyedStateBackend:
         self.num_key_groups = num_key_groups
         self.groups: dict[int, dict[str, dict[Any, Any]]] = {}
         self.timers: dict[int, set[tuple[int, Any]]] = {}
-        self._timer_heap: list[tuple[int, int, Any]] = []
+        # (time, key_group, tie-breaker, key): keys of mixed types are never compared
+        self._timer_heap: list[tuple[int, int, int, Any]] = []
+        self._tie = 0
         self.current_key: Any = None
         self.current_group: int = -1
         self._tables: dict[str, dict[Any, Any]] = {}
@@ -59,7 +61,11 @@ class KeyedStateBackend:
         ts = self.timers[self.current_group]
         if entry not in ts:
             ts.add(entry)
-            heapq.heappush(self._timer_heap, (entry[0], self.current_group, self.current_key))
+            self._push_timer(entry[0], self.current_group, self.current_key)
+
+    def _push_timer(self, time_ms: int, key_group: int, key: Any) -> None:
+        self._tie += 1
+        heapq.heappush(self._timer_heap, (time_ms, key_group, self._tie, key))
 
     def delete_timer(self, time_ms: int) -> None:
         self.timers[self.current_group].discard((int(time_ms), self.current_key))
@@ -67,7 +73,7 @@ class KeyedStateBackend:
     def next_timer(self) -> int | None:
         heap = self._timer_heap
         while heap:
-            t, kg, key = heap[0]
+            t, kg, _, key = heap[0]
             if kg in self.timers and (t, key) in self.timers[kg]:
                 return t
             heapq.heappop(heap)
@@ -77,7 +83,7 @@ class KeyedStateBackend:
         """Yield ``(time_ms, key_group, key)`` for every live timer due at ``now_ms``."""
         heap = self._timer_heap
         while heap and heap[0][0] <= now_ms:
-            t, kg, key = heapq.heappop(heap)
+            t, kg, _, key = heapq.heappop(heap)
             ts = self.timers.get(kg)
             if ts is not None and (t, key) in ts:
                 ts.discard((t, key))
@@ -100,7 +106,7 @@ class KeyedStateBackend:
         self.groups[key_group] = {name: dict(items) for name, items in tables_enc}
         self.timers[key_group] = {(int(t), k) for t, k in timers}
         for t, k in self.timers[key_group]:
-            heapq.heappush(self._timer_heap, (int(t), key_group, k))
+            self._push_timer(int(t), key_group, k)
         if key_group == self.current_group:
             self._tables = self.groups[key_group]
 

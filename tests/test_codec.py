@@ -158,21 +158,10 @@ def test_exact_encoding_of_sets_is_deterministic():
 
 
 @pytest.mark.parametrize("value", [2**64, -(2**63) - 1, 2**100], ids=repr)
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: ints outside the 64-bit msgpack range reach the codec's default hook "
-    "and fail with the misleading CodecError 'no codec for int' instead of round tripping",
-)
 def test_exact_round_trip_ints_beyond_64_bits(value):
     assert_same(value, exact_rt(value))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: frozenset is encoded with the set code and decodes as set, so a "
-    "frozenset dict key (or set element) encodes fine but unpack_exact raises "
-    "'unhashable type: set'",
-)
 def test_exact_round_trip_frozenset_as_dict_key():
     value = {frozenset({1, 2}): "x"}
     assert_same(value, exact_rt(value))

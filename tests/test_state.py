@@ -442,12 +442,6 @@ def test_installed_timers_fire_once_even_if_group_is_reinstalled():
     assert drain(dst, 10) == [(10, 2, k)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine bug: the timer heap holds (time, key_group, key) tuples, so two timers at "
-    "the same time in the same key group whose keys do not order (e.g. None and 'a') raise "
-    "TypeError from heapq",
-)
 def test_timers_for_unorderable_keys_in_one_group():
     b = KeyedStateBackend(1)
     b.own(0)

@@ -1,0 +1,248 @@
+"""Integration tests on a real local Ray cluster: results equal plain-Python references."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import JobConfig, KeyedProcessFunction, StreamJob
+from engine.errors import JobDefinitionError, RescaleRefused, UserFunctionError
+from engine.sinks import Sink, SinkWriter
+from engine.testing import TestingSink, TestingSource
+from tests.jobs import (
+    SMALL,
+    per_key,
+    profile_job,
+    profile_reference,
+    running_sum_job,
+    running_sum_reference,
+)
+
+pytestmark = pytest.mark.ray
+
+LINES = [" ".join(random.Random(i).choice("abcdefghij") * random.Random(i + 1).randint(1, 3)
+                  for _ in range(6)) for i in range(600)]
+
+
+def wordcount_reference(lines: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for line in lines:
+        for w in line.split():
+            out[w] = out.get(w, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_wordcount_matches_reference(ray_cluster, parallelism):
+    sink = TestingSink()
+    job = StreamJob("wc", parallelism=parallelism, config=SMALL)
+    (job.source(TestingSource(LINES), name="lines", parallelism=min(parallelism, 2))
+        .flat_map(str.split, name="split")
+        .map(lambda w: (w, 1), name="pair")
+        .key_by(lambda p: p[0])
+        .reduce(lambda a, b: (a[0], a[1] + b[1]), name="count")
+        .sink(sink, name="out"))
+    job.run().wait(120)
+    results = sink.results()
+    expected = wordcount_reference(LINES)
+    assert len(results) == sum(expected.values())
+    final = {}
+    for w, c in results:
+        final[w] = max(final.get(w, 0), c)
+    assert final == expected
+    # every word's counts are 1, 2, ..., n in order
+    for w, seq in per_key(results).items():
+        assert [c for _, c in seq] == list(range(1, expected[w] + 1))
+
+
+@pytest.mark.parametrize("parallelism", [1, 2, 4])
+def test_running_sum_and_state_kinds_match_reference(ray_cluster, parallelism):
+    rng = random.Random(parallelism)
+    records = [(rng.randrange(40), rng.randrange(100)) for _ in range(2000)]
+    s1, s2 = TestingSink(), TestingSink()
+    h1 = running_sum_job(records, parallelism, s1).run()
+    h2 = profile_job(records, parallelism, s2).run()
+    h1.wait(120)
+    h2.wait(120)
+    assert per_key(s1.results()) == per_key(running_sum_reference(records))
+    assert per_key(s2.results()) == per_key(profile_reference(records))
+
+
+def test_failing_user_function_names_operator_task_and_record(ray_cluster):
+    def boom(r):
+        if r == 137:
+            raise ValueError("no 137 here")
+        return r
+
+    job = StreamJob("fails", config=SMALL)
+    job.source(TestingSource(range(500)), name="src").map(boom, name="boom").sink(TestingSink())
+    with pytest.raises(UserFunctionError) as err:
+        job.run().wait(60)
+    assert err.value.operator == "boom"
+    assert err.value.task_index == 0
+    assert err.value.record == "137"
+    assert "no 137 here" in str(err.value)
+
+
+def test_failing_keyed_function_fails_job(ray_cluster):
+    class Bad(KeyedProcessFunction):
+        def process_element(self, value, ctx):
+            if value[1] == 77:
+                raise KeyError("seventy-seven")
+            yield value
+
+    job = StreamJob("fails-keyed", config=SMALL, parallelism=2)
+    (job.source(TestingSource([(i % 3, i) for i in range(200)]), name="src")
+        .key_by(lambda r: r[0]).process(Bad(), name="bad").sink(TestingSink()))
+    with pytest.raises(UserFunctionError) as err:
+        job.run().wait(60)
+    assert err.value.operator == "bad"
+    assert err.value.record == "(2, 77)"
+
+
+def test_dead_letter_sink_takes_failing_records_and_job_goes_on(ray_cluster):
+    out, dead = TestingSink(), TestingSink()
+
+    def inv(r):
+        return 100 // (r % 10)
+
+    job = StreamJob("dlq", config=SMALL)
+    job.source(TestingSource(range(300)), name="src").map(inv, name="inv", dead_letter=dead).sink(out)
+    job.run().wait(60)
+    assert sorted(out.results()) == sorted(100 // (r % 10) for r in range(300) if r % 10)
+    letters = dead.results()
+    assert sorted(r[2] for r in letters) == [r for r in range(300) if r % 10 == 0]
+    assert all(r[0] == "inv" and r[1] == 0 and "ZeroDivisionError" in r[3] for r in letters)
+
+
+class SlowSink(Sink):
+    """Sleeps per batch: the pipeline must back-pressure rather than buffer."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def open(self, task_index, parallelism, clock):
+        return _SlowWriter(self.delay_s)
+
+
+class _SlowWriter(SinkWriter):
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def write(self, values, timestamps):
+        time.sleep(self.delay_s)
+
+
+def test_backpressure_keeps_in_flight_records_bounded(ray_cluster):
+    cfg = JobConfig(batch_size=100, linger_ms=2, credits=2, metrics_port=None)
+    job = StreamJob("bp", config=cfg, parallelism=2)
+    (job.source(TestingSource([(i % 50, 1) for i in range(200_000)]), name="src")
+        .key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum")
+        .map(lambda r: r, name="m", parallelism=1)
+        .sink(SlowSink(0.02), name="slow"))
+    h = job.run()
+    # channels: src->sum (1x2), sum->m (2x1): each holds at most `credits` frames of
+    # `batch_size` records in flight/queued, plus one partly filled buffer per channel.
+    bound = 4 * (cfg.credits + 1) * cfg.batch_size + 2 * cfg.batch_size
+    samples = []
+    for _ in range(6):
+        time.sleep(1.0)
+        m = h.metrics()
+        src_out = m.total("records_out", "src")
+        sink_in = m.total("records_in", "m")
+        samples.append(src_out - sink_in)
+        for t in m.tasks:
+            assert t.queued_frames <= cfg.credits * 2, t
+    h.stop()
+    assert max(samples) <= bound, samples
+    assert src_out < 200_000  # the source was really held back
+
+
+def test_invalid_rescale_requests_are_refused_and_job_untouched(ray_cluster):
+    records = [(i % 20, 1) for i in range(3000)]
+    sink = TestingSink()
+    job = running_sum_job(records, 2, sink, rate=3000)
+    h = job.run()
+    cases = [
+        (("nope", 2), "no operator 'nope'"),
+        (("sum", 0), "must be an integer >= 1"),
+        (("sum", 33), "exceeds the number of key groups"),
+        (("src", 2), "source"),
+        (("out", 2), "chained behind 'sum'"),
+    ]
+    for args, text in cases:
+        with pytest.raises(RescaleRefused, match=text):
+            h.rescale(*args)
+    with pytest.raises(RescaleRefused, match="unknown protocol"):
+        h.rescale("sum", 3, protocol="teleport")
+    h.wait(120)
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+def test_invalid_job_fails_at_build_time_naming_operator():
+    job = StreamJob("bad", num_key_groups=8)
+    s = job.source(TestingSource([1]), name="src")
+    with pytest.raises(JobDefinitionError, match="'agg'"):
+        s.key_by(lambda r: r).reduce(lambda a, b: a, name="agg", parallelism=9)
+    with pytest.raises(JobDefinitionError, match="'src'"):
+        s.map(lambda r: r, name="src")
+    with pytest.raises(JobDefinitionError, match="'m'"):
+        s.map(lambda r: r, name="m", parallelism=0)
+
+
+def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
+    rng = random.Random(5)
+    records = [(rng.randrange(60), rng.randrange(10)) for _ in range(6000)]
+    sink = TestingSink()
+    h = running_sum_job(records, 2, sink, rate=4000).run()
+    time.sleep(0.5)
+    up = h.rescale("sum", 5)
+    assert (up.old_parallelism, up.new_parallelism) == (2, 5)
+    assert up.key_groups_moved > 0 and up.bytes_moved > 0 and up.duration_s > 0
+    assert [p for p, _ in up.phases][:2] == ["pause", "drain"]
+    m = h.metrics()
+    assert len(m.operator("sum")) == 5
+    assert sum(t.key_groups for t in m.operator("sum")) == 32
+    down = h.rescale("sum", 1)
+    assert down.new_parallelism == 1
+    h.wait(120)
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+def test_metrics_endpoint_serves_prometheus_text(ray_cluster):
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=0, metrics_poll_interval_s=0.2)
+    job = StreamJob("metrics", config=cfg, parallelism=2)
+    (job.source(TestingSource([(i % 7, 1) for i in range(20_000)], rate=5000), name="src")
+        .key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum")
+        .sink(TestingSink(), name="out"))
+    h = job.run()
+    assert h.metrics_url.startswith("http://127.0.0.1:")
+    time.sleep(1.5)
+    h.rescale("sum", 3)
+    time.sleep(1.0)
+    text = urllib.request.urlopen(h.metrics_url, timeout=10).read().decode()
+    h.stop()
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    rin = fams["reflow_records_in"]
+    assert rin.type == "counter"
+    by_op = {}
+    for s in rin.samples:
+        assert s.labels["job"] == h.job_id
+        by_op.setdefault(s.labels["operator"], []).append(s.value)
+    assert set(by_op) == {"src", "sum"}
+    assert len(by_op["sum"]) == 3 and sum(by_op["sum"]) > 0
+    for name in ("reflow_bytes_in", "reflow_busy_seconds", "reflow_idle_seconds",
+                 "reflow_backpressured_seconds", "reflow_queued_frames", "reflow_state_bytes",
+                 "reflow_key_groups", "reflow_end_to_end_latency_seconds",
+                 "reflow_rescale_key_groups_moved", "reflow_rescales"):
+        assert name in fams, name
+    kg = {s.labels["task"]: s.value for s in fams["reflow_key_groups"].samples
+          if s.labels["operator"] == "sum"}
+    assert sum(kg.values()) == 32
+    lat = [s for s in fams["reflow_end_to_end_latency_seconds"].samples if s.name.endswith("_count")]
+    assert lat and max(s.value for s in lat) > 0
+    assert [s.value for s in fams["reflow_rescales"].samples if s.labels["operator"] == "sum"] == [1]

@@ -1,0 +1,453 @@
+"""Unit tests for the built-in sources and sinks (GeneratorSource, ParquetSource,
+ParquetSink, LatencySink) and engine.latency.LatencyHistogram. No Ray: readers and writers
+are opened directly and driven by a ManualClock."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.clock import ManualClock
+from engine.codec import pack_exact, unpack_exact
+from engine.latency import LatencyHistogram
+from engine.sinks import LatencySink, ParquetSink
+from engine.sources import GeneratorSource, ParquetSource, SourceReader
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def drain(reader: SourceReader, batch: int = 1000) -> tuple[list[Any], list[int]]:
+    values: list[Any] = []
+    timestamps: list[int] = []
+    while (b := reader.poll(batch)) is not None:
+        assert len(b.values) == len(b.timestamps)
+        values.extend(b.values)
+        timestamps.extend(b.timestamps)
+    return values, timestamps
+
+
+def read_n(reader: SourceReader, n: int, batch: int) -> list[Any]:
+    out: list[Any] = []
+    while len(out) < n:
+        b = reader.poll(min(batch, n - len(out)))
+        assert b is not None
+        out.extend(b.values)
+    return out
+
+
+# -- GeneratorSource -------------------------------------------------------------------------
+
+
+def test_generator_is_deterministic_and_seq_counts_up() -> None:
+    src = GeneratorSource(None, num_records=150_000, num_keys=50, seed=7)
+    a, ts_a = drain(src.open(0, 1, None, ManualClock()), batch=777)
+    b, _ = drain(src.open(0, 1, None, ManualClock()), batch=4096)
+    assert len(a) == 150_000
+    assert a == b
+    assert [r[1] for r in a] == list(range(150_000))
+    assert all(type(r) is tuple and len(r) == 2 for r in a[:1000])
+    keys = [r[0] for r in a]
+    assert min(keys) == 0 and max(keys) == 49
+    assert set(ts_a) == {1_000_000}  # full speed: timestamps are the (manual) poll time
+    other_seed, _ = drain(GeneratorSource(None, num_records=1000, num_keys=50, seed=8)
+                          .open(0, 1, None, ManualClock()))
+    assert [r[0] for r in other_seed] != keys[:1000]
+
+
+@pytest.mark.parametrize("skew", ["uniform", "zipf"])
+@pytest.mark.parametrize("cut", [1, 65_535, 65_536, 70_000])
+def test_generator_resume_at_offset_continues_the_same_sequence(skew: str, cut: int) -> None:
+    src = GeneratorSource(None, num_records=140_000, num_keys=300, skew=skew,
+                          state_bytes_per_key=128, seed=3)
+    full, _ = drain(src.open(1, 2, None, ManualClock()))
+    assert len(full) == 70_000
+    reader = src.open(1, 2, None, ManualClock())
+    head = read_n(reader, cut, batch=997)
+    offset = reader.offset()
+    assert offset == cut
+    assert pack_exact(offset)  # msgpack-able
+    tail, _ = drain(src.open(1, 2, unpack_exact(pack_exact(offset)), ManualClock()))
+    assert head + tail == full
+    assert full[5] == (full[5][0], 5, 128)
+
+
+def test_generator_splits_records_and_rate_over_tasks() -> None:
+    src = GeneratorSource(None, num_records=10, num_keys=1000, seed=1)
+    per_task = [drain(src.open(i, 3, None, ManualClock()))[0] for i in range(3)]
+    assert [len(v) for v in per_task] == [4, 3, 3]
+    assert sum(len(v) for v in per_task) == 10
+    assert [[r[1] for r in v] for v in per_task] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2]]
+    assert per_task[1] != per_task[2]  # each task has its own random stream
+    assert GeneratorSource(None, num_records=2).task_records(3, 4) == 0
+    assert drain(src.open(0, 20, None, ManualClock()))[0] != []
+    assert drain(src.open(15, 20, None, ManualClock()))[0] == []
+
+    # rate 100/s over 4 tasks: each task emits 25/s, i.e. one record every 40 ms.
+    clock = ManualClock(2_000.0)
+    reader = GeneratorSource(100.0, num_records=1000).open(2, 4, None, clock)
+    clock.advance(1.0)
+    batch = reader.poll(10_000)
+    assert batch is not None and len(batch) == 26  # records 0..25 due at 0, 40, ..., 1000 ms
+    assert batch.timestamps[:3] == [2_000_000, 2_000_040, 2_000_080]
+
+
+def test_zipf_is_skewed_and_uniform_is_not() -> None:
+    n = 200_000
+    zipf, _ = drain(GeneratorSource(None, num_records=n, num_keys=1000, skew="zipf",
+                                    zipf_exponent=1.2).open(0, 1, None, ManualClock()))
+    uniform, _ = drain(GeneratorSource(None, num_records=n, num_keys=1000)
+                       .open(0, 1, None, ManualClock()))
+    zc = Counter(r[0] for r in zipf)
+    uc = Counter(r[0] for r in uniform)
+    weights = np.arange(1, 1001, dtype=float) ** -1.2
+    expected_top = weights[0] / weights.sum()  # ~0.22
+    top_key, top_count = zc.most_common(1)[0]
+    assert top_key == 0
+    assert top_count / n == pytest.approx(expected_top, rel=0.03)
+    assert zc[1] / n == pytest.approx(weights[1] / weights.sum(), rel=0.05)
+    assert top_count / n > 100 * (1 / 1000)  # far above a uniform key's share
+    assert uc.most_common(1)[0][1] / n < 2 * (1 / 1000)
+    assert len(uc) == 1000 and all(0 <= k < 1000 for k in zc)
+
+
+def test_open_loop_timestamps_are_the_schedule_when_polled_late() -> None:
+    clock = ManualClock(1_000.0)
+    src = GeneratorSource(100.0, num_records=2000, num_keys=10)  # p=2: 50/s per task
+    reader = src.open(0, 2, None, clock)
+    first = reader.poll(100)
+    assert first is not None and first.timestamps == [1_000_000]  # record 0 due at open
+    assert reader.poll(100) == first.__class__()  # nothing else due yet: empty batch
+    assert reader.seconds_until_ready() == pytest.approx(0.02)
+    clock.advance(0.01)
+    assert reader.seconds_until_ready() == pytest.approx(0.01)
+
+    clock.advance(9.99)  # polled 10 s late: 500 more records are due
+    late = reader.poll(120)  # the engine takes only 120 of them
+    assert late is not None and len(late) == 120
+    assert late.timestamps == [1_000_000 + 20 * n for n in range(1, 121)]
+    assert [r[1] for r in late.values] == list(range(1, 121))
+    assert reader.seconds_until_ready() == 0.0  # more are overdue
+    rest = reader.poll(10_000)
+    assert rest is not None and len(rest) == 380
+    assert rest.timestamps[-1] == 1_010_000  # never ahead of the schedule
+
+    # Reopening at an offset continues the schedule from that offset at the open time.
+    clock2 = ManualClock(5_000.0)
+    resumed = src.open(0, 2, reader.offset(), clock2)
+    b = resumed.poll(100)
+    assert b is not None and [r[1] for r in b.values] == [501] and b.timestamps == [5_000_000]
+    clock2.advance(0.1)
+    b = resumed.poll(100)
+    assert b is not None and b.timestamps == [5_000_020, 5_000_040, 5_000_060, 5_000_080,
+                                              5_000_100]
+
+
+def test_poll_returns_none_at_the_end() -> None:
+    reader = GeneratorSource(None, num_records=5).open(0, 1, None, ManualClock())
+    assert len(reader.poll(3) or []) == 3
+    assert len(reader.poll(3) or []) == 2
+    assert reader.poll(3) is None
+    assert reader.poll(3) is None
+    assert reader.offset() == 5
+
+    clock = ManualClock()
+    reader = GeneratorSource(10.0, duration_s=1.0).open(0, 1, None, clock)  # 10 records
+    clock.advance(100.0)
+    values, _ = drain(reader)
+    assert [r[1] for r in values] == list(range(10))
+
+    clock = ManualClock()
+    reader = GeneratorSource(None, duration_s=2.0).open(0, 1, None, clock)
+    assert len(reader.poll(50) or []) == 50
+    clock.advance(2.0)
+    assert reader.poll(50) is None
+
+    assert GeneratorSource(None, num_records=0).open(0, 1, None, ManualClock()).poll(9) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rate": 0}, "rate"),
+        ({"rate": float("inf")}, "rate"),
+        ({"rate": None, "num_records": -1}, "num_records"),
+        ({"rate": None, "duration_s": 0}, "duration_s"),
+        ({"rate": None, "num_keys": 0}, "num_keys"),
+        ({"rate": None, "skew": "pareto"}, "skew"),
+        ({"rate": None, "zipf_exponent": -1.0}, "zipf_exponent"),
+        ({"rate": None, "state_bytes_per_key": -5}, "state_bytes_per_key"),
+        ({"rate": None, "seed": -1}, "seed"),
+    ],
+)
+def test_generator_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GeneratorSource(**kwargs)
+
+
+# -- ParquetSink / ParquetSource -------------------------------------------------------------
+
+
+def write_all(sink: ParquetSink, records: list[Any], timestamps: list[int], task: int = 0,
+              batch: int = 333) -> None:
+    sink.prepare()
+    writer = sink.open(task, 1, ManualClock())
+    for i in range(0, len(records), batch):
+        writer.write(records[i:i + batch], timestamps[i:i + batch])
+    writer.close()
+
+
+def test_parquet_round_trip_with_timestamps(tmp_path: Any) -> None:
+    out = str(tmp_path / "out")
+    records = [(i % 7, f"s{i}", i * 0.5) for i in range(1000)]
+    stamps = [1_700_000_000_000 + i for i in range(1000)]
+    write_all(ParquetSink(out, schema=["k", "name", "x"], rows_per_file=300,
+                          include_timestamps=True), records, stamps)
+    names = sorted(os.listdir(out))
+    assert len(names) == 4  # 300 + 300 + 300 + 100 rows
+    assert all(n.startswith("part-0-") and n.endswith(".parquet") for n in names)
+    assert [n[-13:] for n in names] == [f"{i:05d}.parquet" for i in range(4)]
+    assert pq.read_table(os.path.join(out, names[3])).num_rows == 100
+    assert pq.read_schema(os.path.join(out, names[0])).names == ["k", "name", "x", "timestamp"]
+
+    values, ts = drain(ParquetSource(out, timestamp_column="timestamp").open(
+        0, 1, None, ManualClock()), batch=128)
+    assert values == records
+    assert ts == stamps
+    values, _ = drain(ParquetSource(out, columns=["x", "k"]).open(0, 1, None, ManualClock()))
+    assert values == [(r[2], r[0]) for r in records]
+
+
+def test_parquet_scalars_dicts_and_ingestion_time(tmp_path: Any) -> None:
+    scalars = str(tmp_path / "scalars")
+    write_all(ParquetSink(scalars), list(range(50)), [0] * 50)
+    assert pq.read_schema(os.path.join(scalars, os.listdir(scalars)[0])).names == ["value"]
+    clock = ManualClock(1_234.5)
+    values, ts = drain(ParquetSource(scalars).open(0, 1, None, clock))
+    assert values == list(range(50))
+    assert set(ts) == {1_234_500}
+
+    dicts = str(tmp_path / "dicts")
+    write_all(ParquetSink(dicts), [{"a": i, "b": str(i)} for i in range(20)], [0] * 20)
+    values, _ = drain(ParquetSource(dicts, columns=["b"]).open(0, 1, None, ManualClock()))
+    assert values == [str(i) for i in range(20)]
+
+    with pytest.raises(ValueError, match="does not fit"):
+        ParquetSink(str(tmp_path / "bad"), schema=["a", "b"]).open(0, 1, ManualClock()).write(
+            [(1, 2, 3)], [0])
+
+
+def test_parquet_sink_writes_atomically_and_only_on_flush(tmp_path: Any) -> None:
+    out = str(tmp_path / "out")
+    sink = ParquetSink(out, rows_per_file=100)
+    sink.prepare()
+    writer = sink.open(3, 4, ManualClock())
+    writer.write(list(range(99)), [0] * 99)
+    assert os.listdir(out) == []  # buffered
+    writer.write([99, 100], [0, 0])
+    assert len(os.listdir(out)) == 1  # one full file
+    writer.flush()
+    names = sorted(os.listdir(out))
+    assert len(names) == 2 and all(n.startswith("part-3-") for n in names)
+    assert not any(n.endswith(".tmp") for n in names)
+    writer.flush()  # nothing buffered: no empty file
+    assert len(os.listdir(out)) == 2
+
+
+def test_parquet_source_resume_at_offset(tmp_path: Any) -> None:
+    out = str(tmp_path / "out")
+    records = [(i, i * i) for i in range(1000)]
+    write_all(ParquetSink(out, schema=["a", "b"], rows_per_file=250), records, [0] * 1000)
+    src = ParquetSource(out, batch_rows=64)
+    for cut in (0, 1, 249, 250, 251, 777, 1000):
+        reader = src.open(0, 1, None, ManualClock())
+        head = read_n(reader, cut, batch=50) if cut else []
+        offset = unpack_exact(pack_exact(reader.offset()))
+        reader.close()
+        tail, _ = drain(src.open(0, 1, offset, ManualClock()), batch=90)
+        assert head + tail == records, cut
+    reader = src.open(0, 1, None, ManualClock())
+    read_n(reader, 300, batch=300)
+    assert reader.offset() == [1, 50]
+    with pytest.raises(ValueError, match="offset"):
+        src.open(0, 1, 5, ManualClock())
+
+
+def test_parquet_source_splits_files_over_tasks(tmp_path: Any) -> None:
+    out = str(tmp_path / "out")
+    records = list(range(1000))
+    write_all(ParquetSink(out, rows_per_file=100), records, [0] * 1000)  # 10 files
+    src = ParquetSource(out)
+    per_task = [drain(src.open(i, 3, None, ManualClock()))[0] for i in range(3)]
+    assert [len(v) for v in per_task] == [400, 300, 300]  # files 0,3,6,9 / 1,4,7 / 2,5,8
+    assert per_task[0][:100] == list(range(100)) and per_task[0][100:200] == list(range(300, 400))
+    assert sorted(v for vs in per_task for v in vs) == records
+
+
+def test_parquet_source_splits_row_groups_of_a_single_file(tmp_path: Any) -> None:
+    path = str(tmp_path / "one.parquet")
+    ts = pa.array(np.arange(1000, dtype="int64") * 1000 + 5_000_000, type=pa.timestamp("us"))
+    pq.write_table(pa.table({"v": list(range(1000)), "t": ts}), path, row_group_size=100)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 10
+    src = ParquetSource(path, timestamp_column="t", batch_rows=30)
+    got = [drain(src.open(i, 2, None, ManualClock())) for i in range(2)]
+    assert [len(v) for v, _ in got] == [500, 500]
+    assert got[1][0][:100] == list(range(100, 200))  # task 1 has row groups 1, 3, 5, ...
+    assert sorted(got[0][0] + got[1][0]) == list(range(1000))
+    assert got[1][1][:2] == [5_000 + 100, 5_000 + 101]  # microseconds -> ms
+    # resume inside the task's second row group
+    reader = src.open(1, 2, None, ManualClock())
+    head = read_n(reader, 130, batch=70)
+    assert reader.offset() == [0, 130]
+    tail, _ = drain(src.open(1, 2, reader.offset(), ManualClock()))
+    assert head + tail == got[1][0]
+
+
+# -- LatencyHistogram ------------------------------------------------------------------------
+
+
+def test_histogram_quantiles_match_numpy() -> None:
+    rng = np.random.default_rng(42)
+    data = rng.lognormal(mean=3.0, sigma=1.5, size=200_000)  # ms, ~0.01 ms .. ~20 s
+    h = LatencyHistogram()
+    h.observe_many(data)
+    assert h.count == data.size
+    assert h.mean == pytest.approx(data.mean(), rel=1e-9)
+    assert h.max == data.max()
+    for q in (0.01, 0.1, 0.5, 0.9, 0.99, 0.999):
+        assert h.quantile(q) == pytest.approx(np.percentile(data, q * 100), rel=0.03), q
+    assert h.quantile(1.0) == data.max() and h.quantile(0.0) == data.min()
+    uniform = rng.uniform(1, 500, size=50_000)
+    hu = LatencyHistogram()
+    hu.observe_many(uniform.tolist())
+    for q in (0.5, 0.9, 0.99):
+        assert hu.quantile(q) == pytest.approx(np.percentile(uniform, q * 100), rel=0.03)
+    with pytest.raises(ValueError):
+        h.quantile(1.5)
+    assert LatencyHistogram().quantile(0.5) == 0.0
+
+
+def test_histogram_merge_wire_and_single_observe() -> None:
+    rng = np.random.default_rng(1)
+    data = rng.exponential(50.0, size=10_000)
+    whole, a, b, single = LatencyHistogram(), LatencyHistogram(), LatencyHistogram(), \
+        LatencyHistogram()
+    whole.observe_many(data)
+    a.observe_many(data[:3000])
+    b.observe_many(data[3000:])
+    for x in data.tolist():
+        single.observe(x)
+    merged = a.merge(b)
+    wire = unpack_exact(pack_exact(merged.to_wire()))
+    back = LatencyHistogram.from_wire(wire)
+    for h in (merged, back, single):
+        assert h.count == 10_000
+        assert h.sum_ms == pytest.approx(data.sum())
+        assert h.max == whole.max
+        assert h.to_wire()[4:6] == whole.to_wire()[4:6]  # identical bucket counts
+        for q in (0.5, 0.99):
+            assert h.quantile(q) == whole.quantile(q)
+    bad = whole.to_wire()
+    bad[2] = 1.5
+    with pytest.raises(ValueError, match="layout"):
+        LatencyHistogram.from_wire(bad)
+
+
+def test_histogram_zero_and_negative_latencies() -> None:
+    h = LatencyHistogram()
+    h.observe_many([0, 0, 0, 0, -2, -4, 7])
+    assert h.quantile(0.5) == 0.0  # [0, 0.1 ms) reports the mean of its values: exactly 0
+    assert h.quantile(0.1) == -3.0  # so does the negative bucket
+    assert h.min == -4 and h.max == 7
+    assert h.quantile(0.99) == pytest.approx(7, rel=0.03)
+    h.observe(float("nan"))
+    h.observe(0.05)
+    assert h.count == 8
+    assert h.quantile(0.7) == pytest.approx(0.01)  # mean of 0, 0, 0, 0, 0.05
+
+
+def test_histogram_cumulative_buckets() -> None:
+    rng = np.random.default_rng(5)
+    data = rng.lognormal(2.0, 1.0, size=20_000)  # ms
+    h = LatencyHistogram()
+    h.observe_many(data)
+    bounds = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, float("inf")]
+    got = h.cumulative_buckets(bounds)
+    assert got == sorted(got) and got[-1] == h.count
+    for b, c in zip(bounds[:-1], got[:-1], strict=True):
+        lo = int(np.sum(data <= b * 1000 / 1.04))
+        hi = int(np.sum(data <= b * 1000 * 1.04))
+        assert lo <= c <= hi, (b, c, lo, hi)
+    assert h.sum_seconds == pytest.approx(data.sum() / 1000)
+    with pytest.raises(ValueError):
+        h.cumulative_buckets([1.0, 0.5])
+
+
+# -- LatencySink -----------------------------------------------------------------------------
+
+
+def test_latency_sink_summary_and_timeline_from_files(tmp_path: Any) -> None:
+    sink = LatencySink(str(tmp_path / "lat"))
+    sink.prepare()
+    clock = ManualClock(1_000.0)
+    w0 = sink.open(0, 2, clock)
+    w1 = sink.open(1, 2, clock)
+    now = 1_000_000
+    w0.write([None] * 100, [now - 10] * 100)
+    w1.write([None] * 100, [now - 30] * 100)
+    assert sink.summary()["count"] == 0  # not saved yet: 0.5 s have not passed
+    clock.advance(0.6)
+    w0.write([], [])  # the periodic save happens inside write()
+    assert sink.summary()["count"] == 100
+    clock.advance(0.5)  # second 1001
+    w1.write([None] * 50, [now + 1_100 - 100] * 50)
+    w0.flush()
+    w1.flush()
+    files = [n for n in os.listdir(sink.directory) if n.endswith(".msgpack")]
+    assert sorted(n.split("-")[0] for n in files) == ["0", "1"]
+
+    s = sink.summary()
+    assert s["count"] == 250
+    assert s["mean_ms"] == pytest.approx((100 * 10 + 100 * 30 + 50 * 100) / 250)
+    assert s["max_ms"] == 100
+    assert s["p50_ms"] == pytest.approx(30, rel=0.03)
+    assert s["p90_ms"] == pytest.approx(100, rel=0.03)
+    assert s["p99_ms"] == pytest.approx(100, rel=0.03)
+    assert s["p999_ms"] == pytest.approx(100, rel=0.03)
+
+    t = sink.timeline()
+    assert [e["second"] for e in t] == [1000, 1001]
+    assert t[0]["count"] == 200 and t[0]["mean_ms"] == pytest.approx(20)
+    assert t[0]["max_ms"] == 30
+    assert t[0]["p50_ms"] == pytest.approx(10, rel=0.03)
+    assert t[0]["p99_ms"] == pytest.approx(30, rel=0.03)
+    assert t[1] == {"second": 1001, "count": 50, "mean_ms": 100.0, "max_ms": 100.0,
+                    "p50_ms": pytest.approx(100, rel=0.03),
+                    "p99_ms": pytest.approx(100, rel=0.03)}
+    assert set(sink.timeline()[0]) == {"second", "count", "mean_ms", "max_ms", "p50_ms",
+                                       "p99_ms"}
+    sink.clear()
+    assert sink.summary() == {"count": 0, "mean_ms": None, "p50_ms": None, "p90_ms": None,
+                              "p99_ms": None, "p999_ms": None, "max_ms": None}
+
+
+def test_latency_sink_default_directory_and_long_run() -> None:
+    sink = LatencySink()
+    assert os.path.isdir(sink.directory)
+    clock = ManualClock(50_000.0)
+    w = sink.open(0, 1, clock)
+    for i in range(300):  # 300 seconds, latency i ms in second i
+        w.write([None] * 10, [int(clock.now() * 1000) - i] * 10)
+        clock.advance(1.0)
+    w.close()
+    t = sink.timeline()
+    assert len(t) == 300
+    assert [e["count"] for e in t] == [10] * 300
+    assert [e["max_ms"] for e in t] == list(range(300))
+    assert sink.summary()["count"] == 3000
+    assert sink.summary()["p50_ms"] == pytest.approx(149, rel=0.03)

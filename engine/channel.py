@@ -164,6 +164,7 @@ class OutputRouter:
             for e in self.edges
         }
         self._dirty = set()
+        self._rr = {}
 
     def update_routing(self, edge_id: int, routing: Sequence[int]) -> None:
         for i, e in enumerate(self.edges):
@@ -182,7 +183,7 @@ class OutputRouter:
                 if edge.partitioning == "forward" or len(bufs) == 1:
                     buf = bufs[0]
                 else:
-                    i = self._rr.get(edge.edge_id, 0)
+                    i = self._rr.get(edge.edge_id, 0) % len(bufs)
                     self._rr[edge.edge_id] = (i + 1) % len(bufs)
                     buf = bufs[i]
                 if not buf.values:
@@ -237,14 +238,26 @@ class OutputRouter:
                 self._flush(b)
 
     def _flush(self, buf: _ChannelBuffer, event: ChannelEvent | None = None) -> None:
+        """Send the buffer as frames of at most ``batch_size`` records, ``event`` last."""
         n = len(buf.values)
         if n == 0 and event is None:
             return
-        payload = encode_frame(Frame(buf.values, buf.timestamps, buf.keys, buf.kgs, event))
-        self.outbox.append(OutFrame(buf.channel.channel_id, buf.channel.target, buf.seq, payload, n))
-        buf.seq += 1
+        size = self.batch_size
+        for start in range(0, max(n, 1), size):
+            end = min(n, start + size)
+            last = end >= n
+            keys = None if buf.keys is None else buf.keys[start:end]
+            kgs = None if buf.kgs is None else buf.kgs[start:end]
+            frame = (Frame(buf.values, buf.timestamps, buf.keys, buf.kgs, event)
+                     if n <= size else
+                     Frame(buf.values[start:end], buf.timestamps[start:end], keys, kgs,
+                           event if last else None))
+            payload = encode_frame(frame)
+            self.outbox.append(OutFrame(buf.channel.channel_id, buf.channel.target, buf.seq,
+                                        payload, end - start))
+            buf.seq += 1
+            self.bytes_out += len(payload)
         self.records_out += n
-        self.bytes_out += len(payload)
         buf.values = []
         buf.timestamps = []
         if buf.keys is not None:
@@ -280,7 +293,7 @@ class OutputRouter:
         """A latency marker goes to one channel per edge, round robin, behind its records."""
         for edge in self.edges:
             bufs = self._buffers[edge.edge_id]
-            i = self._rr.get(-1 - edge.edge_id, 0)
+            i = self._rr.get(-1 - edge.edge_id, 0) % len(bufs)
             self._rr[-1 - edge.edge_id] = (i + 1) % len(bufs)
             self._flush(bufs[i], marker)
 

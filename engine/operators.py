@@ -13,7 +13,13 @@ from typing import Any
 from engine import graph as g
 from engine.clock import Clock, now_ms
 from engine.errors import UserFunctionError
-from engine.functions import Context, KeyedProcessFunction, ReduceFunction, RuntimeContext, TimerService
+from engine.functions import (
+    Context,
+    KeyedProcessFunction,
+    ReduceFunction,
+    RuntimeContext,
+    TimerService,
+)
 from engine.sinks import SinkWriter
 from engine.state import KeyedStateBackend
 

@@ -24,10 +24,15 @@ from engine import graph as g
 from engine.channel import CreditGate
 from engine.clock import SystemClock
 from engine.config import JobConfig
-from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment, task_name
+from engine.deployment import (
+    ChannelIds,
+    Deployment,
+    connect_messages,
+    initial_deployment,
+    task_name,
+)
 from engine.errors import (
     JobFailedError,
-    JobNotRunningError,
     RescaleRefused,
     UserFunctionError,
 )
@@ -327,9 +332,13 @@ class JobMaster:
             for i, name in enumerate(self.dep.tasks[v.name]):
                 self._create(name, self._spec(v.name, i, name, self.dep))
         await self._connect(self.dep.task_names())
-        for v in reversed(self.plan.vertices):  # sources last
-            await asyncio.gather(*(self._call(t, Start()) for t in self.dep.tasks[v.name]))
         self.state = "running"
+        try:
+            for v in reversed(self.plan.vertices):  # sources last
+                await asyncio.gather(*(self._call(t, Start()) for t in self.dep.tasks[v.name]))
+        except RayActorError:
+            if self.state != "failed":  # a task failing at once tears the job down: not an error here
+                raise
         if self.config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.collector, self.config.metrics_host, self.config.metrics_port)
         self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())

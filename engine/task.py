@@ -22,8 +22,8 @@ from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
     Connect,
-    Drained,
     DrainBarrier,
+    Drained,
     EndOfStream,
     InstallKeyGroups,
     KeyGroupSnapshot,
@@ -40,7 +40,13 @@ from engine.messages import (
     decode_frame,
 )
 from engine.metrics import TaskMetrics
-from engine.operators import ErrorPolicy, KeyedRunner, StatelessRunner, UnknownKeyGroupError, describe
+from engine.operators import (
+    ErrorPolicy,
+    KeyedRunner,
+    StatelessRunner,
+    UnknownKeyGroupError,
+    describe,
+)
 from engine.sinks import SinkWriter
 from engine.sources import SourceReader
 from engine.state import KeyedStateBackend

@@ -14,7 +14,11 @@ def ray_cluster():
     import ray
 
     if not ray.is_initialized():
+        # workers import classes defined in test modules (tests.*) from the repo root
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         ray.init(num_cpus=2, include_dashboard=False, namespace="reflow",
-                 configure_logging=False, log_to_driver=False)
+                 configure_logging=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
     ray.shutdown()

@@ -9,6 +9,12 @@ import pytest
 from engine import messages as m
 from engine.codec import pack_exact, pack_fast
 from engine.errors import CodecError
+from engine.latency import LatencyHistogram
+from engine.metrics import RescaleProgress, TaskMetrics
+from migration.report import RescaleReport
+
+_H = LatencyHistogram()
+_H.observe_many([1.0, 2.5, 40.0])
 
 
 def assert_same(a, b):
@@ -65,6 +71,11 @@ FLAT_CONTROL_MESSAGES = [
     m.TaskFailed("map/1", "map", 1, "{'a': 1}", "ZeroDivisionError('division by zero')"),
     m.Ack(),
     m.JobStatus("wordcount", "running"),
+    TaskMetrics("j/sum/0/g0", "sum", 0, "running", 10, 9, 1000, 900, 1.5, 2.5, 0.25, 3,
+                4096, 16, 1, _H.to_wire(), -(2**63)),
+    RescaleProgress("sum", "stop-restart", "install", 32, 16, 1024, True),
+    RescaleReport("sum", "stop-restart", 2, 4, 1.0, 3.5, 2.5, 16, 2048,
+                  (("pause", 0.01), ("drain", 0.2)), (("j/src/0/g0", 120),)),
     m.JobStatus(
         "wordcount", "failed", "user function raised", "count", 2, "('a', 1)", "KeyError('a')",
         "http://127.0.0.1:9000/metrics",

@@ -270,32 +270,79 @@ def _function_of(frame: str) -> str:
     return f"{head})" if sep and tail.rstrip(")").isdigit() else frame
 
 
+# Leaf frames where a thread waits rather than runs (py-spy's idle filter does not catch
+# them inside Ray workers): the asyncio loop's epoll, Ray's main thread in the C++ core
+# worker, the GC thread's and the sync-call threads' condition waits.
+_WAITING_LEAVES = ("EpollSelector.select", "Worker.main_loop", "Condition.wait", "Future.result")
+
+# Where busy samples go, first match wins (substring of any frame of the stack).
+_CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
+    ("TaskActor.metrics (JobMaster poll, packs state samples)", ("TaskActor.metrics",)),
+    ("actor call submit: ActorMethod.remote", ("ActorMethod.remote",)),
+    ("actor call receive: TaskActor.push + Ray deserialise", ("TaskActor.push", "_private/serialization.py")),
+    ("frame encode: encode_frame/pack_fast", ("encode_frame",)),
+    ("frame decode: decode_frame/unpack_fast", ("decode_frame",)),
+    ("source: GeneratorReader.poll", ("_GeneratorReader.poll",)),
+    ("key_by + key groups: _emit_keyed", ("_emit_keyed",)),
+    ("latency sink: _LatencyWriter.write", ("_LatencyWriter",)),
+    ("map to_pair: StatelessRunner", ("StatelessRunner",)),
+    ("reduce: KeyedRunner (incl. user fn)", ("KeyedRunner",)),
+    ("acks/credits: _ack_consumed/_await_ack/_send_outbox", ("_ack_consumed", "_await_ack", "_send_outbox")),
+    ("rest of TaskActor._loop/TaskCore", ("engine/runtime.py", "engine/task.py")),
+    ("asyncio event loop itself", ("asyncio/",)),
+]
+
+
+def _function_of(frame: str) -> str:
+    """'f (path/x.py:12)' -> 'f (path/x.py)'."""
+    head, sep, tail = frame.rpartition(":")
+    return f"{head})" if sep and tail.rstrip(")").isdigit() else frame
+
+
 def summarise_raw_profile(path: str, top: int = 15) -> dict[str, Any]:
-    """Sample shares from a py-spy raw (collapsed-stack) file: self time by line and by
-    function, and inclusive time by function (each stack counted once per function)."""
+    """Sample shares from a py-spy raw (collapsed-stack) file.
+
+    ``total_samples`` counts every thread sample; ``waiting`` those in a known waiting leaf
+    or with no Python frame; the rest are ``busy``. Self time by line and by function, and
+    inclusive time by function, are shares of busy samples; ``categories`` splits busy
+    samples by what the engine was doing."""
     self_line: dict[str, int] = {}
     self_fn: dict[str, int] = {}
     incl_fn: dict[str, int] = {}
-    total = 0
+    cats: dict[str, int] = {}
+    total = waiting = 0
     with open(path) as f:
         for line in f:
             stack, _, n = line.rstrip("\n").rpartition(" ")
-            if not stack:
+            if not n.strip().isdigit():
                 continue
             count = int(n)
-            frames = stack.split(";")
             total += count
+            stack = stack.strip()
+            frames = stack.split(";") if stack else []
+            if not frames or frames[-1].split(" (")[0] in _WAITING_LEAVES:
+                waiting += count
+                continue
             self_line[frames[-1]] = self_line.get(frames[-1], 0) + count
             leaf = _function_of(frames[-1])
             self_fn[leaf] = self_fn.get(leaf, 0) + count
             for fn in {_function_of(fr) for fr in frames}:
                 incl_fn[fn] = incl_fn.get(fn, 0) + count
+            for name, needles in _CATEGORIES:
+                if any(nd in fr for fr in frames for nd in needles):
+                    cats[name] = cats.get(name, 0) + count
+                    break
+            else:
+                cats["other"] = cats.get("other", 0) + count
+    busy = total - waiting
 
-    def rows(c: dict[str, int]) -> list[dict[str, Any]]:
-        return [{"frame": k, "samples": v, "pct": 100.0 * v / total}
-                for k, v in sorted(c.items(), key=lambda kv: -kv[1])[:top]]
+    def rows(c: dict[str, int], k: int = top) -> list[dict[str, Any]]:
+        return [{"frame": key, "samples": v, "pct": 100.0 * v / busy if busy else 0.0}
+                for key, v in sorted(c.items(), key=lambda kv: -kv[1])[:k]]
 
-    return {"total_samples": total, "self_by_line": rows(self_line),
+    return {"total_samples": total, "waiting_samples": waiting, "busy_samples": busy,
+            "busy_pct": 100.0 * busy / total if total else 0.0,
+            "categories": rows(cats, len(cats)), "self_by_line": rows(self_line),
             "self_by_function": rows(self_fn), "inclusive_by_function": rows(incl_fn)}
 
 
@@ -583,8 +630,10 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
     with open(os.path.join(args.out, "profile.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
     for label, prof in full["profiles"].items():
-        print(f"\n{label}: {prof.get('total_samples')} samples ({prof.get('file')})")
-        for kind in ("self_by_line", "self_by_function", "inclusive_by_function"):
+        print(f"\n{label}: {prof.get('total_samples')} thread samples, "
+              f"{prof.get('busy_samples')} busy ({prof.get('busy_pct', 0):.0f}%); shares below are "
+              f"of busy samples ({prof.get('file')})")
+        for kind in ("categories", "self_by_line", "self_by_function", "inclusive_by_function"):
             print(f"  top {kind}:")
             for row in prof.get(kind, [])[:15]:
                 print(f"    {row['pct']:5.1f}%  {row['frame']}")

@@ -16,6 +16,8 @@ from engine.functions import KeyedProcessFunction, ReduceFunction
 from engine.keygroups import DEFAULT_NUM_KEY_GROUPS
 from engine.sinks import Sink
 from engine.sources import Source
+from engine.time import WatermarkStrategy, Window, WindowAssigner
+from engine.windows import AggregateFunction, WindowJoin, WindowOperator
 
 if TYPE_CHECKING:
     from engine.runtime import JobHandle
@@ -45,12 +47,19 @@ class StreamJob:
         self._counter = 0
 
     # -- building
-    def source(self, source: Source, name: str | None = None, parallelism: int | None = None) -> Stream:
+    def source(
+        self, source: Source, name: str | None = None, parallelism: int | None = None,
+        watermarks: WatermarkStrategy | None = None,
+    ) -> Stream:
+        """A source; with ``watermarks`` its tasks emit event-time watermarks."""
         if not isinstance(source, Source):
             raise JobDefinitionError(
                 f"source {name or '?'!r}: {type(source).__name__} is not an engine.sources.Source"
             )
-        op = self._add(g.SOURCE, name, source, _or(parallelism, self.default_parallelism), ())
+        if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
+            raise JobDefinitionError(f"source {name or '?'!r}: watermarks must be a WatermarkStrategy")
+        op = self._add(g.SOURCE, name, source, _or(parallelism, self.default_parallelism), (),
+                       watermarks=watermarks)
         return Stream(self, (op.name,))
 
     def _auto_name(self, kind: str) -> str:
@@ -69,6 +78,8 @@ class StreamJob:
         parallelism: int,
         inputs: tuple[g.InputDef, ...],
         dead_letter: Sink | None = None,
+        late_sink: Sink | None = None,
+        watermarks: WatermarkStrategy | None = None,
     ) -> g.OperatorDef:
         name = name or self._auto_name(kind)
         if any(o.name == name for o in self._ops):
@@ -77,7 +88,9 @@ class StreamJob:
             )
         if dead_letter is not None and not isinstance(dead_letter, Sink):
             raise JobDefinitionError(f"operator {name!r}: dead_letter must be a Sink")
-        op = g.OperatorDef(name, kind, fn, parallelism, inputs, dead_letter)
+        if late_sink is not None and not isinstance(late_sink, Sink):
+            raise JobDefinitionError(f"operator {name!r}: late_sink must be a Sink")
+        op = g.OperatorDef(name, kind, fn, parallelism, inputs, dead_letter, late_sink, watermarks)
         if op.keyed and parallelism > self.num_key_groups:
             raise JobDefinitionError(
                 f"keyed operator {name!r} has parallelism {parallelism} > num_key_groups "
@@ -177,11 +190,38 @@ class KeyedStream:
         self._key_fn = key_fn
 
     def _keyed(self, kind: str, fn: Any, name: str | None, parallelism: int | None,
-               dead_letter: Sink | None) -> Stream:
+               dead_letter: Sink | None, late_sink: Sink | None = None,
+               other: KeyedStream | None = None) -> Stream:
         p = _or(parallelism, self._job.default_parallelism)
-        inputs = tuple(g.InputDef(h, self._key_fn) for h in self._heads)
-        op = self._job._add(kind, name, fn, p, inputs, dead_letter)
+        inputs = tuple(g.InputDef(h, self._key_fn, 0) for h in self._heads)
+        if other is not None:
+            inputs += tuple(g.InputDef(h, other._key_fn, 1) for h in other._heads)
+        op = self._job._add(kind, name, fn, p, inputs, dead_letter, late_sink)
         return Stream(self._job, (op.name,))
+
+    def window(self, assigner: WindowAssigner, allowed_lateness_ms: int = 0,
+               late_sink: Sink | None = None) -> WindowedStream:
+        """Group each key's records into windows (``engine.time.tumbling_event_time`` etc.).
+
+        Records later than ``allowed_lateness_ms`` after their windows fired are counted and
+        go to ``late_sink`` when given."""
+        if not isinstance(assigner, WindowAssigner):
+            raise JobDefinitionError("window() takes a WindowAssigner from engine.time")
+        if allowed_lateness_ms < 0:
+            raise JobDefinitionError("allowed_lateness_ms must be >= 0")
+        return WindowedStream(self, assigner, allowed_lateness_ms, late_sink)
+
+    def window_join(
+        self, other: KeyedStream, assigner: WindowAssigner, join_fn: Callable[[Any, Any], Any],
+        name: str | None = None, parallelism: int | None = None, late_sink: Sink | None = None,
+    ) -> Stream:
+        """For every window, ``join_fn(left, right)`` for each pair of records of this
+        stream (left) and ``other`` (right) whose keys are equal."""
+        if not isinstance(other, KeyedStream) or other._job is not self._job:
+            raise JobDefinitionError(f"window_join {name or ''!r}: other must be a keyed stream of this job")
+        _check_callable(join_fn, "window_join", name)
+        return self._keyed(g.PROCESS, WindowJoin(assigner, join_fn), name, parallelism, None,
+                           late_sink, other)
 
     def process(
         self, fn: KeyedProcessFunction, name: str | None = None, parallelism: int | None = None,
@@ -200,3 +240,38 @@ class KeyedStream:
         """Emit the running reduced value of the key for every input (Flink's ``reduce``)."""
         _check_callable(fn, "reduce", name)
         return self._keyed(g.REDUCE, ReduceFunction(fn), name, parallelism, dead_letter)
+
+
+class WindowedStream:
+    """A keyed stream grouped into windows; finish it with reduce, aggregate or process."""
+
+    def __init__(self, keyed: KeyedStream, assigner: WindowAssigner, lateness: int,
+                 late_sink: Sink | None) -> None:
+        self._keyed = keyed
+        self._assigner = assigner
+        self._lateness = lateness
+        self._late_sink = late_sink
+
+    def _op(self, kind: str, fn: Any, window_fn: Any, name: str | None,
+            parallelism: int | None) -> Stream:
+        op = WindowOperator(self._assigner, kind, fn, window_fn, self._lateness)
+        return self._keyed._keyed(g.PROCESS, op, name, parallelism, None, self._late_sink)
+
+    def reduce(self, fn: Callable[[Any, Any], Any], window_fn: Any = None,
+               name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Reduce each window's records with ``fn``; emit ``window_fn(key, window, result)``
+        (or the result) when the window fires."""
+        _check_callable(fn, "window reduce", name)
+        return self._op("reduce", fn, window_fn, name, parallelism)
+
+    def aggregate(self, agg: AggregateFunction, window_fn: Any = None,
+                  name: str | None = None, parallelism: int | None = None) -> Stream:
+        if not isinstance(agg, AggregateFunction):
+            raise JobDefinitionError(f"aggregate {name or ''!r}: needs an AggregateFunction")
+        return self._op("aggregate", agg, window_fn, name, parallelism)
+
+    def process(self, fn: Callable[[Any, Window, list[Any]], Any], name: str | None = None,
+                parallelism: int | None = None) -> Stream:
+        """Emit ``fn(key, window, elements)`` (an iterable) when each window fires."""
+        _check_callable(fn, "window process", name)
+        return self._op("process", fn, None, name, parallelism)

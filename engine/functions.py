@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from engine.state import KeyedStateBackend, ListState, MapState, ReducingState, ValueState
+from engine.state import (
+    EVENT_TIME,
+    KeyedStateBackend,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
+from engine.time import MIN_WATERMARK
 
 
 class RuntimeContext:
@@ -31,14 +39,26 @@ class RuntimeContext:
 
 
 class TimerService:
-    """Processing-time timers of the current key (times in ms since the epoch)."""
+    """Timers of the current key, in processing time (ms since the epoch) or event time."""
 
-    def __init__(self, backend: KeyedStateBackend, now_ms: Callable[[], int]) -> None:
+    def __init__(self, backend: KeyedStateBackend, now_ms: Callable[[], int],
+                 watermark: Callable[[], int] = lambda: MIN_WATERMARK) -> None:
         self._backend = backend
         self._now_ms = now_ms
+        self._watermark = watermark
 
     def current_processing_time(self) -> int:
         return self._now_ms()
+
+    def current_watermark(self) -> int:
+        return self._watermark()
+
+    def register_event_time_timer(self, time_ms: int) -> None:
+        """Call ``on_timer(time_ms, ...)`` for the current key once the watermark reaches it."""
+        self._backend.register_timer(time_ms, EVENT_TIME)
+
+    def delete_event_time_timer(self, time_ms: int) -> None:
+        self._backend.delete_timer(time_ms, EVENT_TIME)
 
     def register_processing_time_timer(self, time_ms: int) -> None:
         """Call ``on_timer(time_ms, ...)`` for the current key once processing time reaches it.
@@ -52,14 +72,24 @@ class TimerService:
 
 
 class Context:
-    """Given to ``process_element`` and ``on_timer``: the current key, timestamp and timers."""
+    """Given to ``process_element`` and ``on_timer``: the current key, the record's (or
+    timer's) timestamp, the input ``port`` (0, or 1 for the second input of a two-input
+    operator), the ``time_domain`` of a firing timer, and the timer service."""
 
-    __slots__ = ("_backend", "timestamp", "timer_service")
+    __slots__ = ("_backend", "timestamp", "timer_service", "port", "time_domain", "_late")
 
     def __init__(self, backend: KeyedStateBackend, timer_service: TimerService) -> None:
         self._backend = backend
         self.timer_service = timer_service
         self.timestamp = 0
+        self.port = 0
+        self.time_domain = "processing"
+        self._late: Callable[[Any, int], None] | None = None
+
+    def output_late(self, value: Any) -> None:
+        """Send a record that arrived too late to the operator's late-data output."""
+        if self._late is not None:
+            self._late(value, self.timestamp)
 
     @property
     def key(self) -> Any:

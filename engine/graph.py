@@ -8,7 +8,7 @@ from it (``engine.physical``); nothing here knows about Ray.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import JobDefinitionError
@@ -49,6 +49,8 @@ class OperatorDef:
     parallelism: int
     inputs: tuple[InputDef, ...] = ()
     dead_letter: Any = None
+    late_sink: Any = None
+    watermarks: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -135,10 +137,6 @@ class JobGraph:
     def with_parallelism(self, name: str, parallelism: int) -> JobGraph:
         """The same graph with one operator's parallelism changed (validated again)."""
         self.operator(name)
-        ops = tuple(
-            OperatorDef(o.name, o.kind, o.fn, parallelism, o.inputs, o.dead_letter)
-            if o.name == name
-            else o
-            for o in self.operators
-        )
+        ops = tuple(replace(o, parallelism=parallelism) if o.name == name else o
+                    for o in self.operators)
         return JobGraph(self.name, self.num_key_groups, ops)

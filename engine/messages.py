@@ -112,7 +112,15 @@ class EndOfStream:
     """The sending task will send nothing more on this channel."""
 
 
-ChannelEvent = Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
+@wire
+@dataclass(frozen=True, slots=True)
+class ChannelIdle:
+    """The sender has no data for now: its watermark stops holding the receiver back until
+    its next watermark."""
+
+
+ChannelEvent = (Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
+                | ChannelIdle)
 
 
 @dataclass(frozen=True, slots=True)

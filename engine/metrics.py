@@ -43,6 +43,7 @@ class TaskMetrics:
     dead_letters: int
     latency: Any
     watermark: int
+    late_records: int = 0
 
 
 @wire
@@ -92,11 +93,13 @@ _COUNTERS = [
     ("idle_seconds", "reflow_idle_seconds", "Time spent waiting for input"),
     ("backpressured_seconds", "reflow_backpressured_seconds", "Time blocked on output credits"),
     ("dead_letters", "reflow_dead_letters", "Records sent to a dead-letter sink"),
+    ("late_records", "reflow_late_records", "Records that arrived after their windows closed"),
 ]
 _GAUGES = [
     ("queued_frames", "reflow_queued_frames", "Frames waiting in the task's input queues"),
     ("state_bytes", "reflow_state_bytes", "Estimated encoded size of the task's keyed state"),
     ("key_groups", "reflow_key_groups", "Key groups held by the task"),
+    ("watermark", "reflow_watermark_milliseconds", "The task's event-time watermark"),
 ]
 _LABELS = ["job", "operator", "task"]
 

@@ -8,6 +8,7 @@ with operator, task and record named.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from engine import graph as g
@@ -21,7 +22,7 @@ from engine.functions import (
     TimerService,
 )
 from engine.sinks import SinkWriter
-from engine.state import KeyedStateBackend
+from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 
 Batch = tuple[list[Any], list[int]]
 _MISSING = object()
@@ -112,19 +113,30 @@ class KeyedRunner:
 
     def __init__(
         self, op: g.OperatorDef, policy: ErrorPolicy, backend: KeyedStateBackend,
-        task_index: int, clock: Clock,
+        task_index: int, clock: Clock, watermark: Callable[[], int],
+        late_writer: SinkWriter | None = None,
     ) -> None:
         self.op = op
         self.policy = policy
         self.backend = backend
         self.fn: KeyedProcessFunction = op.fn
         self.clock = clock
-        self.timer_service = TimerService(backend, lambda: now_ms(clock))
+        self.timer_service = TimerService(backend, lambda: now_ms(clock), watermark)
         self.ctx = Context(backend, self.timer_service)
+        self.late_writer = late_writer
+        self.late_records = 0
+        self.ctx._late = self._on_late
         self.is_reduce = isinstance(self.fn, ReduceFunction)
         self.fn.open(RuntimeContext(backend, op.name, task_index, op.parallelism))
 
-    def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int]) -> Batch:
+    def _on_late(self, value: Any, timestamp: int) -> None:
+        self.late_records += 1
+        if self.late_writer is not None:
+            self.late_writer.write([value], [timestamp])
+
+    def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int],
+                port: int = 0) -> Batch:
+        self.ctx.port = port
         out: list[Any] = []
         out_ts: list[int] = []
         n = len(values)
@@ -200,10 +212,12 @@ class KeyedRunner:
                 out_ts.extend([ts] * (len(out) - before))
             self.pos = i + 1
 
-    def fire_timers(self, now: int) -> Batch:
+    def fire_timers(self, now: int, domain: int = PROCESSING_TIME) -> Batch:
+        """Fire every timer of ``domain`` due at ``now`` (the clock, or the watermark)."""
         out: list[Any] = []
         out_ts: list[int] = []
-        for t, kg, key in self.backend.pop_due_timers(now):
+        self.ctx.time_domain = "event" if domain == EVENT_TIME else "processing"
+        for t, kg, key in self.backend.pop_due_timers(now, domain):
             self.backend.set_current(key, kg)
             self.ctx.timestamp = t
             try:

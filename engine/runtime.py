@@ -174,6 +174,9 @@ class TaskActor:
         timer_every = cfg.timer_check_interval_ms / 1000.0
         next_marker = clock.monotonic() + marker_every
         next_timer_check = 0.0
+        strategy = core.wm_strategy
+        wm_every = None if strategy is None else strategy.interval_ms / 1000.0
+        next_wm = clock.monotonic()
         wake = self._event()
         try:
             while core.status == RUNNING:
@@ -196,6 +199,9 @@ class TaskActor:
                 if core.is_source and t1 >= next_marker:
                     core.emit_latency_marker()
                     next_marker = t1 + marker_every
+                if wm_every is not None and t1 >= next_wm:
+                    core.emit_watermark()
+                    next_wm = t1 + wm_every
                 core.router.flush_due()
                 await self._send_outbox()
                 self._send_reports()

@@ -1,7 +1,8 @@
 """Keyed state per key group: the backend, the state handles, and key-group snapshots.
 
 State lives in ``KeyedStateBackend.groups[key_group][state_name][key]``. A key group's
-processing-time timers live with it (``timers[key_group]``: set of ``(time_ms, key)``).
+timers live with it (``timers[key_group]``: set of ``(time_ms, key, domain)``, domain
+``PROCESSING_TIME`` or ``EVENT_TIME``).
 A key group encodes on its own (exact msgpack codec, declared codecs for user types) and
 reports its size, so migration and checkpoints move single key groups.
 """
@@ -16,6 +17,8 @@ from typing import Any
 from engine.codec import pack_exact, unpack_exact
 
 _SAMPLE = 32
+PROCESSING_TIME = 0
+EVENT_TIME = 1
 
 
 class KeyedStateBackend:
@@ -25,9 +28,9 @@ class KeyedStateBackend:
     def __init__(self, num_key_groups: int) -> None:
         self.num_key_groups = num_key_groups
         self.groups: dict[int, dict[str, dict[Any, Any]]] = {}
-        self.timers: dict[int, set[tuple[int, Any]]] = {}
-        # (time, key_group, tie-breaker, key): keys of mixed types are never compared
-        self._timer_heap: list[tuple[int, int, int, Any]] = []
+        self.timers: dict[int, set[tuple[int, Any, int]]] = {}
+        # per time domain: (time, key_group, tie-breaker, key); keys are never compared
+        self._heaps: tuple[list[tuple[int, int, int, Any]], ...] = ([], [])
         self._tie = 0
         self.current_key: Any = None
         self.current_group: int = -1
@@ -56,37 +59,39 @@ class KeyedStateBackend:
         return t
 
     # -- timers
-    def register_timer(self, time_ms: int) -> None:
-        entry = (int(time_ms), self.current_key)
+    def register_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
+        """A timer for the current key; one per (key, time, domain)."""
+        entry = (int(time_ms), self.current_key, domain)
         ts = self.timers[self.current_group]
         if entry not in ts:
             ts.add(entry)
-            self._push_timer(entry[0], self.current_group, self.current_key)
+            self._push_timer(entry[0], self.current_group, self.current_key, domain)
 
-    def _push_timer(self, time_ms: int, key_group: int, key: Any) -> None:
+    def _push_timer(self, time_ms: int, key_group: int, key: Any, domain: int) -> None:
         self._tie += 1
-        heapq.heappush(self._timer_heap, (time_ms, key_group, self._tie, key))
+        heapq.heappush(self._heaps[domain], (time_ms, key_group, self._tie, key))
 
-    def delete_timer(self, time_ms: int) -> None:
-        self.timers[self.current_group].discard((int(time_ms), self.current_key))
+    def delete_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
+        self.timers[self.current_group].discard((int(time_ms), self.current_key, domain))
 
-    def next_timer(self) -> int | None:
-        heap = self._timer_heap
+    def next_timer(self, domain: int = PROCESSING_TIME) -> int | None:
+        heap = self._heaps[domain]
         while heap:
             t, kg, _, key = heap[0]
-            if kg in self.timers and (t, key) in self.timers[kg]:
+            if kg in self.timers and (t, key, domain) in self.timers[kg]:
                 return t
             heapq.heappop(heap)
         return None
 
-    def pop_due_timers(self, now_ms: int) -> Iterator[tuple[int, int, Any]]:
-        """Yield ``(time_ms, key_group, key)`` for every live timer due at ``now_ms``."""
-        heap = self._timer_heap
+    def pop_due_timers(self, now_ms: int, domain: int = PROCESSING_TIME) -> Iterator[tuple[int, int, Any]]:
+        """Yield ``(time_ms, key_group, key)`` for every live timer due at ``now_ms``, in
+        time order (timers registered while iterating fire too when due)."""
+        heap = self._heaps[domain]
         while heap and heap[0][0] <= now_ms:
             t, kg, _, key = heapq.heappop(heap)
             ts = self.timers.get(kg)
-            if ts is not None and (t, key) in ts:
-                ts.discard((t, key))
+            if ts is not None and (t, key, domain) in ts:
+                ts.discard((t, key, domain))
                 yield t, kg, key
 
     # -- single key groups
@@ -104,9 +109,9 @@ class KeyedStateBackend:
         """Install an encoded key group, replacing anything held for it."""
         tables_enc, timers = unpack_exact(data)
         self.groups[key_group] = {name: dict(items) for name, items in tables_enc}
-        self.timers[key_group] = {(int(t), k) for t, k in timers}
-        for t, k in self.timers[key_group]:
-            self._push_timer(int(t), key_group, k)
+        self.timers[key_group] = {(int(t), k, int(d)) for t, k, d in timers}
+        for t, k, d in self.timers[key_group]:
+            self._push_timer(t, key_group, k, d)
         if key_group == self.current_group:
             self._tables = self.groups[key_group]
 

@@ -21,6 +21,7 @@ from engine.errors import UserFunctionError
 from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
+    ChannelIdle,
     Connect,
     DrainBarrier,
     Drained,
@@ -49,7 +50,8 @@ from engine.operators import (
 )
 from engine.sinks import SinkWriter
 from engine.sources import SourceReader
-from engine.state import KeyedStateBackend
+from engine.state import EVENT_TIME, KeyedStateBackend
+from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
 
 CREATED, RUNNING, FINISHED, FAILED, STOPPED = "created", "running", "finished", "failed", "stopped"
 
@@ -108,15 +110,25 @@ class TaskCore:
             self.backend = KeyedStateBackend(spec.num_key_groups)
             for kg in spec.key_groups:
                 self.backend.own(kg)
-            self.keyed = KeyedRunner(head, self._policy(head), self.backend, spec.task_index, clock)
+            late = None
+            if head.late_sink is not None:
+                late = head.late_sink.open(spec.task_index, spec.parallelism, clock)
+                self.writers[f"{head.name}/late"] = late
+            self.keyed = KeyedRunner(head, self._policy(head), self.backend, spec.task_index,
+                                     clock, lambda: self.watermark, late)
         self.runners = [StatelessRunner(op, self._policy(op), self.writers.get(op.name)) for op in rest]
         self.has_sink = any(op.kind == g.SINK for op in spec.operators)
 
         # alignment of drain barriers, watermarks
         self._blocked: set[int] = set()
         self._drain_epoch: int | None = None
-        self._channel_wm: dict[int, int] = {}
-        self.watermark = -(2**63)
+        self.tracker = WatermarkTracker()
+        self.watermark = MIN_WATERMARK
+        # sources: event-time watermark generation
+        self.wm_strategy = head.watermarks if self.is_source else None
+        self._max_ts = MIN_WATERMARK
+        self._last_emit = clock.monotonic()
+        self._idle = False
 
         # metrics
         self.records_in = 0
@@ -174,7 +186,8 @@ class TaskCore:
         values = list(frame.values)
         if values:
             self.records_in += len(values)
-            self._guarded(self._run, values, list(frame.timestamps), frame.keys, frame.key_groups)
+            self._guarded(self._run, values, list(frame.timestamps), frame.keys, frame.key_groups,
+                          ch.port)
         if frame.event is not None and self.status == RUNNING:
             self._guarded(self._on_event, ch, frame.event)
         return True
@@ -193,9 +206,10 @@ class TaskCore:
     def _keyed_consumer_name(self) -> str:
         return f"key_by after {self.spec.operators[-1].name}"
 
-    def _run(self, values: list[Any], timestamps: list[int], keys: Any = None, kgs: Any = None) -> None:
+    def _run(self, values: list[Any], timestamps: list[int], keys: Any = None, kgs: Any = None,
+             port: int = 0) -> None:
         if self.keyed is not None:
-            values, timestamps = self.keyed.process(values, timestamps, keys, kgs)
+            values, timestamps = self.keyed.process(values, timestamps, keys, kgs, port)
         self._run_rest(values, timestamps)
 
     def _run_rest(self, values: list[Any], timestamps: list[int]) -> None:
@@ -216,31 +230,34 @@ class TaskCore:
                     self.latency.observe(max(0.0, (self.clock.now() - event.created_at) * 1000.0))
                 self.router.send_marker(event)
             case Watermark(timestamp=ts):
-                self._channel_wm[ch.channel_id] = ts
-                self._advance_watermark()
+                self._on_watermark(self.tracker.update(ch.channel_id, ts))
+            case ChannelIdle():
+                self._on_watermark(self.tracker.mark_idle(ch.channel_id))
             case DrainBarrier(epoch=epoch):
                 self._drain_epoch = epoch
                 self._blocked.add(ch.channel_id)
                 self._check_drained()
             case EndOfStream():
                 ch.ended = True
-                self._channel_wm.pop(ch.channel_id, None)
+                advanced = self.tracker.end(ch.channel_id)
                 if not self._live_inputs():
                     self._finish()
                 else:
                     self._check_drained()
-                    self._advance_watermark()
+                    self._on_watermark(advanced)
             case _:
                 raise ValueError(f"task {self.name}: unsupported channel event {event!r}")
 
-    def _advance_watermark(self) -> None:
-        live = self._live_inputs()
-        if not live or any(c not in self._channel_wm for c in live):
+    def _on_watermark(self, wm: int | None) -> None:
+        """The task's watermark advanced to ``wm``: fire event-time timers up to it, then
+        forward it (outputs of the timers go ahead of the watermark)."""
+        if wm is None or wm <= self.watermark:
             return
-        wm = min(self._channel_wm[c] for c in live)
-        if wm > self.watermark:
-            self.watermark = wm
-            self.router.broadcast(Watermark(wm))
+        self.watermark = wm
+        if self.keyed is not None:
+            values, timestamps = self.keyed.fire_timers(wm, EVENT_TIME)
+            self._run_rest(values, timestamps)
+        self.router.broadcast(Watermark(wm))
 
     def _check_drained(self) -> None:
         if self._drain_epoch is None:
@@ -288,13 +305,37 @@ class TaskCore:
         batch = self.reader.poll(max_records)
         if batch is None:
             self.reader.close()
+            # end of input: every event-time window downstream may fire (as Flink does)
+            self.watermark = MAX_WATERMARK
+            self.router.broadcast(Watermark(MAX_WATERMARK))
             self._finish()
             return True
         if not batch.values:
             return False
         self.records_in += len(batch.values)
+        if self.wm_strategy is not None:
+            m = max(batch.timestamps)
+            if m > self._max_ts:
+                self._max_ts = m
+            self._last_emit = self.clock.monotonic()
+            self._idle = False
         self._guarded(self._run_rest, batch.values, batch.timestamps)
         return True
+
+    def emit_watermark(self) -> None:
+        """Sources: send the watermark of the records read so far (called periodically);
+        after ``idle_timeout_ms`` without records, mark the channels idle."""
+        st = self.wm_strategy
+        if st is None or self.status != RUNNING or self.paused:
+            return
+        wm = st.watermark_for(self._max_ts)
+        if wm > self.watermark:
+            self.watermark = wm
+            self.router.broadcast(Watermark(wm))
+        elif (st.idle_timeout_ms is not None and not self._idle
+              and (self.clock.monotonic() - self._last_emit) * 1000 >= st.idle_timeout_ms):
+            self._idle = True
+            self.router.broadcast(ChannelIdle())
 
     def seconds_until_source_ready(self) -> float:
         if self.reader is None or self.paused:
@@ -381,13 +422,15 @@ class TaskCore:
                 if self.inputs[cid].queue or self.inputs[cid].pending:
                     raise RuntimeError(f"task {self.name}: removing input {cid} with queued frames")
                 del self.inputs[cid]
-                self._channel_wm.pop(cid, None)
         for cid, port in wanted.items():
             if cid not in self.inputs:
                 self.inputs[cid] = InputChannel(cid, port)
         self._order = sorted(self.inputs)
         self._rr = 0
         self.router.connect(outputs)
+        self._on_watermark(self.tracker.set_channels(self._live_inputs()))
+        if self.watermark > MIN_WATERMARK:  # new channels learn the current watermark
+            self.router.broadcast(Watermark(self.watermark))
 
     # ------------------------------------------------------------ metrics
     def metrics(self) -> TaskMetrics:
@@ -410,4 +453,5 @@ class TaskCore:
             dead_letters=sum(p.dead_letters for p in self.policies),
             latency=self.latency.to_wire(),
             watermark=self.watermark,
+            late_records=0 if self.keyed is None else self.keyed.late_records,
         )

@@ -45,6 +45,7 @@ CHANNEL_EVENTS = [
     m.DrainBarrier(2),
     m.LatencyMarker(1_700_000_000.25, 3),
     m.EndOfStream(),
+    m.ChannelIdle(),
 ]
 
 # Messages whose fields are plain values.

@@ -15,7 +15,14 @@ from engine.functions import (
     TimerService,
 )
 from engine.keygroups import key_group_of
-from engine.state import KeyedStateBackend, ListState, MapState, ReducingState, ValueState
+from engine.state import (
+    PROCESSING_TIME,
+    KeyedStateBackend,
+    ListState,
+    MapState,
+    ReducingState,
+    ValueState,
+)
 
 N = 8  # key groups in these tests
 
@@ -323,7 +330,7 @@ def test_snapshot_keeps_key_and_value_types():
     val = c.groups[1]["v"][k]
     assert type(val["list"]) is list and type(val["tuple"]) is tuple
     assert type(val["set"]) is set and type(val["bytes"]) is bytes
-    assert c.timers[1] == {(5, k)}
+    assert c.timers[1] == {(5, k, PROCESSING_TIME)}
     assert type(next(iter(c.timers[1]))[1]) is tuple
 
 

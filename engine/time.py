@@ -1,0 +1,160 @@
+"""Event time: watermark strategies, windows and window assigners (pure).
+
+Timestamps are int milliseconds. A watermark ``w`` promises that no record with timestamp
+``<= w`` follows. Windows are half-open ``[start, end)`` and fire when the watermark (or,
+for processing-time windows, the clock) reaches ``end - 1`` (Flink's ``maxTimestamp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import JobDefinitionError
+
+MIN_WATERMARK = -(2**63)
+MAX_WATERMARK = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class WatermarkStrategy:
+    """Bounded out-of-orderness: watermark = max timestamp seen - ``max_out_of_orderness_ms`` - 1.
+
+    ``interval_ms``: how often a source task emits its watermark. ``idle_timeout_ms``: a
+    source task that emitted nothing for that long marks itself idle (its channels stop
+    holding back downstream watermarks) until it emits again; None never.
+    """
+
+    max_out_of_orderness_ms: int = 0
+    interval_ms: float = 200.0
+    idle_timeout_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_out_of_orderness_ms < 0:
+            raise JobDefinitionError("WatermarkStrategy: max_out_of_orderness_ms must be >= 0")
+        if self.interval_ms <= 0:
+            raise JobDefinitionError("WatermarkStrategy: interval_ms must be > 0")
+        if self.idle_timeout_ms is not None and self.idle_timeout_ms <= 0:
+            raise JobDefinitionError("WatermarkStrategy: idle_timeout_ms must be > 0 or None")
+
+    def watermark_for(self, max_timestamp: int) -> int:
+        if max_timestamp == MIN_WATERMARK:
+            return MIN_WATERMARK
+        return max_timestamp - self.max_out_of_orderness_ms - 1
+
+
+def bounded_out_of_orderness(ms: int, idle_timeout_ms: float | None = None) -> WatermarkStrategy:
+    return WatermarkStrategy(ms, idle_timeout_ms=idle_timeout_ms)
+
+
+@dataclass(frozen=True, order=True)
+class Window:
+    """The half-open interval ``[start, end)`` in ms."""
+
+    start: int
+    end: int
+
+    @property
+    def max_timestamp(self) -> int:
+        return self.end - 1
+
+
+def window_start(timestamp: int, size: int, offset: int = 0) -> int:
+    """Start of the window of length ``size`` (aligned to ``offset``) holding ``timestamp``."""
+    return timestamp - (timestamp - offset) % size
+
+
+@dataclass(frozen=True)
+class WindowAssigner:
+    """Tumbling (``slide == size``) or sliding windows, in event time or processing time."""
+
+    size_ms: int
+    slide_ms: int
+    offset_ms: int = 0
+    event_time: bool = True
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.slide_ms <= 0:
+            raise JobDefinitionError("window size and slide must be > 0 ms")
+        if self.slide_ms > self.size_ms:
+            raise JobDefinitionError("window slide must not exceed its size (gaps lose records)")
+        if not 0 <= self.offset_ms < self.slide_ms:
+            raise JobDefinitionError("window offset must be in [0, slide)")
+
+    def assign(self, timestamp: int) -> list[Window]:
+        """Every window holding ``timestamp``, oldest first."""
+        last = window_start(timestamp, self.slide_ms, self.offset_ms)
+        out = []
+        start = last - self.size_ms + self.slide_ms
+        while start <= last:
+            if start <= timestamp < start + self.size_ms:
+                out.append(Window(start, start + self.size_ms))
+            start += self.slide_ms
+        return out
+
+
+def tumbling_event_time(size_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    return WindowAssigner(size_ms, size_ms, offset_ms, True)
+
+
+def sliding_event_time(size_ms: int, slide_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    return WindowAssigner(size_ms, slide_ms, offset_ms, True)
+
+
+def tumbling_processing_time(size_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    return WindowAssigner(size_ms, size_ms, offset_ms, False)
+
+
+def sliding_processing_time(size_ms: int, slide_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    return WindowAssigner(size_ms, slide_ms, offset_ms, False)
+
+
+class WatermarkTracker:
+    """The watermark of a task: the minimum over its live input channels.
+
+    A channel counts once it has sent a watermark; an ended or removed channel stops
+    counting; an idle channel does not hold the minimum back. ``update`` returns the new
+    task watermark when it advanced, else None.
+    """
+
+    def __init__(self) -> None:
+        self.channels: dict[int, int] = {}
+        self.live: set[int] = set()
+        self.idle: set[int] = set()
+        self.current = MIN_WATERMARK
+
+    def set_channels(self, channel_ids: list[int]) -> int | None:
+        self.live = set(channel_ids)
+        self.channels = {c: w for c, w in self.channels.items() if c in self.live}
+        self.idle &= self.live
+        return self._recompute()
+
+    def update(self, channel_id: int, watermark: int) -> int | None:
+        if channel_id not in self.live:
+            return None
+        self.idle.discard(channel_id)
+        if watermark > self.channels.get(channel_id, MIN_WATERMARK):
+            self.channels[channel_id] = watermark
+        return self._recompute()
+
+    def mark_idle(self, channel_id: int) -> int | None:
+        if channel_id in self.live:
+            self.idle.add(channel_id)
+        return self._recompute()
+
+    def end(self, channel_id: int) -> int | None:
+        self.live.discard(channel_id)
+        self.channels.pop(channel_id, None)
+        self.idle.discard(channel_id)
+        return self._recompute()
+
+    def _recompute(self) -> int | None:
+        active = [c for c in self.live if c not in self.idle]
+        if not active:
+            return None
+        if any(c not in self.channels for c in active):
+            return None
+        wm = min(self.channels[c] for c in active)
+        if wm > self.current:
+            self.current = wm
+            return wm
+        return None

@@ -1,0 +1,400 @@
+"""Unit tests for engine.channel: InputChannel reordering, CreditGate accounting and
+OutputRouter partitioning, batching, linger, events and reconnects (pure, no Ray)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.channel import CreditGate, InputChannel, KeyFunctionError, OutputRouter
+from engine.keygroups import key_group_of
+from engine.messages import (
+    DrainBarrier,
+    EndOfStream,
+    Frame,
+    LatencyMarker,
+    OutputChannel,
+    OutputEdge,
+    Watermark,
+    decode_frame,
+    encode_frame,
+)
+
+N = 16  # key groups
+
+
+class FakeNow:
+    """An injectable monotonic clock."""
+
+    def __init__(self, t: float = 100.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def chan(cid: int, target: str | None = None) -> OutputChannel:
+    return OutputChannel(cid, target or f"t{cid}", 0)
+
+
+def router(edges, batch_size=4, linger_s=0.005, key_fns=None, now=None) -> OutputRouter:
+    r = OutputRouter(batch_size, linger_s, N, key_fns or {}, now or FakeNow())
+    r.connect(edges)
+    return r
+
+
+def drain(r: OutputRouter) -> list[tuple[int, int, Frame]]:
+    """Take the outbox as (channel_id, seq, decoded frame), in order."""
+    out = []
+    while r.outbox:
+        f = r.outbox.popleft()
+        frame = decode_frame(f.payload)
+        assert f.records == len(frame.values)
+        assert f.target == f"t{f.channel_id}"
+        out.append((f.channel_id, f.seq, frame))
+    return out
+
+
+def values_by_channel(frames) -> dict[int, list]:
+    out: dict[int, list] = {}
+    for cid, _, fr in frames:
+        out.setdefault(cid, []).extend(fr.values)
+    return out
+
+
+# ---------------------------------------------------------------- InputChannel
+
+
+def payload(i: int) -> bytes:
+    return encode_frame(Frame([i], [0]))
+
+
+def test_input_channel_in_order_frames_are_ready_at_once():
+    ch = InputChannel(7, port=1)
+    assert ch.offer(0, b"a") == 1
+    assert ch.offer(1, b"b") == 1
+    assert list(ch.queue) == [(0, b"a"), (1, b"b")]
+    assert ch.next_seq == 2 and ch.port == 1 and len(ch) == 2
+
+
+def test_input_channel_restores_order_from_shuffled_sequence_numbers():
+    ch = InputChannel(3)
+    order = list(range(50))
+    random.Random(4).shuffle(order)
+    ready = 0
+    for seq in order:
+        ready += ch.offer(seq, payload(seq))
+    assert ready == 50
+    assert [s for s, _ in ch.queue] == list(range(50))
+    assert [decode_frame(p).values for _, p in ch.queue] == [(i,) for i in range(50)]
+    assert ch.pending == {}
+
+
+def test_input_channel_holds_frames_behind_a_gap():
+    ch = InputChannel(3)
+    assert ch.offer(2, b"c") == 0
+    assert ch.offer(1, b"b") == 0
+    assert not ch.queue and len(ch) == 2
+    assert ch.offer(0, b"a") == 3
+    assert [p for _, p in ch.queue] == [b"a", b"b", b"c"]
+
+
+def test_input_channel_rejects_duplicates_queued_and_pending():
+    ch = InputChannel(9)
+    ch.offer(0, b"a")
+    ch.offer(2, b"c")
+    with pytest.raises(ValueError, match="channel 9: frame 0 delivered twice"):
+        ch.offer(0, b"a")
+    with pytest.raises(ValueError, match="frame 2 delivered twice"):
+        ch.offer(2, b"c")
+    ch.queue.popleft()  # consumed frames count as delivered too
+    with pytest.raises(ValueError):
+        ch.offer(0, b"a")
+    assert ch.next_seq == 1 and ch.pending == {2: b"c"}
+
+
+# ---------------------------------------------------------------- CreditGate
+
+
+def test_credit_gate_accounting():
+    gate = CreditGate(2)
+    assert gate.can_send(1) and gate.in_flight(1) == 0
+    gate.on_send(1)
+    gate.on_send(1)
+    assert not gate.can_send(1)
+    assert gate.can_send(2)  # per channel
+    with pytest.raises(RuntimeError, match="channel 1: sent without credit"):
+        gate.on_send(1)
+    gate.on_send(2)
+    assert gate.in_flight(1) == 2 and gate.in_flight(2) == 1
+    assert gate.total_in_flight() == 3
+    gate.on_ack(1)
+    assert gate.can_send(1) and gate.in_flight(1) == 1
+    assert gate.total_in_flight() == 2
+    gate.on_ack(1)
+    gate.on_ack(2)
+    assert gate.total_in_flight() == 0
+
+
+def test_credit_gate_ack_without_frame_raises():
+    gate = CreditGate(1)
+    with pytest.raises(RuntimeError, match="channel 5: acknowledgement without a frame"):
+        gate.on_ack(5)
+    gate.on_send(5)
+    gate.on_ack(5)
+    with pytest.raises(RuntimeError):
+        gate.on_ack(5)
+    assert gate.in_flight(5) == 0
+
+
+def test_credit_gate_needs_a_credit():
+    with pytest.raises(ValueError):
+        CreditGate(0)
+
+
+# ---------------------------------------------------------------- OutputRouter: partitioning
+
+
+def test_forward_batches_preserve_order_and_seq():
+    r = router([OutputEdge(0, "forward", (chan(10),))], batch_size=4)
+    sent = list(range(23))
+    for i in range(0, 23, 3):
+        r.emit(sent[i:i + 3], [1000 + v for v in sent[i:i + 3]])
+    r.flush_all()
+    frames = drain(r)
+    assert all(len(fr.values) <= 4 for _, _, fr in frames)
+    assert [s for _, s, _ in frames] == list(range(len(frames)))
+    assert values_by_channel(frames) == {10: sent}
+    assert [t for _, _, fr in frames for t in fr.timestamps] == [1000 + v for v in sent]
+    assert all(fr.keys is None and fr.key_groups is None and fr.event is None
+               for _, _, fr in frames)
+    assert r.records_out == 23
+    assert r.bytes_out == sum(len(encode_frame(fr)) for _, _, fr in frames)
+
+
+def test_large_emit_is_split_into_frames_of_batch_size():
+    r = router([OutputEdge(0, "forward", (chan(1),))], batch_size=10)
+    r.emit(list(range(25)), [0] * 25)
+    frames = drain(r)
+    assert [len(fr.values) for _, _, fr in frames] == [10, 10, 5]
+    assert [s for _, s, _ in frames] == [0, 1, 2]
+    assert r.buffered_records() == 0
+
+
+def test_rebalance_round_robins_batches_over_channels():
+    r = router([OutputEdge(0, "rebalance", (chan(1), chan(2), chan(3)))], batch_size=100)
+    for i in range(7):
+        r.emit([i], [0])
+    r.flush_all()
+    assert values_by_channel(drain(r)) == {1: [0, 3, 6], 2: [1, 4], 3: [2, 5]}
+
+
+def test_every_edge_gets_every_record():
+    r = router([OutputEdge(0, "forward", (chan(1),)),
+                OutputEdge(1, "rebalance", (chan(2), chan(3)))], batch_size=100)
+    r.emit(["a", "b"], [1, 2])
+    r.emit(["c"], [3])
+    r.flush_all()
+    assert values_by_channel(drain(r)) == {1: ["a", "b", "c"], 2: ["a", "b"], 3: ["c"]}
+
+
+def test_keyed_routes_by_routing_table_and_carries_keys_and_groups():
+    routing = tuple((kg * 7) % 3 for kg in range(N))  # scattered, not contiguous
+    edge = OutputEdge(0, "keyed", (chan(20), chan(21), chan(22)), routing)
+    r = router([edge], batch_size=5, key_fns={0: lambda rec: rec[0]})
+    records = [(f"k{i % 13}", i) for i in range(200)]
+    for i in range(0, 200, 17):
+        chunk = records[i:i + 17]
+        r.emit(chunk, [v for _, v in chunk])
+    r.flush_all()
+    frames = drain(r)
+    seen: dict[int, list] = {}
+    for cid, _, fr in frames:
+        assert 1 <= len(fr.values) <= 5
+        assert len(fr.keys) == len(fr.key_groups) == len(fr.values) == len(fr.timestamps)
+        for v, ts, k, kg in zip(fr.values, fr.timestamps, fr.keys, fr.key_groups, strict=True):
+            assert k == v[0]
+            assert kg == key_group_of(k, N)
+            assert cid == 20 + routing[kg]
+            assert ts == v[1]
+            seen.setdefault(cid, []).append(v)
+    # per-channel order is emission order, and nothing is lost
+    for cid, vals in seen.items():
+        assert vals == [rec for rec in records if 20 + routing[key_group_of(rec[0], N)] == cid]
+    assert sum(len(v) for v in seen.values()) == 200
+    # sequence numbers per channel are 0, 1, 2, ...
+    for cid in seen:
+        assert [s for c, s, _ in frames if c == cid] == list(range(sum(c == cid for c, _, _ in frames)))
+
+
+def test_keyed_edge_with_one_channel_gets_everything_with_keys():
+    r = router([OutputEdge(0, "keyed", (chan(4),), (0,) * N)], batch_size=100,
+               key_fns={0: lambda rec: rec})
+    r.emit([1, 2, 3], [0, 0, 0])
+    r.flush_all()
+    [(cid, seq, fr)] = drain(r)
+    assert (cid, seq) == (4, 0)
+    assert fr.values == (1, 2, 3) and fr.keys == (1, 2, 3)
+    assert fr.key_groups == tuple(key_group_of(k, N) for k in (1, 2, 3))
+
+
+def test_update_routing_changes_the_target_of_key_groups():
+    edge = OutputEdge(0, "keyed", (chan(1), chan(2)), (0,) * N)
+    r = router([edge], batch_size=100, key_fns={0: lambda rec: rec})
+    r.update_routing(0, (1,) * N)
+    r.emit(list(range(10)), [0] * 10)
+    r.flush_all()
+    assert values_by_channel(drain(r)) == {2: list(range(10))}
+
+
+def test_key_function_error_carries_the_record():
+    def key(rec):
+        return rec["k"]
+
+    r = router([OutputEdge(0, "keyed", (chan(1), chan(2)), (0, 1) * (N // 2))],
+               key_fns={0: key})
+    with pytest.raises(KeyFunctionError) as info:
+        r.emit([{"k": 1}, {"x": 2}, {"k": 3}], [0, 0, 0])
+    assert info.value.record == {"x": 2}
+    assert isinstance(info.value.cause, KeyError)
+    assert str(info.value) == "KeyError: 'k'"
+    assert r.buffered_records() == 0 and not r.outbox
+
+
+# ---------------------------------------------------------------- linger
+
+
+def test_linger_flush_with_injected_clock():
+    now = FakeNow(100.0)
+    r = router([OutputEdge(0, "rebalance", (chan(1), chan(2)))], batch_size=100,
+               linger_s=0.5, now=now)
+    assert r.next_deadline() is None
+    r.emit(["a"], [0])          # channel 1 at t=100
+    now.t = 100.25
+    r.emit(["b"], [0])          # channel 2 at t=100.25
+    r.emit(["c"], [0])          # channel 1 again: its buffer still dates from t=100
+    assert r.next_deadline() == pytest.approx(100.5)
+    now.t = 100.49
+    r.flush_due()
+    assert not r.outbox and r.buffered_records() == 3
+    now.t = 100.5
+    r.flush_due()
+    frames = drain(r)
+    assert [(c, s, fr.values) for c, s, fr in frames] == [(1, 0, ("a", "c"))]
+    assert r.next_deadline() == pytest.approx(100.75)
+    now.t = 100.8
+    r.flush_due()
+    assert [(c, s, fr.values) for c, s, fr in drain(r)] == [(2, 0, ("b",))]
+    assert r.next_deadline() is None and r.buffered_records() == 0
+
+
+def test_linger_starts_again_after_a_full_batch_flush():
+    now = FakeNow(0.0)
+    r = router([OutputEdge(0, "forward", (chan(1),))], batch_size=2, linger_s=1.0, now=now)
+    r.emit([1, 2], [0, 0])  # full: flushed at once
+    assert len(drain(r)) == 1 and r.next_deadline() is None
+    now.t = 5.0
+    r.emit([3], [0])
+    assert r.next_deadline() == 6.0
+    now.t = 5.5
+    r.flush_due()
+    assert not r.outbox
+
+
+# ---------------------------------------------------------------- events
+
+
+def test_broadcast_flushes_then_appends_event_to_every_channel():
+    r = router([OutputEdge(0, "rebalance", (chan(1), chan(2))),
+                OutputEdge(1, "forward", (chan(3),))], batch_size=4)
+    r.emit([1, 2], [0, 0])   # edge 0 -> channel 1, edge 1 -> channel 3
+    r.emit([3, 4], [0, 0])   # edge 0 -> channel 2, edge 1 -> channel 3 (4 records: flushed)
+    assert [(f.channel_id, f.seq, f.records) for f in r.outbox] == [(3, 0, 4)]
+    r.outbox.clear()
+    r.emit([5], [0])         # edge 0 -> channel 1, edge 1 -> channel 3
+    r.broadcast(Watermark(42))
+    frames = drain(r)
+    got = {(c, s): (fr.values, fr.event) for c, s, fr in frames}
+    assert got == {
+        (1, 0): ((1, 2, 5), Watermark(42)),
+        (2, 0): ((3, 4), Watermark(42)),
+        (3, 1): ((5,), Watermark(42)),
+    }
+    r.broadcast(EndOfStream())  # nothing buffered: empty frames with the event only
+    assert [(c, s, fr.values, fr.event) for c, s, fr in drain(r)] == [
+        (1, 1, (), EndOfStream()), (2, 1, (), EndOfStream()), (3, 2, (), EndOfStream())]
+
+
+def test_broadcast_puts_event_on_the_last_frame_of_a_big_buffer():
+    r = router([OutputEdge(0, "forward", (chan(1),))], batch_size=100)
+    r.emit(list(range(5)), [0] * 5)
+    r.batch_size = 2  # a buffer larger than the batch size is split on flush
+    r.broadcast(DrainBarrier(3))
+    frames = drain(r)
+    assert [(fr.values, fr.event) for _, _, fr in frames] == [
+        ((0, 1), None), ((2, 3), None), ((4,), DrainBarrier(3))]
+    assert [s for _, s, _ in frames] == [0, 1, 2]
+
+
+def test_latency_markers_round_robin_one_channel_per_edge_behind_records():
+    r = router([OutputEdge(0, "rebalance", (chan(1), chan(2), chan(3))),
+                OutputEdge(1, "forward", (chan(4),))], batch_size=100)
+    r.emit(["x"], [0])  # edge 0 -> channel 1
+    markers = [LatencyMarker(float(i), 0) for i in range(4)]
+    got = []
+    for m in markers:
+        r.send_marker(m)
+        got.append([(c, fr.values, fr.event) for c, _, fr in drain(r)])
+    assert got == [
+        [(1, ("x",), markers[0]), (4, ("x",), markers[0])],
+        [(2, (), markers[1]), (4, (), markers[1])],
+        [(3, (), markers[2]), (4, (), markers[2])],
+        [(1, (), markers[3]), (4, (), markers[3])],
+    ]
+
+
+# ---------------------------------------------------------------- reconnect
+
+
+def test_reconnect_keeps_seq_of_kept_channels_and_starts_new_ones_at_zero():
+    r = router([OutputEdge(0, "rebalance", (chan(1), chan(2)))], batch_size=1)
+    for i in range(5):
+        r.emit([i], [0])  # 1: seq 0,1,2   2: seq 0,1
+    drain(r)
+    r.connect([OutputEdge(0, "rebalance", (chan(2), chan(5)))])
+    for i in range(4):
+        r.emit([i], [0])
+    assert [(f.channel_id, f.seq) for f in r.outbox] == [(2, 2), (5, 0), (2, 3), (5, 1)]
+
+
+def test_reconnect_resets_round_robin():
+    edges = [OutputEdge(0, "rebalance", (chan(1), chan(2), chan(3)))]
+    r = router(edges, batch_size=100)
+    r.emit(["a"], [0])
+    r.emit(["b"], [0])
+    r.send_marker(LatencyMarker(1.0, 0))  # marker round robin now points at channel 2
+    r.flush_all()
+    drain(r)
+    r.connect(edges)
+    r.emit(["c"], [0])
+    r.send_marker(LatencyMarker(2.0, 0))
+    assert [(c, fr.values) for c, _, fr in drain(r)] == [(1, ("c",))]
+
+
+def test_reconnect_from_five_channels_to_one_then_marker():
+    r = router([OutputEdge(0, "rebalance", tuple(chan(i) for i in range(5)))], batch_size=100)
+    for i in range(4):
+        r.send_marker(LatencyMarker(float(i), 0))  # round robin index at 4
+    drain(r)
+    r.connect([OutputEdge(0, "rebalance", (chan(3),))])
+    r.send_marker(LatencyMarker(9.0, 0))
+    [(cid, seq, fr)] = drain(r)
+    assert (cid, seq, fr.event) == (3, 1, LatencyMarker(9.0, 0))
+
+
+def test_reconnect_refuses_unflushed_records():
+    r = router([OutputEdge(0, "forward", (chan(1),))], batch_size=100)
+    r.emit([1], [0])
+    with pytest.raises(RuntimeError, match="unflushed"):
+        r.connect([OutputEdge(0, "forward", (chan(1),))])

@@ -214,14 +214,18 @@ class KeyedStream:
     def window_join(
         self, other: KeyedStream, assigner: WindowAssigner, join_fn: Callable[[Any, Any], Any],
         name: str | None = None, parallelism: int | None = None, late_sink: Sink | None = None,
+        allowed_lateness_ms: int = 0,
     ) -> Stream:
         """For every window, ``join_fn(left, right)`` for each pair of records of this
         stream (left) and ``other`` (right) whose keys are equal."""
         if not isinstance(other, KeyedStream) or other._job is not self._job:
             raise JobDefinitionError(f"window_join {name or ''!r}: other must be a keyed stream of this job")
         _check_callable(join_fn, "window_join", name)
-        return self._keyed(g.PROCESS, WindowJoin(assigner, join_fn), name, parallelism, None,
-                           late_sink, other)
+        if not isinstance(assigner, WindowAssigner) or allowed_lateness_ms < 0:
+            raise JobDefinitionError(
+                f"window_join {name or ''!r}: needs a WindowAssigner and allowed_lateness_ms >= 0")
+        return self._keyed(g.PROCESS, WindowJoin(assigner, join_fn, allowed_lateness_ms), name,
+                           parallelism, None, late_sink, other)
 
     def process(
         self, fn: KeyedProcessFunction, name: str | None = None, parallelism: int | None = None,

@@ -76,15 +76,24 @@ class Context:
     timer's) timestamp, the input ``port`` (0, or 1 for the second input of a two-input
     operator), the ``time_domain`` of a firing timer, and the timer service."""
 
-    __slots__ = ("_backend", "timestamp", "timer_service", "port", "time_domain", "_late")
+    __slots__ = ("_backend", "timestamp", "timer_service", "port", "time_domain", "_late", "_out")
 
     def __init__(self, backend: KeyedStateBackend, timer_service: TimerService) -> None:
         self._backend = backend
         self.timer_service = timer_service
         self.timestamp = 0
         self.port = 0
-        self.time_domain = "processing"
+        self.time_domain: str | None = None
         self._late: Callable[[Any, int], None] | None = None
+        self._out: tuple[list[Any], list[int]] | None = None
+
+    def emit(self, value: Any, timestamp: int | None = None) -> None:
+        """Emit an output now with an explicit timestamp (default: the current one); the
+        alternative to returning outputs, for outputs that carry another time."""
+        if self._out is None:
+            raise RuntimeError("emit() is only valid inside process_element or on_timer")
+        self._out[0].append(value)
+        self._out[1].append(self.timestamp if timestamp is None else timestamp)
 
     def output_late(self, value: Any) -> None:
         """Send a record that arrived too late to the operator's late-data output."""

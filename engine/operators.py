@@ -137,8 +137,10 @@ class KeyedRunner:
     def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int],
                 port: int = 0) -> Batch:
         self.ctx.port = port
+        self.ctx.time_domain = None
         out: list[Any] = []
         out_ts: list[int] = []
+        self.ctx._out = (out, out_ts)
         n = len(values)
         self.pos = 0  # index of the record being processed, kept for error reports
         while self.pos < n:
@@ -216,6 +218,7 @@ class KeyedRunner:
         """Fire every timer of ``domain`` due at ``now`` (the clock, or the watermark)."""
         out: list[Any] = []
         out_ts: list[int] = []
+        self.ctx._out = (out, out_ts)
         self.ctx.time_domain = "event" if domain == EVENT_TIME else "processing"
         for t, kg, key in self.backend.pop_due_timers(now, domain):
             self.backend.set_current(key, kg)

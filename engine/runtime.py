@@ -457,6 +457,10 @@ class JobMaster:
     def _validate_rescale(self, operator: str, parallelism: int, protocol: str) -> str:
         if self.state != "running":
             raise RescaleRefused(f"job {self.job_id} is {self.state}, not running; nothing to rescale")
+        if self.finished:
+            raise RescaleRefused(
+                f"job {self.job_id} is finishing (some of its tasks have reached the end of "
+                "their input); rescaling a finishing job is not supported")
         if protocol not in PROTOCOLS:
             raise RescaleRefused(
                 f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")

@@ -55,19 +55,26 @@ class _TestingReader(SourceReader):
         self._rate = rate
         self._ts = timestamp_fn
         self._clock = clock
-        self._start = clock.monotonic()
-        self._start_pos = pos
+        # a token bucket: at most `rate` records/s, bursts of at most 50 ms worth, and no
+        # catching up after a pause (a throttle, unlike the open-loop GeneratorSource)
+        self._tokens = 1.0
+        self._last = clock.monotonic()
+        self._burst = 1.0 if rate is None else max(1.0, rate * 0.05)
 
     def _due(self) -> int:
         if self._rate is None:
             return len(self._records)
-        elapsed = self._clock.monotonic() - self._start
-        return min(len(self._records), self._start_pos + int(elapsed * self._rate) + 1)
+        now = self._clock.monotonic()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        return min(len(self._records), self._pos + int(self._tokens))
 
     def poll(self, max_records: int) -> SourceBatch | None:
         if self._pos >= len(self._records):
             return None
         end = min(self._due(), self._pos + max_records)
+        if self._rate is not None:
+            self._tokens -= end - self._pos
         values = self._records[self._pos:end]
         self._pos = end
         if self._ts is None:
@@ -81,8 +88,7 @@ class _TestingReader(SourceReader):
     def seconds_until_ready(self) -> float:
         if self._rate is None:
             return 0.0
-        return max(0.0, (self._pos - self._start_pos + 1) / self._rate
-                   - (self._clock.monotonic() - self._start))
+        return max(0.0, (1.0 - self._tokens) / self._rate)
 
 
 class TestingSink(Sink):

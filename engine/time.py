@@ -82,13 +82,12 @@ class WindowAssigner:
 
     def assign(self, timestamp: int) -> list[Window]:
         """Every window holding ``timestamp``, oldest first."""
-        last = window_start(timestamp, self.slide_ms, self.offset_ms)
+        start = window_start(timestamp, self.slide_ms, self.offset_ms)
         out = []
-        start = last - self.size_ms + self.slide_ms
-        while start <= last:
-            if start <= timestamp < start + self.size_ms:
-                out.append(Window(start, start + self.size_ms))
-            start += self.slide_ms
+        while start > timestamp - self.size_ms:
+            out.append(Window(start, start + self.size_ms))
+            start -= self.slide_ms
+        out.reverse()
         return out
 
 

@@ -51,7 +51,6 @@ class WindowOperator(KeyedProcessFunction):
         self.fn = fn
         self.window_fn = window_fn
         self.lateness = allowed_lateness_ms
-        self.late_records = 0
 
     def open(self, ctx: RuntimeContext) -> None:
         self.panes = ctx.map_state(PANES)
@@ -90,28 +89,30 @@ class WindowOperator(KeyedProcessFunction):
     # -- processing
     def process_element(self, value: Any, ctx: Context) -> Iterable[Any]:
         t = self._time(ctx)
+        event_time = self.assigner.event_time
         wm = ctx.timer_service.current_watermark()
-        out: list[Any] = []
         accepted = False
         for w in self.assigner.assign(t):
-            if self.assigner.event_time and w.max_timestamp + self.lateness <= wm:
+            if event_time and w.max_timestamp + self.lateness <= wm:
                 continue  # this window is gone
             accepted = True
             k = (w.start, w.end)
             entry = self.panes.get(k)
             pane, fired = (_MISSING, False) if entry is None else entry
             pane = self._add(pane, value)
-            self.panes.put(k, (pane, fired))
-            if fired:  # a late record inside the allowed lateness: fire again at once
-                out.extend(self._results(ctx.key, w, pane))
+            if event_time and (fired or w.max_timestamp <= wm):
+                # late but within the allowed lateness: (re-)fire at once
+                for r in self._results(ctx.key, w, pane):
+                    ctx.emit(r, w.max_timestamp)
+                fired = True
             else:
                 self._register(ctx, w.max_timestamp)
-            if self.lateness and self.assigner.event_time:
+            self.panes.put(k, (pane, fired))
+            if self.lateness and event_time:
                 self._register(ctx, w.max_timestamp + self.lateness)
         if not accepted:
-            self.late_records += 1
             ctx.output_late(value)
-        return out
+        return ()
 
     def on_timer(self, timestamp: int, ctx: Context) -> Iterable[Any]:
         out: list[Any] = []
@@ -136,46 +137,70 @@ class WindowOperator(KeyedProcessFunction):
 
 class WindowJoin(KeyedProcessFunction):
     """Joins two keyed inputs (ports 0 and 1) per window: for every window, every pair of a
-    left and a right record with the same key gives ``join_fn(left, right)``, left records in
-    arrival order, right records in arrival order within each."""
+    left and a right record with the same key gives ``join_fn(left, right)`` when the window
+    fires (left records in arrival order, right records in arrival order within each). A
+    record arriving within the allowed lateness after the window fired is joined at once
+    with the other side's records. Outputs carry the window's ``max_timestamp``."""
 
     def __init__(self, assigner: WindowAssigner, join_fn: Callable[[Any, Any], Any],
                  allowed_lateness_ms: int = 0) -> None:
         self.assigner = assigner
         self.join_fn = join_fn
         self.lateness = allowed_lateness_ms
-        self.late_records = 0
 
     def open(self, ctx: RuntimeContext) -> None:
         self.panes = ctx.map_state(PANES)
 
+    def _register(self, ctx: Context, t: int) -> None:
+        if self.assigner.event_time:
+            ctx.timer_service.register_event_time_timer(t)
+        else:
+            ctx.timer_service.register_processing_time_timer(t)
+
     def process_element(self, value: Any, ctx: Context) -> Iterable[Any]:
-        t = ctx.timestamp if self.assigner.event_time else ctx.timer_service.current_processing_time()
+        event_time = self.assigner.event_time
+        t = ctx.timestamp if event_time else ctx.timer_service.current_processing_time()
         wm = ctx.timer_service.current_watermark()
         accepted = False
         for w in self.assigner.assign(t):
-            if self.assigner.event_time and w.max_timestamp + self.lateness <= wm:
+            if event_time and w.max_timestamp + self.lateness <= wm:
                 continue
             accepted = True
             k = (w.start, w.end)
-            left, right = self.panes.get(k) or ([], [])
+            left, right, fired = self.panes.get(k) or ([], [], False)
             (left if ctx.port == 0 else right).append(value)
-            self.panes.put(k, (left, right))
-            if self.assigner.event_time:
-                ctx.timer_service.register_event_time_timer(w.max_timestamp)
+            if event_time and (fired or w.max_timestamp <= wm):
+                pairs = ([(value, r) for r in right] if ctx.port == 0
+                         else [(lv, value) for lv in left])
+                if not fired:
+                    pairs = [(lv, r) for lv in left for r in right]
+                for a, b in pairs:
+                    ctx.emit(self.join_fn(a, b), w.max_timestamp)
+                fired = True
             else:
-                ctx.timer_service.register_processing_time_timer(w.max_timestamp)
+                self._register(ctx, w.max_timestamp)
+            self.panes.put(k, (left, right, fired))
+            if self.lateness and event_time:
+                self._register(ctx, w.max_timestamp + self.lateness)
         if not accepted:
-            self.late_records += 1
             ctx.output_late(value)
         return ()
 
     def on_timer(self, timestamp: int, ctx: Context) -> Iterable[Any]:
         size = self.assigner.size_ms
+        out: list[Any] = []
         k = (timestamp + 1 - size, timestamp + 1)
         entry = self.panes.get(k)
-        if entry is None:
-            return ()
-        self.panes.remove(k)
-        left, right = entry
-        return [self.join_fn(a, b) for a in left for b in right]
+        if entry is not None and not entry[2]:
+            left, right, _ = entry
+            out = [self.join_fn(a, b) for a in left for b in right]
+            if self.lateness and self.assigner.event_time:
+                self.panes.put(k, (left, right, True))
+            else:
+                self.panes.remove(k)
+        if self.lateness and self.assigner.event_time:
+            c = (timestamp - self.lateness + 1 - size, timestamp - self.lateness + 1)
+            centry = self.panes.get(c)
+            if centry is not None and centry[2]:
+                self.panes.remove(c)
+        return out

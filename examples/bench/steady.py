@@ -199,8 +199,30 @@ def wait_for_pids(job_id: str, expected: int, timeout: float = 10.0) -> dict[str
     return pids
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """utime + stime of a process (Linux /proc), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds all cores spent not idle since boot (/proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class RssSampler(threading.Thread):
-    """Sums the RSS of the given pids every ``interval`` s until stopped."""
+    """Sums the RSS of the given pids every ``interval`` s until stopped; also notes the
+    CPU time of those pids and of the whole machine, to tell how much CPU other processes
+    (Ray daemons, the driver, anything else running) took meanwhile."""
 
     def __init__(self, pids: dict[str, int], t0: float, interval: float = 1.0) -> None:
         super().__init__(daemon=True)
@@ -209,6 +231,12 @@ class RssSampler(threading.Thread):
         self.interval = interval
         self.samples: list[dict[str, Any]] = []
         self._halt = threading.Event()
+        self._cpu0 = {n: _cpu_seconds(p) for n, p in pids.items()}
+        self._cpu_last = dict(self._cpu0)
+        self._busy0 = _machine_busy_seconds()
+        self._busy_last = self._busy0
+        self._wall0 = time.monotonic()
+        self._wall_last = self._wall0
 
     def run(self) -> None:
         while not self._halt.is_set():
@@ -221,16 +249,36 @@ class RssSampler(threading.Thread):
                     "processes": len(alive),
                     "per_actor": alive,
                 })
+                # CPU counters only while every actor lives (a killed one loses its count)
+                if len(alive) == len(self.pids):
+                    self._cpu_last = {n: _cpu_seconds(p) for n, p in self.pids.items()}
+                    self._busy_last = _machine_busy_seconds()
+                    self._wall_last = time.monotonic()
             self._halt.wait(self.interval)
 
     def stop(self) -> None:
         self._halt.set()
         self.join(timeout=5)
 
+    def cpu(self) -> dict[str, Any]:
+        """Average cores used over the sampled span: by each actor, by the job, by the
+        whole machine, and by everything else."""
+        wall = self._wall_last - self._wall0
+        if wall <= 0 or self._busy0 is None or self._busy_last is None:
+            return {}
+        per = {n: (self._cpu_last[n] - self._cpu0[n]) / wall for n in self.pids
+               if self._cpu_last.get(n) is not None and self._cpu0.get(n) is not None}
+        job = sum(per.values())
+        machine = (self._busy_last - self._busy0) / wall
+        return {"span_s": wall, "job_cores": job, "machine_cores": machine,
+                "other_cores": machine - job, "per_actor_cores": per}
+
 
 def memory_summary(samples: list[dict[str, Any]], full_processes: int,
-                   warmup_s: float = 0.0) -> dict[str, Any]:
-    """start/end/max of the summed RSS, plus growth and slope after ``warmup_s``."""
+                   warmup_s: float | None = None) -> dict[str, Any]:
+    """start/end/max/min of the summed RSS (MB); with ``warmup_s``, also the growth from the
+    first sample after the warm-up to the end, over the second half of the run, and a
+    least-squares slope after the warm-up."""
     # only samples in which every process of the job was still alive (the tail of a run,
     # while actors are being killed, would look like a drop)
     s = [x for x in samples if x["processes"] == full_processes] or samples
@@ -239,6 +287,8 @@ def memory_summary(samples: list[dict[str, Any]], full_processes: int,
     mb = [x["rss_bytes"] / 2**20 for x in s]
     out: dict[str, Any] = {"samples": len(s), "start_mb": mb[0], "end_mb": mb[-1],
                            "max_mb": max(mb), "min_mb": min(mb), "growth_mb": mb[-1] - mb[0]}
+    if warmup_s is None:
+        return out
     post = [(x["t"], m) for x, m in zip(s, mb, strict=True) if x["t"] >= warmup_s]
     if len(post) >= 2:
         n = len(post)
@@ -246,8 +296,14 @@ def memory_summary(samples: list[dict[str, Any]], full_processes: int,
         mm = sum(m for _, m in post) / n
         var = sum((t - mt) ** 2 for t, _ in post)
         slope = sum((t - mt) * (m - mm) for t, m in post) / var if var else 0.0
-        out.update({"after_warmup_start_mb": post[0][1], "after_warmup_growth_mb": post[-1][1] - post[0][1],
-                    "after_warmup_slope_mb_per_min": slope * 60.0})
+        half = [(t, m) for t, m in post if t >= s[-1]["t"] / 2]
+        out.update({
+            "after_warmup_start_mb": post[0][1],
+            "after_warmup_growth_mb": post[-1][1] - post[0][1],
+            "after_warmup_slope_mb_per_min": slope * 60.0,
+            "second_half_growth_mb": half[-1][1] - half[0][1] if len(half) >= 2 else None,
+            "second_half_seconds": half[-1][0] - half[0][0] if len(half) >= 2 else None,
+        })
     return out
 
 
@@ -437,6 +493,8 @@ def run_full_speed(p: int, args: argparse.Namespace, config: JobConfig,
         "sink_timeline": timeline,
         "memory": memory_summary(sampler.samples, len(pids)),
         "memory_samples": [{k: v for k, v in s.items() if k != "per_actor"} for s in sampler.samples],
+        "cpu": sampler.cpu(),
+        "loadavg_at_end": os.getloadavg(),
         "actors": pids,
         "profiles": profiles,
     }
@@ -495,6 +553,8 @@ def run_half_load(p: int, rate: float, args: argparse.Namespace, config: JobConf
         "sink_timeline": timeline,
         "memory": memory_summary(sampler.samples, len(pids), args.warmup),
         "memory_samples": sampler.samples,
+        "cpu": sampler.cpu(),
+        "loadavg_at_end": os.getloadavg(),
         "actors": pids,
     }
 
@@ -541,6 +601,13 @@ def fmt(x: float | None, spec: str = ",.0f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _cores(r: dict[str, Any]) -> str:
+    c = r.get("cpu") or {}
+    if not c:
+        return "-"
+    return f"{c['job_cores']:.2f}/{c['other_cores']:.2f}"
+
+
 def print_table(results: dict[str, Any]) -> None:
     ceil = results["ceiling"]["throughput"]
     print()
@@ -549,24 +616,31 @@ def print_table(results: dict[str, Any]) -> None:
     print()
     print("full speed (records/s)")
     hdr = (f"{'p':>3} {'job':>10} {'sink':>10} {'interior':>10} {'job span s':>11} "
-           f"{'sink span s':>12} {'job/ceil':>9} {'sink/ceil':>9}")
+           f"{'sink span s':>12} {'job/ceil':>9} {'sink/ceil':>9} {'cores job/other':>16}")
     print(hdr)
     for r in results["full_speed"]:
         print(f"{r['parallelism']:>3} {fmt(r['job_throughput']):>10} {fmt(r['sink_throughput']):>10} "
               f"{fmt(r['interior_seconds_throughput']):>10} {r['job_span_s']:>11.2f} "
               f"{fmt(r['sink_span_s'], '.2f'):>12} "
-              f"{r['job_throughput'] / ceil:>9.3f} {fmt(r['sink_throughput'] and r['sink_throughput'] / ceil, '.3f'):>9}")
+              f"{r['job_throughput'] / ceil:>9.3f} {fmt(r['sink_throughput'] and r['sink_throughput'] / ceil, '.3f'):>9} "
+              f"{_cores(r):>16}")
     print()
     print(f"half load (open loop, 50% of job throughput; latency excludes first {results['config']['warmup_s']:g} s)")
     print(f"{'p':>3} {'rate/s':>9} {'at sink':>9} {'p50 ms':>8} {'p99 ms':>8} {'p999 ms':>8} {'max ms':>8} "
-          f"{'RSS start':>10} {'RSS end':>8} {'RSS max':>8} {'growth':>9} (MB, all job actors; "
-          f"growth = end - first sample after {results['config']['warmup_s']:g} s)")
+          f"{'RSS start':>10} {'RSS end':>8} {'RSS max':>8} {'+warm':>7} {'+2nd half':>9} "
+          f"{'cores job/other':>16}")
     for r in results["half_load"]:
         lat, mem = r["latency_after_warmup"], r["memory"]
         print(f"{r['parallelism']:>3} {r['rate']:>9,.0f} {r['records_at_sink']:>9,} {lat['p50_ms']:>8.1f} "
               f"{lat['p99_ms']:>8.1f} {lat['p999_ms']:>8.1f} {lat['max_ms']:>8.1f} "
               f"{fmt(mem.get('start_mb'), '.1f'):>10} {fmt(mem.get('end_mb'), '.1f'):>8} "
-              f"{fmt(mem.get('max_mb'), '.1f'):>8} {fmt(mem.get('after_warmup_growth_mb'), '+.1f'):>9}")
+              f"{fmt(mem.get('max_mb'), '.1f'):>8} {fmt(mem.get('after_warmup_growth_mb'), '+.1f'):>7} "
+              f"{fmt(mem.get('second_half_growth_mb'), '+.1f'):>9} {_cores(r):>16}")
+    print(f"RSS: MB summed over the job's actor processes (task actors + JobMaster), sampled every "
+          f"1 s; +warm = end - first sample after {results['config']['warmup_s']:g} s, "
+          f"+2nd half = growth over the second half of the run")
+    print("cores job/other: average CPU cores used by the job's actor processes / by every "
+          "other process on the machine (Ray daemons, driver, other users) during the run")
     print()
 
 
@@ -575,14 +649,18 @@ def plot(results: dict[str, Any], path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 6))
     full = results["full_speed"]
     ps = [str(r["parallelism"]) for r in full]
     x = range(len(ps))
     w = 0.38
-    ax1.bar([i - w / 2 for i in x], [r["job_throughput"] for r in full], w,
-            label="job (run() → finished)")
+    job = [r["job_throughput"] for r in full]
+    lo = [r["job_throughput"] - min(x["job_throughput"] for x in r.get("runs", [r])) for r in full]
+    hi = [max(x["job_throughput"] for x in r.get("runs", [r])) - r["job_throughput"] for r in full]
+    ax1.bar([i - w / 2 for i in x], job, w, yerr=[lo, hi], capsize=3,
+            label=f"job (run() → finished); median of {results['config']['repeats']}, bars = range")
     ax1.bar([i + w / 2 for i in x], [r["sink_throughput"] or 0 for r in full], w,
             label="sink, first → last record")
     ceil = results["ceiling"]["throughput"]
@@ -595,7 +673,8 @@ def plot(results: dict[str, Any], path: str) -> None:
         ax1.annotate(f"{r['job_throughput'] / 1e3:,.0f}k\n({r['job_throughput'] / ceil:.1%})",
                      (i - w / 2, r["job_throughput"]), ha="center", va="bottom", fontsize=8)
     ax1.set_ylim(0, ceil * 1.1)
-    ax1.legend(fontsize=8, loc="center right")
+    ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
+    ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
 
     for r in results["half_load"]:
         tl = r["sink_timeline"]
@@ -609,9 +688,11 @@ def plot(results: dict[str, Any], path: str) -> None:
     ax2.set_xlabel("seconds since job started")
     ax2.set_ylabel("end-to-end latency per second, ms (log)")
     ax2.set_title("half load (50% of full-speed job throughput)")
-    ax2.legend(fontsize=7, ncol=2)
+    ax2.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
+    la = results["machine"]
     fig.suptitle(f"reflow keyed count, zipf {ZIPF_EXPONENT} over {NUM_KEYS:,} keys — "
-                 f"{results['machine']['cpus']} CPUs")
+                 f"{la['cpus']} CPUs, load avg {la['loadavg_at_start'][0]:.1f} at start, "
+                 f"{la.get('loadavg_at_end', [0])[0]:.1f} at end")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -732,7 +813,7 @@ def main(argv: list[str] | None = None) -> int:
             full = sorted(runs, key=lambda r: r["job_throughput"])[(len(runs) - 1) // 2]
             full["runs"] = [{k: r[k] for k in ("job_throughput", "sink_throughput",
                                                 "interior_seconds_throughput", "job_span_s",
-                                                "sink_span_s")} for r in runs]
+                                                "sink_span_s", "cpu")} for r in runs]
             full["profiles"] = next((r["profiles"] for r in runs if r["profiles"]), {})
             results["full_speed"].append(full)
             print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s; "

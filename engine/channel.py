@@ -200,14 +200,14 @@ class OutputRouter:
         key_fn = self.key_fns[edge.edge_id]
         try:
             keys = [key_fn(v) for v in values]
+            kgs = self.cache.key_groups(keys)
         except Exception:
-            for v in values:
+            for v in values:  # find the record, for the error report
                 try:
-                    key_fn(v)
+                    self.cache.key_groups([key_fn(v)])
                 except Exception as exc:
                     raise KeyFunctionError(v, exc) from exc
             raise
-        kgs = self.cache.key_groups(keys)
         routing = edge.routing
         now = None
         if len(bufs) == 1:
@@ -288,6 +288,16 @@ class OutputRouter:
         for bufs in self._buffers.values():
             for b in bufs:
                 self._flush(b, event)
+
+    def send_event_to(self, channel_ids: set[int], event: ChannelEvent) -> None:
+        """Flush the given channels, then send ``event`` on each of them only."""
+        for bufs in self._buffers.values():
+            for b in bufs:
+                if b.channel.channel_id in channel_ids:
+                    self._flush(b, event)
+
+    def channel_ids(self) -> set[int]:
+        return {b.channel.channel_id for bufs in self._buffers.values() for b in bufs}
 
     def send_marker(self, marker: LatencyMarker) -> None:
         """A latency marker goes to one channel per edge, round robin, behind its records."""

@@ -427,7 +427,11 @@ class TaskCore:
                 self.inputs[cid] = InputChannel(cid, port)
         self._order = sorted(self.inputs)
         self._rr = 0
+        before = self.router.channel_ids()
         self.router.connect(outputs)
+        if self.status == FINISHED:  # new receivers must learn that nothing more comes
+            self.router.send_event_to(self.router.channel_ids() - before, EndOfStream())
+            return
         self._on_watermark(self.tracker.set_channels(self._live_inputs()))
         if self.watermark > MIN_WATERMARK:  # new channels learn the current watermark
             self.router.broadcast(Watermark(self.watermark))

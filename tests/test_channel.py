@@ -262,10 +262,6 @@ def test_key_function_error_carries_the_record():
     assert r.buffered_records() == 0 and not r.outbox
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "engine/channel.py OutputRouter._emit_keyed: key groups are computed "
-    "(self.cache.key_groups(keys)) outside the try, so a key that cannot be hashed raises a "
-    "bare TypeError without the record instead of KeyFunctionError"))
 @pytest.mark.parametrize("key_fn", [lambda rec: [rec], lambda rec: {"k": rec}, lambda rec: object()])
 def test_unhashable_key_raises_key_function_error_with_the_record(key_fn):
     r = router([OutputEdge(0, "keyed", (chan(1), chan(2)), (0, 1) * (N // 2))],

@@ -593,10 +593,6 @@ def test_repeated_rescales_of_keyed_and_stateless_vertices(clock, sink):
     assert all(c.status == "finished" for c in net.cores.values())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "engine/task.py TaskCore._connect: a FINISHED task that gets new output channels on "
-    "reconnect sends them its watermark but never EndOfStream, so tasks created by a rescale "
-    "wait forever for a source that already ended"))
 def test_rescale_after_one_source_finished_still_finishes(clock, sink):
     records = records_for(40)
     net = Net(running_sum_job(records, sink, src_p=2, sum_p=2), clock)
@@ -790,10 +786,6 @@ def test_key_function_error_fails_the_sending_task(clock, sink):
     assert "KeyError" in f.cause
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "engine/channel.py OutputRouter._emit_keyed computes key groups outside the try that wraps "
-    "key errors: a key_by result that cannot be hashed (list, dict, custom object) escapes "
-    "as a bare TypeError instead of failing the task with the key_by operator and record"))
 def test_unhashable_key_fails_the_task_naming_the_record(clock, sink):
     job = StreamJob("kf", num_key_groups=N, config=CFG)
     (job.source(TestingSource([1, 2]), name="src", parallelism=1)

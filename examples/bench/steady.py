@@ -701,6 +701,18 @@ def plot(results: dict[str, Any], path: str) -> None:
 # ------------------------------------------------------------------------------ main
 
 
+def _git_state() -> dict[str, Any]:
+    """The commit measured, and whether engine/ or migration/ differ from it."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "HEAD"),
+            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration"))}
+
+
 def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str, Any]) -> int:
     p = args.parallelism[0]
     ray.init(namespace="reflow", log_to_driver=True, configure_logging=False)
@@ -775,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline": "GeneratorSource -> map (k,seq)->(k,1) [chained] -> key_by k -> "
                         "reduce (a,b)->(a0,a1+b1) -> LatencySink [chained]",
         },
+        "code": _git_state(),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "definitions": {

@@ -32,6 +32,7 @@ String columns of an :class:`EventBatch` are fixed-width numpy bytes (``S``) arr
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -277,11 +278,19 @@ def _extra_width(avg: int, min_current: int) -> int:
 class _StrTable:
     """A small table of strings (as ``str`` and as an ``S`` array) that columns code into."""
 
-    __slots__ = ("strs", "array")
+    __slots__ = ("strs", "array", "ref")
 
-    def __init__(self, strs) -> None:
+    def __init__(self, strs, ref: tuple[int, str]) -> None:
         self.strs: list[str] = list(strs)
         self.array = _bytes_table(self.strs)
+        self.ref = ref  # (seed, attribute of _Tables): pickled by reference, not by value
+
+    def __reduce__(self):
+        return (_table_attr, self.ref)
+
+
+def _table_attr(seed: int, name: str):
+    return getattr(_tables_for(seed), name)
 
 
 class _Tables:
@@ -289,9 +298,10 @@ class _Tables:
 
     def __init__(self, seed: int) -> None:
         rng = _philox(seed, _STREAM_TABLES, 0)
-        self.names = _StrTable(f"{f} {last}" for f in FIRST_NAMES for last in LAST_NAMES)
-        self.cities = _StrTable(US_CITIES)
-        self.states = _StrTable(US_STATES)
+        self.names = _StrTable((f"{f} {last}" for f in FIRST_NAMES for last in LAST_NAMES),
+                               (seed, "names"))
+        self.cities = _StrTable(US_CITIES, (seed, "cities"))
+        self.states = _StrTable(US_STATES, (seed, "states"))
         # channel index: 0..3 the hot channels, 4 + k the channel "channel-k"; each has a fixed
         # URL made of three random path parts ("&channel_id=..." appended for 9 in 10 channels)
         n = len(HOT_CHANNELS) + CHANNELS_NUMBER
@@ -305,10 +315,11 @@ class _Tables:
                 url += f"&channel_id={_java_abs_int32(_java_reverse_int32(k))}"
             urls.append(url)
         self.channels = _StrTable(list(HOT_CHANNELS)
-                                  + [f"channel-{k}" for k in range(CHANNELS_NUMBER)])
-        self.urls = _StrTable(urls)
+                                  + [f"channel-{k}" for k in range(CHANNELS_NUMBER)],
+                                  (seed, "channels"))
+        self.urls = _StrTable(urls, (seed, "urls"))
         letters = np.frombuffer(rng.bytes(EXTRA_POOL_SIZE), dtype=np.uint8)
-        self.pool = _Pool((letters % 26 + 97).astype(np.uint8))
+        self.pool = _Pool((letters % 26 + 97).astype(np.uint8), (seed, "pool"))
         self.names_len = _str_len(self.names.array)
         self.cities_len = _str_len(self.cities.array)
         self.states_len = _str_len(self.states.array)
@@ -327,12 +338,21 @@ class _Tables:
 
 
 class _Pool:
-    __slots__ = ("array", "text")
+    __slots__ = ("array", "text", "ref")
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: np.ndarray, ref: tuple[int, str]) -> None:
         array.flags.writeable = False
         self.array = array
         self.text = array.tobytes().decode("ascii")
+        self.ref = ref
+
+    def __reduce__(self):
+        return (_table_attr, self.ref)
+
+
+@functools.lru_cache(maxsize=8)
+def _tables_for(seed: int) -> _Tables:
+    return _Tables(seed)  # immutable once built; shared by the generators of a seed
 
 
 def _java_reverse_int32(k: int) -> int:
@@ -429,7 +449,8 @@ class PoolStrings:
         return pa.array(self.to_list(), type=pa.string())
 
     def equals(self, other) -> bool:
-        return (isinstance(other, PoolStrings) and self.pool is other.pool
+        return (isinstance(other, PoolStrings)
+                and (self.pool is other.pool or self.pool.text == other.pool.text)
                 and np.array_equal(self.offsets, other.offsets)
                 and np.array_equal(self.lengths, other.lengths))
 
@@ -504,6 +525,8 @@ class Columns:
         self.data = data
 
     def __getattr__(self, name: str) -> np.ndarray:
+        if name.startswith("__") or name in Columns.__slots__:
+            raise AttributeError(name)  # e.g. pickle probing a half-built instance
         try:
             return _col_numpy(self.data[name])
         except KeyError:
@@ -638,17 +661,24 @@ class EventBatch:
 
 
 class NexmarkGenerator:
-    """Generates any range of the (conceptually infinite) NEXMark event sequence of a config."""
+    """Generates any range of the (conceptually infinite) NEXMark event sequence of a config.
+
+    Keeps the last ``cache_chunks`` generated chunks so that consecutive small ranges do not
+    regenerate them; not thread-safe (use one generator per thread).
+    """
 
     def __init__(self, config: NexmarkConfig | None = None, cache_chunks: int = 4) -> None:
         self.config = config or NexmarkConfig()
-        self._tables = _Tables(self.config.seed)
+        self._tables = _tables_for(self.config.seed)
         self._cache: OrderedDict[int, tuple[Columns, Columns, Columns]] = OrderedDict()
         self._cache_chunks = cache_chunks
         cfg = self.config
         self._width_person_extra = _extra_width(cfg.avg_person_byte_size, 8)
         self._width_auction_extra = _extra_width(cfg.avg_auction_byte_size, 48)
         self._width_bid_extra = _extra_width(cfg.avg_bid_byte_size, 32)
+
+    def __reduce__(self):
+        return (NexmarkGenerator, (self.config, self._cache_chunks))  # tables/cache rebuild
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -672,7 +702,10 @@ class NexmarkGenerator:
 
     def batches(self, batch_size: int = 65_536, start: int = 0,
                 stop: int | None = None) -> Iterator[EventBatch]:
-        """Consecutive batches from ``start`` to ``stop`` (default ``config.num_events``)."""
+        """Consecutive batches from ``start`` to ``stop`` (default ``config.num_events``;
+        endless if that is 0)."""
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
         if stop is None:
             stop = self.config.num_events if self.config.num_events else None
         n = start

@@ -1,0 +1,1 @@
+"""NEXMark benchmark support: deterministic event generator, Parquet CLI, reference queries."""

@@ -1,0 +1,297 @@
+"""DRRS: fine-grained live rescaling with decoupled trigger/confirm barriers (pure parts).
+
+For one *subscale* S (key groups K moving from old owner s to new owner d):
+
+1. Every predecessor u switches its routing for K to d, moves its unsent records of K to its
+   buffer for d, puts ``ConfirmBarrier(S, c_ud)`` on its data channel to s (``c_ud`` is u's
+   channel to d), and sends ``TriggerBarrier(S)`` to s on the priority path.
+2. s, on the first trigger (or confirm) of S, migrates K: per group snapshot, remove, mark
+   *migrated out*, send ``MigrateState`` to d (priority path). Records of migrated-out
+   groups that s still finds in its input are re-routed to d, in order, on the re-route
+   channel s→d; each confirm barrier s meets is forwarded on the same path after them.
+3. d installs arriving state. For a group g of S: re-routed records are processable once g's
+   state is in; records straight from u once, in addition, u's confirm came back through s.
+   Records that cannot be processed yet are set aside per (channel, key group), up to a
+   task-wide cap; a channel whose next record cannot be set aside, or whose next element is
+   an event while it has records set aside, waits. g is *active* once its state is in and
+   every predecessor's confirm has arrived.
+
+This module holds the bookkeeping of both roles (``OldOwnerRole``, ``NewOwnerRole``) and the
+planning of subscales (``plan_subscales``, ``SubscaleScheduler``) as plain classes; the task
+core (``engine.task``) drives them and the JobMaster executes the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.keygroups import moved_key_groups
+
+REROUTE_PORT = -1  # the input port of re-route channels at a new owner
+
+
+# ---------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class Subscale:
+    """Key groups ``key_groups`` move from task index ``old`` to task index ``new``."""
+
+    subscale_id: int
+    old: int
+    new: int
+    key_groups: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DrrsPlan:
+    """A rescale as a value: the new assignment and the subscales that reach it.
+
+    Invariant: every key group whose owner changes is in exactly one subscale.
+    """
+
+    operator: str
+    old_parallelism: int
+    new_parallelism: int
+    old_assignment: tuple[int, ...]
+    new_assignment: tuple[int, ...]
+    subscales: tuple[Subscale, ...]
+
+    @property
+    def moved(self) -> tuple[int, ...]:
+        return tuple(kg for s in self.subscales for kg in s.key_groups)
+
+
+def plan_subscales(
+    operator: str, old_assignment: Sequence[int], new_assignment: Sequence[int],
+    old_parallelism: int, new_parallelism: int, subscale_size: int = 4, first_id: int = 0,
+) -> DrrsPlan:
+    """Group the moving key groups by (old owner, new owner) into subscales of at most
+    ``subscale_size`` groups (DRRS groups by pair; small subscales let new tasks start early)."""
+    if subscale_size < 1:
+        raise ValueError("subscale_size must be >= 1")
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for kg in moved_key_groups(old_assignment, new_assignment):
+        pairs.setdefault((old_assignment[kg], new_assignment[kg]), []).append(kg)
+    subs: list[Subscale] = []
+    for (o, n), kgs in sorted(pairs.items()):
+        for i in range(0, len(kgs), subscale_size):
+            subs.append(Subscale(first_id + len(subs), o, n, tuple(kgs[i:i + subscale_size])))
+    return DrrsPlan(operator, old_parallelism, new_parallelism, tuple(old_assignment),
+                    tuple(new_assignment), tuple(subs))
+
+
+class SubscaleScheduler:
+    """Which subscales to start next: no task in more than ``max_per_task`` running
+    subscales; among the startable ones, prefer the destination holding the fewest groups
+    (so new tasks start working early), then the lowest id. Pure: the caller reports
+    starts and completions."""
+
+    def __init__(self, plan: DrrsPlan, owned: dict[int, int], max_per_task: int = 2) -> None:
+        if max_per_task < 1:
+            raise ValueError("max_per_task must be >= 1")
+        self.pending = list(plan.subscales)
+        self.running: dict[int, Subscale] = {}
+        self.done: list[int] = []
+        self.owned = dict(owned)  # task index -> key groups it holds now
+        self.max_per_task = max_per_task
+
+    def _load(self, task: int) -> int:
+        return sum(1 for s in self.running.values() if task in (s.old, s.new))
+
+    def next_batch(self) -> list[Subscale]:
+        """Subscales to start now (possibly none); marks them running."""
+        started: list[Subscale] = []
+        while True:
+            ok = [s for s in self.pending
+                  if self._load(s.old) < self.max_per_task and self._load(s.new) < self.max_per_task]
+            if not ok:
+                return started
+            best = min(ok, key=lambda s: (self.owned.get(s.new, 0), s.subscale_id))
+            self.pending.remove(best)
+            self.running[best.subscale_id] = best
+            started.append(best)
+
+    def complete(self, subscale_id: int) -> None:
+        s = self.running.pop(subscale_id)
+        self.done.append(subscale_id)
+        self.owned[s.old] = self.owned.get(s.old, 0) - len(s.key_groups)
+        self.owned[s.new] = self.owned.get(s.new, 0) + len(s.key_groups)
+
+    @property
+    def finished(self) -> bool:
+        return not self.pending and not self.running
+
+
+# ---------------------------------------------------------------------- old owner
+
+
+@dataclass
+class _Outgoing:
+    subscale_id: int
+    key_groups: tuple[int, ...]
+    new_owner: str
+    reroute_channel: int
+    predecessors: int  # how many confirms to expect
+    confirms: set[int] = field(default_factory=set)
+    migrated: bool = False
+    rerouted: int = 0
+
+
+class OldOwnerRole:
+    """The old owner's side of every subscale it gives groups away in.
+
+    ``migrated_out[kg]`` is the re-route channel of a group whose state has left; records of
+    it found in the input go there.
+    """
+
+    def __init__(self) -> None:
+        self.subscales: dict[int, _Outgoing] = {}
+        self.migrated_out: dict[int, int] = {}
+
+    def expect(self, subscale_id: int, key_groups: tuple[int, ...], new_owner: str,
+               reroute_channel: int, predecessors: int) -> None:
+        if subscale_id not in self.subscales:
+            self.subscales[subscale_id] = _Outgoing(
+                subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors)
+
+    def should_migrate(self, subscale_id: int) -> bool:
+        """True exactly once per subscale: on its first trigger or confirm barrier."""
+        out = self.subscales.get(subscale_id)
+        if out is None:
+            raise KeyError(f"barrier of unknown subscale {subscale_id}")
+        if out.migrated:
+            return False
+        out.migrated = True
+        return True
+
+    def mark_migrated(self, subscale_id: int, key_group: int) -> None:
+        self.migrated_out[key_group] = self.subscales[subscale_id].reroute_channel
+
+    def on_confirm(self, subscale_id: int, direct_channel: int) -> bool:
+        """Record a predecessor's confirm; True when it was the last one of the subscale."""
+        out = self.subscales[subscale_id]
+        out.confirms.add(direct_channel)
+        return len(out.confirms) >= out.predecessors
+
+    def finish(self, subscale_id: int) -> _Outgoing:
+        out = self.subscales.pop(subscale_id)
+        for kg in out.key_groups:
+            self.migrated_out.pop(kg, None)
+        return out
+
+    @property
+    def active(self) -> bool:
+        return bool(self.subscales)
+
+
+# ---------------------------------------------------------------------- new owner
+
+
+@dataclass
+class _Incoming:
+    subscale_id: int
+    key_groups: tuple[int, ...]
+    direct_channels: frozenset[int]
+    reroute_channel: int
+    confirms: set[int] = field(default_factory=set)
+    state_in: set[int] = field(default_factory=set)
+    bytes_in: int = 0
+
+
+class NewOwnerRole:
+    """The new owner's side: which incoming groups may be processed from which channel, and
+    the set-aside buffers of records that may not yet.
+
+    A record of incoming group g arriving on channel c is *ready* when g's state is in and,
+    unless c is g's re-route channel, c's predecessor confirmed (its confirm came back
+    through the old owner).
+    """
+
+    def __init__(self, cap: int = 200) -> None:
+        if cap < 1:
+            raise ValueError("the set-aside cap must be >= 1 record")
+        self.cap = cap
+        self.subscales: dict[int, _Incoming] = {}
+        self.group_subscale: dict[int, int] = {}
+        self.group_watermark: dict[int, int] = {}
+        self.aside: dict[tuple[int, int], list[tuple[Any, int, Any]]] = {}
+        self.aside_count = 0
+
+    def expect(self, subscale_id: int, key_groups: tuple[int, ...],
+               direct_channels: tuple[int, ...], reroute_channel: int) -> None:
+        if subscale_id in self.subscales:
+            return
+        self.subscales[subscale_id] = _Incoming(
+            subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel)
+        for kg in key_groups:
+            self.group_subscale[kg] = subscale_id
+
+    def incoming(self, key_group: int) -> bool:
+        return key_group in self.group_subscale
+
+    def ready(self, channel: int, key_group: int) -> bool:
+        sid = self.group_subscale.get(key_group)
+        if sid is None:
+            return True
+        inc = self.subscales[sid]
+        if key_group not in inc.state_in:
+            return False
+        return channel == inc.reroute_channel or channel in inc.confirms
+
+    def on_state(self, subscale_id: int, key_group: int, size: int, watermark: int) -> None:
+        inc = self.subscales[subscale_id]
+        inc.state_in.add(key_group)
+        inc.bytes_in += size
+        self.group_watermark[key_group] = watermark
+
+    def on_confirm(self, subscale_id: int, direct_channel: int) -> None:
+        self.subscales[subscale_id].confirms.add(direct_channel)
+
+    def activatable(self, subscale_id: int) -> list[int]:
+        """Groups of the subscale that are now active (state in, every confirm arrived)."""
+        inc = self.subscales[subscale_id]
+        if not inc.direct_channels <= inc.confirms:
+            return []
+        return [kg for kg in inc.key_groups
+                if kg in inc.state_in and self.group_subscale.get(kg) == subscale_id]
+
+    def activate(self, key_group: int) -> None:
+        self.group_subscale.pop(key_group, None)
+        self.group_watermark.pop(key_group, None)
+
+    def subscale_done(self, subscale_id: int) -> bool:
+        inc = self.subscales[subscale_id]
+        return all(kg not in self.group_subscale for kg in inc.key_groups)
+
+    def finish(self, subscale_id: int) -> _Incoming:
+        return self.subscales.pop(subscale_id)
+
+    # -- set-aside buffers
+    def can_set_aside(self) -> bool:
+        return self.aside_count < self.cap
+
+    def set_aside(self, channel: int, key_group: int, value: Any, timestamp: int, key: Any) -> None:
+        self.aside.setdefault((channel, key_group), []).append((value, timestamp, key))
+        self.aside_count += 1
+
+    def has_aside(self, channel: int) -> bool:
+        return any(c == channel for c, _ in self.aside)
+
+    def has_aside_for(self, channel: int, key_group: int) -> bool:
+        return (channel, key_group) in self.aside
+
+    def releasable(self) -> list[tuple[int, int]]:
+        """Set-aside units whose records are ready now."""
+        return [(c, kg) for (c, kg) in self.aside if self.ready(c, kg)]
+
+    def release(self, channel: int, key_group: int) -> list[tuple[Any, int, Any]]:
+        records = self.aside.pop((channel, key_group), [])
+        self.aside_count -= len(records)
+        return records
+
+    @property
+    def active(self) -> bool:
+        return bool(self.subscales)

@@ -97,15 +97,16 @@ class OutFrame:
 
 
 class _ChannelBuffer:
-    __slots__ = ("channel", "seq", "values", "timestamps", "keys", "kgs", "since")
+    __slots__ = ("channel", "seq", "values", "timestamps", "keys", "kgs", "ports", "since")
 
-    def __init__(self, channel: OutputChannel, seq: int, keyed: bool) -> None:
+    def __init__(self, channel: OutputChannel, seq: int, keyed: bool, ports: bool = False) -> None:
         self.channel = channel
         self.seq = seq
         self.values: list[Any] = []
         self.timestamps: list[int] = []
         self.keys: list[Any] | None = [] if keyed else None
         self.kgs: list[int] | None = [] if keyed else None
+        self.ports: list[int] | None = [] if ports else None
         self.since = 0.0
 
 
@@ -143,6 +144,8 @@ class OutputRouter:
         self._buffers: dict[int, list[_ChannelBuffer]] = {}
         self._rr: dict[int, int] = {}
         self.outbox: deque[OutFrame] = deque()
+        self._reroute: dict[int, _ChannelBuffer] = {}
+        self.rerouted = 0
         self.records_out = 0
         self.bytes_out = 0
         self._dirty: set[_ChannelBuffer] = set()
@@ -166,10 +169,107 @@ class OutputRouter:
         self._dirty = set()
         self._rr = {}
 
-    def update_routing(self, edge_id: int, routing: Sequence[int]) -> None:
+    def _edge_index(self, edge_id: int) -> int:
         for i, e in enumerate(self.edges):
             if e.edge_id == edge_id:
-                self.edges[i] = OutputEdge(e.edge_id, e.partitioning, e.channels, tuple(routing))
+                return i
+        raise KeyError(f"no output edge {edge_id}")
+
+    def update_routing(self, edge_id: int, routing: Sequence[int]) -> None:
+        i = self._edge_index(edge_id)
+        e = self.edges[i]
+        self.edges[i] = OutputEdge(e.edge_id, e.partitioning, e.channels, tuple(routing))
+
+    # -- live changes (DRRS)
+    def add_channels(self, edge_id: int, channels: Sequence[OutputChannel]) -> None:
+        """Append channels to a live edge; existing routing indices keep their meaning."""
+        i = self._edge_index(edge_id)
+        e = self.edges[i]
+        self.edges[i] = OutputEdge(e.edge_id, e.partitioning, (*e.channels, *channels), e.routing)
+        self._buffers[edge_id].extend(
+            _ChannelBuffer(c, 0, e.partitioning == "keyed") for c in channels)
+
+    def remove_channels(self, channel_ids: set[int]) -> None:
+        """Drop trailing channels of live edges; nothing may route to them any more."""
+        for i, e in enumerate(self.edges):
+            keep = [c for c in e.channels if c.channel_id not in channel_ids]
+            if len(keep) == len(e.channels):
+                continue
+            if [c.channel_id for c in e.channels[:len(keep)]] != [c.channel_id for c in keep]:
+                raise ValueError("only the last channels of an edge can be removed")
+            if e.partitioning == "keyed" and any(r >= len(keep) for r in e.routing):
+                raise ValueError("routing still points at a channel being removed")
+            for b in self._buffers[e.edge_id][len(keep):]:
+                self._flush(b)
+            self._buffers[e.edge_id] = self._buffers[e.edge_id][:len(keep)]
+            self.edges[i] = OutputEdge(e.edge_id, e.partitioning, tuple(keep), e.routing)
+            self._rr.pop(e.edge_id, None)
+            self._rr.pop(-1 - e.edge_id, None)
+
+    def redirect(self, edge_id: int, key_groups: Sequence[int], new_index: int) -> list[OutputChannel]:
+        """Route ``key_groups`` of a keyed edge to channel ``new_index`` from now on; their
+        records not yet sent move, in order, to that channel's buffer. Returns the channels
+        that owned them before (each needs a confirm barrier)."""
+        i = self._edge_index(edge_id)
+        e = self.edges[i]
+        if e.partitioning != "keyed":
+            raise ValueError(f"edge {edge_id} is not keyed")
+        moving = set(key_groups)
+        routing = list(e.routing)
+        old = sorted({routing[kg] for kg in moving if routing[kg] != new_index})
+        for kg in moving:
+            routing[kg] = new_index
+        self.edges[i] = OutputEdge(e.edge_id, e.partitioning, e.channels, tuple(routing))
+        bufs = self._buffers[edge_id]
+        dst = bufs[new_index]
+        for oi in old:
+            b = bufs[oi]
+            if not b.values:
+                continue
+            stay = [j for j, kg in enumerate(b.kgs) if kg not in moving]  # type: ignore[union-attr]
+            move = [j for j, kg in enumerate(b.kgs) if kg in moving]  # type: ignore[union-attr]
+            if not move:
+                continue
+            if not dst.values:
+                dst.since = b.since
+                self._dirty.add(dst)
+            for j in move:
+                dst.values.append(b.values[j])
+                dst.timestamps.append(b.timestamps[j])
+                dst.keys.append(b.keys[j])  # type: ignore[union-attr,index]
+                dst.kgs.append(b.kgs[j])  # type: ignore[union-attr,index]
+            b.values = [b.values[j] for j in stay]
+            b.timestamps = [b.timestamps[j] for j in stay]
+            b.keys = [b.keys[j] for j in stay]  # type: ignore[index]
+            b.kgs = [b.kgs[j] for j in stay]  # type: ignore[index]
+            if not b.values:
+                self._dirty.discard(b)
+        return [e.channels[oi] for oi in old]
+
+    def open_reroute(self, channel: OutputChannel) -> None:
+        if channel.channel_id not in self._reroute:
+            self._reroute[channel.channel_id] = _ChannelBuffer(channel, 0, True, ports=True)
+
+    def reroute(self, channel_id: int, value: Any, timestamp: int, key: Any, kg: int, port: int) -> None:
+        b = self._reroute[channel_id]
+        if not b.values:
+            b.since = self.now()
+            self._dirty.add(b)
+        b.values.append(value)
+        b.timestamps.append(timestamp)
+        b.keys.append(key)  # type: ignore[union-attr]
+        b.kgs.append(kg)  # type: ignore[union-attr]
+        b.ports.append(port)  # type: ignore[union-attr]
+        self.rerouted += 1
+        if len(b.values) >= self.batch_size:
+            self._flush(b)
+
+    def reroute_event(self, channel_id: int, event: ChannelEvent) -> None:
+        self._flush(self._reroute[channel_id], event)
+
+    def close_reroute(self, channel_id: int) -> None:
+        b = self._reroute.pop(channel_id)
+        self._flush(b)
 
     # -- records
     def emit(self, values: list[Any], timestamps: list[int]) -> None:
@@ -248,10 +348,11 @@ class OutputRouter:
             last = end >= n
             keys = None if buf.keys is None else buf.keys[start:end]
             kgs = None if buf.kgs is None else buf.kgs[start:end]
-            frame = (Frame(buf.values, buf.timestamps, buf.keys, buf.kgs, event)
+            ports = None if buf.ports is None else buf.ports[start:end]
+            frame = (Frame(buf.values, buf.timestamps, buf.keys, buf.kgs, event, buf.ports)
                      if n <= size else
                      Frame(buf.values[start:end], buf.timestamps[start:end], keys, kgs,
-                           event if last else None))
+                           event if last else None, ports))
             payload = encode_frame(frame)
             self.outbox.append(OutFrame(buf.channel.channel_id, buf.channel.target, buf.seq,
                                         payload, end - start))
@@ -263,6 +364,8 @@ class OutputRouter:
         if buf.keys is not None:
             buf.keys = []
             buf.kgs = []
+        if buf.ports is not None:
+            buf.ports = []
         self._dirty.discard(buf)
 
     def flush_due(self) -> None:

@@ -29,6 +29,11 @@ class JobConfig:
     task_num_cpus: float = 0.0
     source_poll_records: int = 1000
     timer_check_interval_ms: float = 10.0
+    drrs_set_aside_cap: int = 200
+    drrs_subscale_size: int = 4
+    drrs_max_subscales_per_task: int = 2
+    warm_standby_tasks: int = 0
+    rescale_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         checks = [
@@ -41,6 +46,11 @@ class JobConfig:
             (self.task_num_cpus >= 0, "task_num_cpus must be >= 0"),
             (self.source_poll_records >= 1, "source_poll_records must be >= 1"),
             (self.timer_check_interval_ms > 0, "timer_check_interval_ms must be > 0"),
+            (self.drrs_set_aside_cap >= 1, "drrs_set_aside_cap must be >= 1 record"),
+            (self.drrs_subscale_size >= 1, "drrs_subscale_size must be >= 1 key group"),
+            (self.drrs_max_subscales_per_task >= 1, "drrs_max_subscales_per_task must be >= 1"),
+            (self.warm_standby_tasks >= 0, "warm_standby_tasks must be >= 0"),
+            (self.rescale_timeout_s > 0, "rescale_timeout_s must be > 0"),
         ]
         for ok, msg in checks:
             if not ok:

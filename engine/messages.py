@@ -114,13 +114,24 @@ class EndOfStream:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class ConfirmBarrier:
+    """DRRS: on predecessor u's data channel to the old owner, after the last record of the
+    subscale's key groups it sent there; the old owner forwards it to the new owner on the
+    re-route channel. ``direct_channel`` is u's channel to the new owner."""
+
+    subscale: int
+    direct_channel: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class ChannelIdle:
     """The sender has no data for now: its watermark stops holding the receiver back until
     its next watermark."""
 
 
 ChannelEvent = (Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
-                | ChannelIdle)
+                | ChannelIdle | ConfirmBarrier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,16 +147,23 @@ class Frame:
     keys: tuple[Any, ...] | list[Any] | None = None
     key_groups: tuple[int, ...] | list[int] | None = None
     event: ChannelEvent | None = None
+    ports: tuple[int, ...] | list[int] | None = None  # re-routed records: their input port
 
 
 def encode_frame(frame: Frame) -> bytes:
     event = None if frame.event is None else _to_list(frame.event)
-    return pack_fast((frame.values, frame.timestamps, frame.keys, frame.key_groups, event))
+    return pack_fast((frame.values, frame.timestamps, frame.keys, frame.key_groups, event,
+                      frame.ports))
 
 
 def decode_frame(data: bytes) -> Frame:
-    values, timestamps, keys, kgs, event = unpack_fast(data)
-    return Frame(values, timestamps, keys, kgs, None if event is None else _from_list(event))
+    items = unpack_fast(data)
+    if not isinstance(items, tuple) or len(items) not in (5, 6):
+        raise CodecError(f"not a reflow data frame: {items!r:.100}")
+    values, timestamps, keys, kgs, event = items[:5]
+    ports = items[5] if len(items) == 6 else None
+    return Frame(values, timestamps, keys, kgs, None if event is None else _from_list(event),
+                 ports)
 
 
 # ---------------------------------------------------------------- JobMaster → task
@@ -240,7 +258,94 @@ class InstallKeyGroups:
 @wire
 @dataclass(frozen=True, slots=True)
 class StopTask:
-    """Stop processing and flush sinks; the actor will be killed afterwards."""
+    """Stop processing and flush sinks; the actor will be killed afterwards. With
+    ``end_outputs`` the task first sends EndOfStream on its outputs (a task removed by a
+    live scale-in, whose receivers go on)."""
+
+    end_outputs: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class AddOutputChannels:
+    """Live: append ``channels`` to output edge ``edge_id`` (routing indices stay valid);
+    the task's current watermark is sent on them."""
+
+    edge_id: int
+    channels: tuple[OutputChannel, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class RemoveOutputChannels:
+    """Live: drop these output channels (nothing routes to them any more)."""
+
+    channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class AddInputs:
+    """Live: read these ``(channel_id, port)`` channels too."""
+
+    inputs: tuple[tuple[int, int], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InjectSubscale:
+    """DRRS, to every predecessor: route ``key_groups`` of ``edge_id`` to task index
+    ``new_index`` from now on; send the old owner ``TriggerBarrier`` (priority) and, on the
+    data channel, ``ConfirmBarrier`` behind the records of those groups already sent."""
+
+    subscale: int
+    edge_id: int
+    key_groups: tuple[int, ...]
+    new_index: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TriggerBarrier:
+    """DRRS, priority, predecessor → old owner: start migrating the subscale now."""
+
+    subscale: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ExpectOutgoing:
+    """DRRS, to the old owner: ``key_groups`` will go to ``reroute.target``; re-route
+    records of them on ``reroute``; ``predecessors`` confirms will arrive."""
+
+    subscale: int
+    key_groups: tuple[int, ...]
+    reroute: OutputChannel
+    predecessors: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ExpectIncoming:
+    """DRRS, to the new owner: ``key_groups`` are coming; confirms for ``direct_channels``
+    will come back on ``reroute_channel`` (added as an input)."""
+
+    subscale: int
+    key_groups: tuple[int, ...]
+    direct_channels: tuple[int, ...]
+    reroute_channel: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class MigrateState:
+    """DRRS, priority, old owner → new owner: one key group's state (and timers);
+    ``watermark`` is the old owner's watermark when it was taken."""
+
+    subscale: int
+    key_group: int
+    state: bytes
+    watermark: int
 
 
 # ---------------------------------------------------------------- task → JobMaster
@@ -290,6 +395,24 @@ class TaskFailed:
     task_index: int
     record: str
     cause: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SubscaleDone:
+    """DRRS: ``task`` finished its ``role`` (old or new owner) in ``subscale``.
+
+    Old owner: ``rerouted`` records, ``bytes`` of state sent, ``trigger_at`` when the first
+    barrier arrived (wall clock). New owner: ``bytes`` installed, ``suspended_s`` with
+    records waiting and nothing processable."""
+
+    task: str
+    subscale: int
+    role: str
+    bytes: int
+    rerouted: int
+    trigger_at: float
+    suspended_s: float
 
 
 @wire

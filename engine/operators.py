@@ -125,6 +125,9 @@ class KeyedRunner:
         self.ctx = Context(backend, self.timer_service)
         self.late_writer = late_writer
         self.late_records = 0
+        # DRRS: timers of groups not yet active here are held back until they are
+        self.hold: Callable[[int], bool] | None = None
+        self.held: dict[int, list[tuple[int, Any, int]]] = {}
         self.ctx._late = self._on_late
         self.is_reduce = isinstance(self.fn, ReduceFunction)
         self.fn.open(RuntimeContext(backend, op.name, task_index, op.parallelism))
@@ -214,6 +217,11 @@ class KeyedRunner:
                 out_ts.extend([ts] * (len(out) - before))
             self.pos = i + 1
 
+    def release_held(self, key_group: int) -> None:
+        """The group became active: its held timers go back on the timer heaps."""
+        for t, key, domain in self.held.pop(key_group, ()):
+            self.backend._push_timer(t, key_group, key, domain)
+
     def fire_timers(self, now: int, domain: int = PROCESSING_TIME) -> Batch:
         """Fire every timer of ``domain`` due at ``now`` (the clock, or the watermark)."""
         out: list[Any] = []
@@ -221,6 +229,10 @@ class KeyedRunner:
         self.ctx._out = (out, out_ts)
         self.ctx.time_domain = "event" if domain == EVENT_TIME else "processing"
         for t, kg, key in self.backend.pop_due_timers(now, domain):
+            if self.hold is not None and self.hold(kg):
+                self.backend.timers[kg].add((t, key, domain))
+                self.held.setdefault(kg, []).append((t, key, domain))
+                continue
             self.backend.set_current(key, kg)
             self.ctx.timestamp = t
             try:

@@ -21,22 +21,33 @@ from engine.errors import UserFunctionError
 from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
+    AddInputs,
+    AddOutputChannels,
     ChannelIdle,
+    ConfirmBarrier,
     Connect,
     DrainBarrier,
     Drained,
     EndOfStream,
+    ExpectIncoming,
+    ExpectOutgoing,
+    InjectSubscale,
     InstallKeyGroups,
     KeyGroupSnapshot,
     LatencyMarker,
+    MigrateState,
+    OutputChannel,
     PauseSource,
+    RemoveOutputChannels,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
     Start,
     StopTask,
+    SubscaleDone,
     TaskFailed,
     TaskFinished,
+    TriggerBarrier,
     Watermark,
     decode_frame,
 )
@@ -52,6 +63,7 @@ from engine.sinks import SinkWriter
 from engine.sources import SourceReader
 from engine.state import EVENT_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
+from migration.protocols.drrs import REROUTE_PORT, NewOwnerRole, OldOwnerRole
 
 CREATED, RUNNING, FINISHED, FAILED, STOPPED = "created", "running", "finished", "failed", "stopped"
 
@@ -74,6 +86,22 @@ class TaskSpec:
     config: JobConfig
     key_fns: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
     key_groups: tuple[int, ...] = ()
+
+
+class _Head:
+    """A frame taken from a channel but not fully processed (records waiting for their
+    group's state, or an event waiting behind set-aside records)."""
+
+    __slots__ = ("values", "timestamps", "keys", "kgs", "ports", "event", "pos")
+
+    def __init__(self, frame: Any) -> None:
+        self.values = frame.values
+        self.timestamps = frame.timestamps
+        self.keys = frame.keys
+        self.kgs = frame.key_groups
+        self.ports = frame.ports
+        self.event = frame.event
+        self.pos = 0
 
 
 class TaskCore:
@@ -115,7 +143,7 @@ class TaskCore:
                 late = head.late_sink.open(spec.task_index, spec.parallelism, clock)
                 self.writers[f"{head.name}/late"] = late
             self.keyed = KeyedRunner(head, self._policy(head), self.backend, spec.task_index,
-                                     clock, lambda: self.watermark, late)
+                                     clock, self._current_watermark, late)
         self.runners = [StatelessRunner(op, self._policy(op), self.writers.get(op.name)) for op in rest]
         self.has_sink = any(op.kind == g.SINK for op in spec.operators)
 
@@ -129,6 +157,20 @@ class TaskCore:
         self._max_ts = MIN_WATERMARK
         self._last_emit = clock.monotonic()
         self._idle = False
+
+        # DRRS roles and bookkeeping
+        self.old_role = OldOwnerRole()
+        self.new_role = NewOwnerRole(cfg.drrs_set_aside_cap)
+        self.priority_out: list[tuple[str, Any]] = []  # (target task, message), priority path
+        self._heads: dict[int, _Head] = {}
+        self._reroute_channels: dict[int, OutputChannel] = {}
+        self._rerouted_before: dict[int, int] = {}
+        self._state_sent: dict[int, int] = {}
+        self._trigger_at: dict[int, float] = {}
+        self._suspended_since: float | None = None
+        self.suspended_s = 0.0
+        if self.keyed is not None:
+            self.keyed.hold = self.new_role.incoming
 
         # metrics
         self.records_in = 0
@@ -155,42 +197,122 @@ class TaskCore:
         self.bytes_in += len(payload)
 
     def queued_frames(self) -> int:
-        return sum(len(c.queue) for c in self.inputs.values())
+        return sum(len(c.queue) for c in self.inputs.values()) + len(self._heads)
 
     def has_work(self) -> bool:
         if self.status != RUNNING:
             return False
-        return any(c.queue for cid, c in self.inputs.items() if cid not in self._blocked)
+        return self._next_channel(peek=True) is not None
 
-    def _next_channel(self) -> InputChannel | None:
+    def _migrating(self) -> bool:
+        return self.old_role.active or self.new_role.active
+
+    def _head_can_progress(self, cid: int, head: _Head) -> bool:
+        """A partly processed frame can go on unless its next record must wait and cannot be
+        set aside, or only its event is left while the channel has records set aside."""
+        nr = self.new_role
+        if head.pos < len(head.values):
+            kg = head.kgs[head.pos] if head.kgs is not None else -1
+            return not (nr.incoming(kg) and not nr.ready(cid, kg) and not nr.can_set_aside())
+        return not nr.has_aside(cid)
+
+    def _next_channel(self, peek: bool = False) -> InputChannel | None:
         order = self._order
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
+            if cid in self._blocked:
+                continue
             ch = self.inputs[cid]
-            if ch.queue and cid not in self._blocked:
-                self._rr = (self._rr + i + 1) % n
+            head = self._heads.get(cid)
+            if (head is not None and self._head_can_progress(cid, head)) or (
+                head is None and ch.queue
+            ):
+                if not peek:
+                    self._rr = (self._rr + i + 1) % n
                 return ch
         return None
 
     def step(self) -> bool:
-        """Process one frame from the next channel that has one; False when nothing to do."""
+        """Process one frame (or what can be processed of it) from the next channel that can
+        go on; False when nothing is processable."""
         if self.status != RUNNING:
             return False
         ch = self._next_channel()
         if ch is None:
+            if self._suspended_since is None and self._heads:
+                self._suspended_since = self.clock.monotonic()
             return False
-        seq, payload = ch.queue.popleft()
-        self.consumed.append((ch.channel_id, seq))
-        frame = decode_frame(payload)
-        values = list(frame.values)
-        if values:
-            self.records_in += len(values)
-            self._guarded(self._run, values, list(frame.timestamps), frame.keys, frame.key_groups,
-                          ch.port)
-        if frame.event is not None and self.status == RUNNING:
-            self._guarded(self._on_event, ch, frame.event)
+        if self._suspended_since is not None:
+            self.suspended_s += self.clock.monotonic() - self._suspended_since
+            self._suspended_since = None
+        cid = ch.channel_id
+        head = self._heads.pop(cid, None)
+        if head is None:
+            seq, payload = ch.queue.popleft()
+            self.consumed.append((cid, seq))
+            frame = decode_frame(payload)
+            self.records_in += len(frame.values)
+            if not self._migrating() and frame.ports is None:
+                if frame.values:
+                    self._guarded(self._run, list(frame.values), list(frame.timestamps),
+                                  frame.keys, frame.key_groups, ch.port)
+                if frame.event is not None and self.status == RUNNING:
+                    self._guarded(self._on_event, ch, frame.event)
+                return True
+            head = _Head(frame)
+        self._guarded(self._step_head, ch, head)
         return True
+
+    def _step_head(self, ch: InputChannel, head: _Head) -> None:
+        """Migration-aware processing of a frame: re-route records of migrated-out groups,
+        set aside records of incoming groups that are not ready, process the rest."""
+        cid = ch.channel_id
+        old, nr = self.old_role, self.new_role
+        values, tss, keys, kgs, ports = head.values, head.timestamps, head.keys, head.kgs, head.ports
+        n = len(values)
+        ready: list[tuple[Any, int, Any, int, int]] = []
+        pos = head.pos
+        while pos < n:
+            if kgs is None:  # not a keyed input: nothing migrates
+                ready.extend((values[j], tss[j], None, -1, ch.port) for j in range(pos, n))
+                pos = n
+                break
+            kg = kgs[pos]
+            port = ports[pos] if ports is not None else ch.port
+            rc = old.migrated_out.get(kg)
+            if rc is not None:
+                self.router.reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
+            elif nr.incoming(kg) and not nr.ready(cid, kg):
+                if not nr.can_set_aside():
+                    break
+                nr.set_aside(cid, kg, values[pos], tss[pos], keys[pos], port)
+            else:
+                ready.append((values[pos], tss[pos], keys[pos], kg, port))
+            pos += 1
+        head.pos = pos
+        self._run_records(ready)
+        if pos < n or (head.event is not None and nr.has_aside(cid)):
+            self._heads[cid] = head
+            return
+        if head.event is not None and self.status == RUNNING:
+            self._on_event(ch, head.event)
+
+    def _run_records(self, records: list[tuple[Any, int, Any, int, int]]) -> None:
+        """Process (value, timestamp, key, key group, port) records, in order, in runs of
+        the same port."""
+        i, n = 0, len(records)
+        while i < n:
+            port = records[i][4]
+            j = i
+            while j < n and records[j][4] == port:
+                j += 1
+            run = records[i:j]
+            keyed = run[0][3] >= 0
+            self._run([r[0] for r in run], [r[1] for r in run],
+                      [r[2] for r in run] if keyed else None,
+                      [r[3] for r in run] if keyed else None, port)
+            i = j
 
     def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
         try:
@@ -221,7 +343,7 @@ class TaskCore:
 
     # ------------------------------------------------------------ events
     def _live_inputs(self) -> list[int]:
-        return [cid for cid, c in self.inputs.items() if not c.ended]
+        return [cid for cid, c in self.inputs.items() if not c.ended and c.port != REROUTE_PORT]
 
     def _on_event(self, ch: InputChannel, event: Any) -> None:
         match event:
@@ -233,6 +355,11 @@ class TaskCore:
                 self._on_watermark(self.tracker.update(ch.channel_id, ts))
             case ChannelIdle():
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
+            case ConfirmBarrier(subscale=sid, direct_channel=dc):
+                if ch.port == REROUTE_PORT:
+                    self._confirm_at_new_owner(sid, dc)
+                else:
+                    self._confirm_at_old_owner(sid, dc)
             case DrainBarrier(epoch=epoch):
                 self._drain_epoch = epoch
                 self._blocked.add(ch.channel_id)
@@ -296,6 +423,90 @@ class TaskCore:
         self.status = FAILED
         self.failure = TaskFailed(self.name, operator, self.spec.task_index, record, cause)
         self.reports.append(self.failure)
+
+    # ------------------------------------------------------------ DRRS
+    def _current_watermark(self) -> int:
+        """The watermark user code sees: for a group still arriving, no later than the old
+        owner's watermark when the group left it."""
+        b = self.backend
+        if b is not None and self.new_role.group_watermark:
+            wm = self.new_role.group_watermark.get(b.current_group)
+            if wm is not None:
+                return min(wm, self.watermark)
+        return self.watermark
+
+    def _inject(self, msg: InjectSubscale) -> None:
+        """Predecessor: re-route the subscale's groups, confirm on the old channels, trigger."""
+        edge = next(e for e in self.router.edges if e.edge_id == msg.edge_id)
+        direct = edge.channels[msg.new_index]
+        for oc in self.router.redirect(msg.edge_id, msg.key_groups, msg.new_index):
+            self.router.send_event_to({oc.channel_id}, ConfirmBarrier(msg.subscale, direct.channel_id))
+            self.priority_out.append((oc.target, TriggerBarrier(msg.subscale)))
+
+    def _migrate_out(self, sid: int) -> None:
+        """Old owner, first barrier of the subscale: ship every group's state to the new owner."""
+        out = self.old_role.subscales[sid]
+        self._trigger_at[sid] = self.clock.now()
+        self.router.flush_all()  # this task's earlier outputs of the groups go first
+        self.router.open_reroute(out_channel := self._reroute_channels[sid])
+        sent = 0
+        b = self.backend
+        assert b is not None
+        for kg in out.key_groups:
+            data = b.snapshot(kg)
+            b.remove(kg)
+            self.old_role.mark_migrated(sid, kg)
+            self.priority_out.append(
+                (out_channel.target, MigrateState(sid, kg, data, self.watermark)))
+            sent += len(data)
+        self._state_sent[sid] = sent
+
+    def _confirm_at_old_owner(self, sid: int, direct_channel: int) -> None:
+        if self.old_role.should_migrate(sid):
+            self._migrate_out(sid)
+        out = self.old_role.subscales[sid]
+        self.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, direct_channel))
+        if self.old_role.on_confirm(sid, direct_channel):
+            self.router.close_reroute(out.reroute_channel)
+            done = self.old_role.finish(sid)
+            self._reroute_channels.pop(sid, None)
+            self.reports.append(SubscaleDone(
+                self.name, sid, "old", self._state_sent.pop(sid, 0),
+                self.router.rerouted - self._rerouted_before.pop(sid, 0),
+                self._trigger_at.pop(sid, 0.0), self.suspended_s))
+            del done
+
+    def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:
+        self.new_role.on_confirm(sid, direct_channel)
+        self._release_and_activate(sid)
+
+    def _install_incoming(self, msg: MigrateState) -> None:
+        assert self.backend is not None
+        self.backend.install(msg.key_group, msg.state)
+        self.new_role.on_state(msg.subscale, msg.key_group, len(msg.state), msg.watermark)
+        self._guarded(self._release_and_activate, msg.subscale)
+
+    def _release_and_activate(self, sid: int) -> None:
+        nr = self.new_role
+        for c, kg in nr.releasable():
+            self._run_records([(v, ts, k, kg, port) for v, ts, k, port in nr.release(c, kg)])
+        activated = nr.activatable(sid)
+        for kg in activated:
+            nr.activate(kg)
+            if self.keyed is not None:
+                self.keyed.release_held(kg)
+        if activated and self.keyed is not None:
+            values, timestamps = self.keyed.fire_timers(self.watermark, EVENT_TIME)
+            self._run_rest(values, timestamps)
+        if nr.subscale_done(sid):
+            inc = nr.finish(sid)
+            ch = self.inputs.get(inc.reroute_channel)
+            if ch is not None and not ch.queue and not ch.pending and inc.reroute_channel not in self._heads:
+                del self.inputs[inc.reroute_channel]
+                self._order = sorted(self.inputs)
+                self._rr = 0
+            self.reports.append(SubscaleDone(self.name, sid, "new", inc.bytes_in, 0, 0.0,
+                                             self.suspended_s))
 
     # ------------------------------------------------------------ sources and timers
     def poll_source(self, max_records: int) -> bool:
@@ -403,11 +614,53 @@ class TaskCore:
                 for kg, data in groups:
                     self.backend.install(kg, data)
                 return Ack()
-            case StopTask():
+            case StopTask(end_outputs=end):
                 if self.status not in (FINISHED, FAILED):
                     self.router.flush_all()
+                    if end:
+                        self.router.broadcast(EndOfStream())
                     self._close_writers()
                     self.status = STOPPED
+                return Ack()
+            case AddOutputChannels(edge_id=edge_id, channels=channels):
+                self.router.add_channels(edge_id, channels)
+                if self.watermark > MIN_WATERMARK:
+                    self.router.send_event_to({c.channel_id for c in channels},
+                                              Watermark(self.watermark))
+                if self.status == FINISHED:
+                    self.router.send_event_to({c.channel_id for c in channels}, EndOfStream())
+                return Ack()
+            case RemoveOutputChannels(channel_ids=ids):
+                self.router.remove_channels(set(ids))
+                return Ack()
+            case AddInputs(inputs=inputs):
+                for cid, port in inputs:
+                    if cid not in self.inputs:
+                        self.inputs[cid] = InputChannel(cid, port)
+                self._order = sorted(self.inputs)
+                self._on_watermark(self.tracker.set_channels(self._live_inputs()))
+                return Ack()
+            case InjectSubscale():
+                self._inject(msg)
+                return Ack()
+            case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n):
+                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n)
+                self._reroute_channels[sid] = rc
+                self._rerouted_before[sid] = self.router.rerouted
+                return Ack()
+            case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
+                                reroute_channel=rcid):
+                self.new_role.expect(sid, kgs, dcs, rcid)
+                if rcid not in self.inputs:
+                    self.inputs[rcid] = InputChannel(rcid, REROUTE_PORT)
+                    self._order = sorted(self.inputs)
+                return Ack()
+            case TriggerBarrier(subscale=sid):
+                if self.old_role.should_migrate(sid):
+                    self._migrate_out(sid)
+                return Ack()
+            case MigrateState():
+                self._install_incoming(msg)
                 return Ack()
             case _:
                 raise ValueError(f"task {self.name}: unknown control message {msg!r}")

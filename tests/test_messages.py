@@ -46,6 +46,7 @@ CHANNEL_EVENTS = [
     m.LatencyMarker(1_700_000_000.25, 3),
     m.EndOfStream(),
     m.ChannelIdle(),
+    m.ConfirmBarrier(3, 17),
 ]
 
 # Messages whose fields are plain values.
@@ -72,6 +73,14 @@ FLAT_CONTROL_MESSAGES = [
     m.TaskFailed("map/1", "map", 1, "{'a': 1}", "ZeroDivisionError('division by zero')"),
     m.Ack(),
     m.JobStatus("wordcount", "running"),
+    m.StopTask(True),
+    m.RemoveOutputChannels((4, 5)),
+    m.AddInputs(((7, 0), (8, -1))),
+    m.InjectSubscale(2, 0, (5, 6, 7), 3),
+    m.TriggerBarrier(2),
+    m.ExpectIncoming(2, (5, 6), (10, 11), 99),
+    m.MigrateState(2, 5, b"\x93\x00", -(2**63)),
+    m.SubscaleDone("j/sum/0/g0", 2, "old", 1024, 17, 1.5, 0.25),
     TaskMetrics("j/sum/0/g0", "sum", 0, "running", 10, 9, 1000, 900, 1.5, 2.5, 0.25, 3,
                 4096, 16, 1, _H.to_wire(), -(2**63)),
     RescaleProgress("sum", "stop-restart", "install", 32, 16, 1024, True),
@@ -89,6 +98,8 @@ NESTED_CONTROL_MESSAGES = [
     m.OutputEdge(0, "forward", (CH0,)),
     m.OutputEdge(1, "rebalance", (CH0, CH1)),
     m.OutputEdge(2, "keyed", (CH0, CH1), (0, 1, 1, 0)),
+    m.AddOutputChannels(0, (CH0, CH1)),
+    m.ExpectOutgoing(2, (5, 6), CH1, 3),
     m.Connect(((1, 0),), (m.OutputEdge(0, "keyed", (CH0, CH1), (1, 0)),)),
 ]
 

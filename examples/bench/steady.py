@@ -702,15 +702,29 @@ def plot(results: dict[str, Any], path: str) -> None:
 
 
 def _git_state() -> dict[str, Any]:
-    """The commit measured, and whether engine/ or migration/ differ from it."""
+    """The commit measured, whether engine/ or migration/ differ from it, and a hash of
+    their files (others may edit them while a run goes on; compare start and end)."""
+    import hashlib
+
     def git(*a: str) -> str:
         try:
             return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
                                   timeout=10).stdout.strip()
         except (OSError, subprocess.SubprocessError):
             return ""
+
+    h = hashlib.sha256()
+    for d in ("engine", "migration"):
+        for base, _, files in sorted(os.walk(os.path.join(ROOT, d))):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(base, name)
+                    h.update(path.encode())
+                    with open(path, "rb") as f:
+                        h.update(f.read())
     return {"commit": git("rev-parse", "HEAD"),
-            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration"))}
+            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration")),
+            "engine_sha256": h.hexdigest()[:16]}
 
 
 def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str, Any]) -> int:
@@ -723,6 +737,7 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
         ray.shutdown()
     print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s (with py-spy attached)")
     results["full_speed_profiled"] = {k: v for k, v in full.items() if k != "profiles"}
+    results["code_at_end"] = _git_state()
     results["profiles"] = full["profiles"]
     with open(os.path.join(args.out, f"profile{'-gil' if args.profile_gil else ''}.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
@@ -845,6 +860,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     results["total_seconds"] = time.monotonic() - t_all
+    results["code_at_end"] = _git_state()
+    if results["code_at_end"]["engine_sha256"] != results["code"]["engine_sha256"]:
+        print("WARNING: engine/ or migration/ changed during the run; figures mix versions")
     results["machine"]["loadavg_at_end"] = os.getloadavg()
     ceil = results["ceiling"]["throughput"]
     results["ratios"] = [{"parallelism": r["parallelism"],

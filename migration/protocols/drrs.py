@@ -217,7 +217,7 @@ class NewOwnerRole:
         self.subscales: dict[int, _Incoming] = {}
         self.group_subscale: dict[int, int] = {}
         self.group_watermark: dict[int, int] = {}
-        self.aside: dict[tuple[int, int], list[tuple[Any, int, Any]]] = {}
+        self.aside: dict[tuple[int, int], list[tuple[Any, int, Any, int]]] = {}
         self.aside_count = 0
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
@@ -273,8 +273,9 @@ class NewOwnerRole:
     def can_set_aside(self) -> bool:
         return self.aside_count < self.cap
 
-    def set_aside(self, channel: int, key_group: int, value: Any, timestamp: int, key: Any) -> None:
-        self.aside.setdefault((channel, key_group), []).append((value, timestamp, key))
+    def set_aside(self, channel: int, key_group: int, value: Any, timestamp: int, key: Any,
+                  port: int = 0) -> None:
+        self.aside.setdefault((channel, key_group), []).append((value, timestamp, key, port))
         self.aside_count += 1
 
     def has_aside(self, channel: int) -> bool:
@@ -287,7 +288,7 @@ class NewOwnerRole:
         """Set-aside units whose records are ready now."""
         return [(c, kg) for (c, kg) in self.aside if self.ready(c, kg)]
 
-    def release(self, channel: int, key_group: int) -> list[tuple[Any, int, Any]]:
+    def release(self, channel: int, key_group: int) -> list[tuple[Any, int, Any, int]]:
         records = self.aside.pop((channel, key_group), [])
         self.aside_count -= len(records)
         return records

@@ -15,6 +15,7 @@ import contextlib
 import time
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import ray
@@ -36,17 +37,26 @@ from engine.errors import (
     RescaleRefused,
     UserFunctionError,
 )
+from engine.keygroups import uniform_assignment, validate_assignment
 from engine.messages import (
+    AddInputs,
+    AddOutputChannels,
     Drained,
+    ExpectIncoming,
+    ExpectOutgoing,
+    InjectSubscale,
     InstallKeyGroups,
     JobStatus,
     KeyGroupSnapshot,
+    OutputChannel,
     PauseSource,
+    RemoveOutputChannels,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
     Start,
     StopTask,
+    SubscaleDone,
     TaskFailed,
     TaskFinished,
     decode_message,
@@ -56,6 +66,7 @@ from engine.metrics import JobCollector, JobMetrics, MetricsEndpoint, RescalePro
 from engine.physical import PhysicalPlan, plan_physical
 from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
 from migration.protocols import PROTOCOLS
+from migration.protocols.drrs import REROUTE_PORT, SubscaleScheduler, plan_subscales
 from migration.protocols.stop_restart import plan_stop_restart
 from migration.report import RescaleReport
 
@@ -106,11 +117,23 @@ class TaskActor:
         reply = self.core.handle(msg)
         if isinstance(msg, Start) and self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+        self._send_priority()
         await self._send_outbox()
+        if isinstance(msg, RemoveOutputChannels):
+            await self._settle_in_flight(set(msg.channel_ids))
+        if isinstance(msg, StopTask):
+            await self._settle_in_flight()
         self._send_reports()
         self._ack_consumed()
         wake.set()
         return encode_message(reply)
+
+    def _send_priority(self) -> None:
+        """Priority messages (DRRS triggers, state) jump every data queue: control calls."""
+        out = self.core.priority_out
+        while out:
+            target, msg = out.pop(0)
+            self.handles[target].control.remote(encode_message(msg))
 
     async def metrics(self) -> bytes:
         return encode_message(self.core.metrics())
@@ -161,8 +184,10 @@ class TaskActor:
         except RayActorError as exc:
             raise _DownstreamDied(str(exc)) from exc
 
-    async def _settle_in_flight(self) -> None:
+    async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
         for cid, q in self.in_flight.items():
+            if channel_ids is not None and cid not in channel_ids:
+                continue
             while q:
                 await self._await_ack(q.popleft())
                 self.gate.on_ack(cid)
@@ -196,6 +221,8 @@ class TaskActor:
                 if did:
                     core.busy_s += t1 - t0
                 self._ack_consumed()
+                if core.priority_out:
+                    self._send_priority()
                 if core.is_source and t1 >= next_marker:
                     core.emit_latency_marker()
                     next_marker = t1 + marker_every
@@ -279,6 +306,12 @@ class JobMaster:
         self.endpoint: MetricsEndpoint | None = None
         self._changed: asyncio.Event | None = None
         self._rescale_lock: asyncio.Lock | None = None
+        self._vertex_locks: dict[str, asyncio.Lock] = {}
+        self._superseded: dict[str, int] = {}
+        self._stop_restart_running = False
+        self._drrs_running = 0
+        self._next_subscale = 0
+        self._subscale_reports: dict[int, dict[str, SubscaleDone]] = {}
         self._poller: asyncio.Task[None] | None = None
 
     # -- plumbing
@@ -368,6 +401,8 @@ class JobMaster:
                 self.drained.setdefault(e, set()).add(t)
             case SourcePaused(task=t, offset=o):
                 self.paused_offsets[t] = o
+            case SubscaleDone(subscale=sid, role=role):
+                self._subscale_reports.setdefault(sid, {})[role] = msg
             case _:
                 raise ValueError(f"unknown report {msg!r}")
         self._notify()
@@ -483,24 +518,221 @@ class JobMaster:
                 f"of key groups ({self.dep.plan.num_key_groups})")
         return v.name
 
-    async def rescale(self, operator: str, parallelism: int, protocol: str) -> bytes:
+    async def rescale(self, operator: str, parallelism: int, protocol: str,
+                      assignment: tuple[int, ...] | None = None) -> bytes:
         vertex = self._validate_rescale(operator, parallelism, protocol)
+        if assignment is not None:
+            self._validate_assignment(vertex, assignment, parallelism)
         self._ev()
         assert self._rescale_lock is not None
+        if protocol == "drrs" and not self.dep.plan.vertex(vertex).keyed:
+            protocol = "stop-restart"  # a stateless operator has no key groups to move live
+        if protocol == "drrs":
+            self._superseded[vertex] = self._superseded.get(vertex, 0) + 1
+            my_turn = self._superseded[vertex]
+            lock = self._vertex_locks.setdefault(vertex, asyncio.Lock())
+            async with lock:
+                if self._stop_restart_running:
+                    raise RescaleRefused("a stop-restart rescale is running; try again after it")
+                self._drrs_running += 1
+                try:
+                    vertex = self._validate_rescale(operator, parallelism, protocol)
+                    report = await self._guard_rescale(
+                        operator, parallelism, protocol,
+                        self._drrs(vertex, parallelism, assignment, my_turn))
+                finally:
+                    self._drrs_running -= 1
+                return encode_message(report)
         async with self._rescale_lock:
-            vertex = self._validate_rescale(operator, parallelism, protocol)
-            phase = "pause"
+            if self._drrs_running:
+                raise RescaleRefused("a drrs rescale is running; try again after it")
+            self._stop_restart_running = True
             try:
-                report = await self._stop_restart(vertex, parallelism, lambda p: None)
-            except Exception as exc:
-                phase = self.collector.rescales.get(vertex, None)
-                name = phase.phase if phase else "?"
-                msg = (f"rescale of {operator!r} to parallelism {parallelism} "
-                       f"({protocol}) failed in phase {name}: {type(exc).__name__}: {exc}")
-                if self.state != "failed":
-                    await self._fail(msg)
-                raise JobFailedError(self.error or msg) from exc
+                vertex = self._validate_rescale(operator, parallelism, protocol)
+                report = await self._guard_rescale(
+                    operator, parallelism, protocol, self._stop_restart(vertex, parallelism, None))
+            finally:
+                self._stop_restart_running = False
             return encode_message(report)
+
+    def _validate_assignment(self, vertex: str, assignment: tuple[int, ...], parallelism: int) -> None:
+        v = self.dep.plan.vertex(vertex)
+        if not v.keyed:
+            raise RescaleRefused(f"operator {vertex!r} is not keyed; it has no key groups to assign")
+        try:
+            validate_assignment(tuple(assignment), self.dep.plan.num_key_groups, parallelism)
+        except ValueError as exc:
+            raise RescaleRefused(f"assignment for {vertex!r} refused: {exc}") from None
+
+    async def _guard_rescale(self, operator: str, parallelism: int, protocol: str, work: Any) -> RescaleReport:
+        try:
+            return await work
+        except RescaleRefused:
+            raise
+        except Exception as exc:
+            progress = self.collector.rescales.get(operator)
+            name = progress.phase if progress else "?"
+            msg = (f"rescale of {operator!r} to parallelism {parallelism} ({protocol}) failed in "
+                   f"phase {name}: {type(exc).__name__}: {exc}")
+            if self.state != "failed":
+                await self._fail(msg)
+            raise JobFailedError(self.error or msg) from exc
+
+    async def _drrs(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
+                    turn: int) -> RescaleReport:
+        """Live rescale with DRRS: new tasks first, then subscales, then removals."""
+        clock, cfg = self.clock, self.config
+        requested = clock.now()
+        dep = self.dep
+        v = dep.plan.vertex(vertex)
+        old_p = v.parallelism
+        old_assign = dep.assignments[vertex]
+        new_assign = tuple(assignment) if assignment is not None else uniform_assignment(
+            dep.plan.num_key_groups, final_p)
+        plan = plan_subscales(vertex, old_assign, new_assign, old_p, final_p,
+                              cfg.drrs_subscale_size, self._next_subscale)
+        self._next_subscale += len(plan.subscales)
+        work_p = max(old_p, final_p)
+        stats = {"moved": 0, "bytes": 0}
+
+        def enter(phase: str, running: bool = True) -> None:
+            self.collector.rescales[vertex] = RescaleProgress(
+                vertex, "drrs", phase, len(plan.moved), stats["moved"], stats["bytes"], running)
+
+        # 1. new tasks before the first subscale
+        enter("deploy")
+        gen = dep.generation + 1
+        names = list(dep.tasks[vertex])
+        new_names = [task_name(self.job_id, vertex, i, gen) for i in range(old_p, work_p)]
+        tasks = {**dep.tasks, vertex: tuple(names + new_names)}
+        work_dep = Deployment(dep.plan.rescaled(vertex, work_p), self.job_id, tasks,
+                              dict(dep.assignments), gen)
+        if new_names:
+            await self._add_tasks(work_dep, vertex, new_names)
+        self.dep = work_dep
+        self.plan = work_dep.plan
+        names = list(tasks[vertex])
+
+        # 2. subscales
+        in_edges = work_dep.plan.inputs_of(vertex)
+        current = list(old_assign)
+        owned = {i: current.count(i) for i in range(work_p)}
+        sched = SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task)
+        timings: list[tuple[int, float, float]] = []
+        first_start: float | None = None
+        started_at: dict[int, float] = {}
+        injected_at: dict[int, float] = {}
+        rerouted = 0
+        suspended = 0.0
+        delays: list[float] = []
+        superseded = False
+        enter("subscales")
+        while not sched.finished:
+            if self._superseded.get(vertex, turn) != turn and not superseded:
+                superseded = True
+                sched.pending.clear()
+            batch = sched.next_batch()
+            for sub in batch:
+                now = clock.now()
+                first_start = first_start if first_start is not None else now
+                started_at[sub.subscale_id] = now
+                injected_at[sub.subscale_id] = await self._start_subscale(
+                    sub, names, in_edges, work_dep)
+            if not sched.running:
+                break
+            await self._until(
+                lambda: any(len(self._subscale_reports.get(sid, {})) == 2 for sid in sched.running),
+                cfg.rescale_timeout_s, "subscale")
+            for sid in [sid for sid in sched.running if len(self._subscale_reports.get(sid, {})) == 2]:
+                rep = self._subscale_reports.pop(sid)
+                sub = sched.running[sid]
+                sched.complete(sid)
+                for kg in sub.key_groups:
+                    current[kg] = sub.new
+                stats["moved"] += len(sub.key_groups)
+                stats["bytes"] += rep["new"].bytes
+                rerouted += rep["old"].rerouted
+                suspended = max(suspended, rep["new"].suspended_s)
+                if rep["old"].trigger_at:
+                    delays.append(max(0.0, rep["old"].trigger_at - injected_at[sid]))
+                timings.append((sid, started_at[sid] - requested, clock.now() - started_at[sid]))
+                self.dep = Deployment(self.dep.plan, self.job_id, self.dep.tasks,
+                                      {**self.dep.assignments, vertex: tuple(current)}, gen)
+                enter("subscales")
+
+        # 3. remove tasks left without key groups (scale-in)
+        enter("remove")
+        keep = final_p if not superseded else work_p
+        if keep < work_p and max(current) < keep:
+            await self._remove_tasks(vertex, keep)
+        enter("done", running=False)
+        self.collector.rescales_total[vertex] = self.collector.rescales_total.get(vertex, 0) + 1
+        done = clock.now()
+        return RescaleReport(
+            vertex, "drrs", old_p, len(self.dep.tasks[vertex]), requested, done, done - requested,
+            stats["moved"], stats["bytes"], (), (), first_start or done,
+            rerouted, suspended, (sum(delays) / len(delays)) if delays else 0.0,
+            tuple(timings), superseded)
+
+    async def _add_tasks(self, work_dep: Deployment, vertex: str, new_names: list[str]) -> None:
+        """Create, wire and start new tasks of ``vertex`` while the job runs."""
+        for name in new_names:
+            i = work_dep.tasks[vertex].index(name)
+            self._create(name, self._spec(vertex, i, name, work_dep))
+        msgs = connect_messages(work_dep, self.ids)
+        # the new tasks read from every predecessor and write to the operator's receivers
+        await asyncio.gather(*(self._call(n, msgs[n], self._targets(msgs[n])) for n in new_names))
+        adds: dict[str, list[tuple[int, int]]] = {}
+        for n in new_names:
+            for e in msgs[n].outputs:
+                for c in e.channels:
+                    adds.setdefault(c.target, []).append((c.channel_id, c.port))
+        await asyncio.gather(*(self._call(t, AddInputs(tuple(ins))) for t, ins in adds.items()))
+        await asyncio.gather(*(self._call(n, Start()) for n in new_names))
+        calls = []
+        for e in work_dep.plan.inputs_of(vertex):
+            for u in work_dep.tasks[e.src]:
+                chans = tuple(OutputChannel(self.ids.get(e.edge_id, u, n), n, e.port)
+                              for n in new_names)
+                calls.append(self._call(u, AddOutputChannels(e.edge_id, chans),
+                                        {n: self.handles[n] for n in new_names}))
+        await asyncio.gather(*calls)
+
+    async def _start_subscale(self, sub: Any, names: list[str], in_edges: list[Any],
+                              dep: Deployment) -> float:
+        s_name, d_name = names[sub.old], names[sub.new]
+        rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
+        direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges for u in dep.tasks[e.src])
+        await self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid))
+        await self._call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
+                                                OutputChannel(rcid, d_name, REROUTE_PORT),
+                                                len(direct)),
+                         {d_name: self.handles[d_name]})
+        at = self.clock.now()
+        await asyncio.gather(*(
+            self._call(u, InjectSubscale(sub.subscale_id, e.edge_id, sub.key_groups, sub.new))
+            for e in in_edges for u in dep.tasks[e.src]))
+        return at
+
+    async def _remove_tasks(self, vertex: str, keep: int) -> None:
+        """Scale-in: drop the operator's tasks from index ``keep`` on (they hold no groups)."""
+        dep = self.dep
+        names = list(dep.tasks[vertex])
+        gone = names[keep:]
+        calls = []
+        for e in dep.plan.inputs_of(vertex):
+            for u in dep.tasks[e.src]:
+                ids = tuple(self.ids.get(e.edge_id, u, n) for n in gone)
+                calls.append(self._call(u, RemoveOutputChannels(ids)))
+        await asyncio.gather(*calls)
+        await asyncio.gather(*(self._call(n, StopTask(end_outputs=True)) for n in gone))
+        for n in gone:
+            ray.kill(self.handles.pop(n))
+            self.collector.tasks.pop(n, None)
+        tasks = {**dep.tasks, vertex: tuple(names[:keep])}
+        self.dep = Deployment(dep.plan.rescaled(vertex, keep), self.job_id, tasks,
+                              dict(dep.assignments), dep.generation)
+        self.plan = self.dep.plan
 
     async def _stop_restart(self, vertex: str, parallelism: int, _: Any) -> RescaleReport:
         clock = self.clock
@@ -646,12 +878,25 @@ class JobHandle:
         return JobMetrics(self.job_id, state, tuple(decode_message(t) for t in tasks),
                           tuple(decode_message(r) for r in rescales), url or None)
 
-    def rescale(self, operator: str, parallelism: int, protocol: str = "stop-restart") -> RescaleReport:
+    def rescale(self, operator: str, parallelism: int, protocol: str = "drrs") -> RescaleReport:
         """Change ``operator``'s parallelism while the job runs; returns the report.
 
         Raises ``RescaleRefused`` (job untouched) for an invalid request."""
+        return self._rescale(operator, parallelism, protocol, None)
+
+    def rebalance(self, operator: str, assignment: Sequence[int], protocol: str = "drrs") -> RescaleReport:
+        """Move key groups so that key group ``kg`` is held by task ``assignment[kg]``; the
+        parallelism becomes ``max(assignment) + 1``."""
+        a = tuple(int(t) for t in assignment)
+        if not a:
+            raise RescaleRefused("the assignment is empty; give one task index per key group")
+        return self._rescale(operator, max(a) + 1, protocol, a)
+
+    def _rescale(self, operator: str, parallelism: int, protocol: str,
+                 assignment: tuple[int, ...] | None) -> RescaleReport:
         try:
-            return decode_message(ray.get(self._master.rescale.remote(operator, parallelism, protocol)))
+            return decode_message(ray.get(
+                self._master.rescale.remote(operator, parallelism, protocol, assignment)))
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if hasattr(exc, "cause") else None
             if isinstance(cause, (RescaleRefused, JobFailedError)):

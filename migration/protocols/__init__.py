@@ -1,3 +1,3 @@
 """Rescaling protocols. ``PROTOCOLS`` lists the names ``JobHandle.rescale`` accepts."""
 
-PROTOCOLS = ("stop-restart",)
+PROTOCOLS = ("drrs", "stop-restart")

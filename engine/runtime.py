@@ -90,12 +90,14 @@ class TaskActor:
         self.acks: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._wake: asyncio.Event | None = None
         self._send_lock: asyncio.Lock | None = None
+        self._kick: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
 
     def _event(self) -> asyncio.Event:
         if self._wake is None:
             self._wake = asyncio.Event()
             self._send_lock = asyncio.Lock()
+            self._kick = asyncio.Event()
         return self._wake
 
     async def push(self, channel_id: int, seq: int, payload: bytes) -> None:
@@ -118,7 +120,8 @@ class TaskActor:
         if isinstance(msg, Start) and self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         self._send_priority()
-        await self._send_outbox()
+        blocking = isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource))
+        await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
         if isinstance(msg, StopTask):
@@ -160,29 +163,59 @@ class TaskActor:
         while reports:
             self.master.report.remote(encode_message(reports.pop(0)))
 
-    async def _send_outbox(self) -> None:
-        assert self._send_lock is not None
+    async def _send_outbox(self, block: bool = True) -> None:
+        """Push outbox frames, each channel in order and within its credits. A channel out
+        of credit holds back only its own frames (no head-of-line blocking across channels:
+        DRRS needs a confirm barrier to pass while another channel is back-pressured). With
+        ``block`` it waits until everything is sent; otherwise it sends what it can."""
+        assert self._send_lock is not None and self._kick is not None
+        if not block and self._send_lock.locked():
+            self._kick.set()  # the loop is sending: it re-scans the outbox
+            return
         async with self._send_lock:
             outbox = self.core.router.outbox
             gate = self.gate
             while outbox:
-                f = outbox[0]
-                q = self.in_flight.setdefault(f.channel_id, deque())
-                if not gate.can_send(f.channel_id):
-                    t0 = self.clock.monotonic()
-                    await self._await_ack(q.popleft())
-                    gate.on_ack(f.channel_id)
-                    self.core.backpressured_s += self.clock.monotonic() - t0
-                    continue
-                outbox.popleft()
-                q.append(self.handles[f.target].push.remote(f.channel_id, f.seq, f.payload))
-                gate.on_send(f.channel_id)
+                self._kick.clear()
+                self._reap_acks()
+                blocked: set[int] = set()
+                keep = []
+                for f in outbox:
+                    cid = f.channel_id
+                    if cid in blocked or not gate.can_send(cid):
+                        blocked.add(cid)
+                        keep.append(f)
+                        continue
+                    ref = self.handles[f.target].push.remote(cid, f.seq, f.payload)
+                    self.in_flight.setdefault(cid, deque()).append(asyncio.ensure_future(ref))
+                    gate.on_send(cid)
+                outbox.clear()
+                outbox.extend(keep)
+                if not outbox or not block:
+                    return
+                waits = [self.in_flight[c][0] for c in blocked]
+                kick = asyncio.ensure_future(self._kick.wait())
+                t0 = self.clock.monotonic()
+                await asyncio.wait([*waits, kick], return_when=asyncio.FIRST_COMPLETED)
+                kick.cancel()
+                self.core.backpressured_s += self.clock.monotonic() - t0
 
-    async def _await_ack(self, ref: Any) -> None:
+    async def _await_ack(self, fut: Any) -> None:
         try:
-            await ref
+            await fut
         except RayActorError as exc:
             raise _DownstreamDied(str(exc)) from exc
+
+    def _reap_acks(self) -> None:
+        """Count acknowledged frames (oldest first per channel); a failed push means the
+        receiver died."""
+        for cid, q in self.in_flight.items():
+            while q and q[0].done():
+                fut = q.popleft()
+                self.gate.on_ack(cid)
+                exc = fut.exception()
+                if exc is not None:
+                    raise _DownstreamDied(str(exc))
 
     async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
         for cid, q in self.in_flight.items():
@@ -191,6 +224,8 @@ class TaskActor:
             while q:
                 await self._await_ack(q.popleft())
                 self.gate.on_ack(cid)
+                if not q:
+                    break
 
     async def _loop(self) -> None:
         core, clock = self.core, self.clock
@@ -388,9 +423,7 @@ class JobMaster:
         match msg:
             case TaskFinished(task=t):
                 self.finished.add(t)
-                if self.state == "running" and all(n in self.finished for n in self.dep.task_names()):
-                    self.state = "finished"
-                    await self._teardown()
+                await self._maybe_finish()
             case TaskFailed():
                 if self.state in ("running", "created"):
                     self.failure = msg
@@ -406,6 +439,14 @@ class JobMaster:
             case _:
                 raise ValueError(f"unknown report {msg!r}")
         self._notify()
+
+    async def _maybe_finish(self) -> None:
+        """The job is finished when every task is; a running rescale defers the teardown."""
+        if self._stop_restart_running or self._drrs_running:
+            return
+        if self.state == "running" and all(n in self.finished for n in self.dep.task_names()):
+            self.state = "finished"
+            await self._teardown()
 
     async def _fail(self, error: str | None = None) -> None:
         if error is not None:
@@ -542,6 +583,7 @@ class JobMaster:
                         self._drrs(vertex, parallelism, assignment, my_turn))
                 finally:
                     self._drrs_running -= 1
+                    await self._maybe_finish()
                 return encode_message(report)
         async with self._rescale_lock:
             if self._drrs_running:
@@ -553,6 +595,7 @@ class JobMaster:
                     operator, parallelism, protocol, self._stop_restart(vertex, parallelism, None))
             finally:
                 self._stop_restart_running = False
+                await self._maybe_finish()
             return encode_message(report)
 
     def _validate_assignment(self, vertex: str, assignment: tuple[int, ...], parallelism: int) -> None:
@@ -631,6 +674,10 @@ class JobMaster:
             if self._superseded.get(vertex, turn) != turn and not superseded:
                 superseded = True
                 sched.pending.clear()
+            if self.finished and sched.pending:
+                # input ended meanwhile: finish the running subscales, start no more
+                sched.pending.clear()
+                superseded = True
             batch = sched.next_batch()
             for sub in batch:
                 now = clock.now()
@@ -640,9 +687,17 @@ class JobMaster:
                     sub, names, in_edges, work_dep)
             if not sched.running:
                 break
-            await self._until(
-                lambda: any(len(self._subscale_reports.get(sid, {})) == 2 for sid in sched.running),
-                cfg.rescale_timeout_s, "subscale")
+            try:
+                await self._until(
+                    lambda: any(len(self._subscale_reports.get(sid, {})) == 2
+                                for sid in sched.running),
+                    cfg.rescale_timeout_s, "subscale")
+            except TimeoutError:
+                stuck = [f"{sid} ({names[sub.old]} -> {names[sub.new]}, groups {sub.key_groups}, "
+                         f"done: {sorted(self._subscale_reports.get(sid, {}))})"
+                         for sid, sub in sched.running.items()]
+                raise TimeoutError(f"subscales not finished after {cfg.rescale_timeout_s} s: "
+                                   + "; ".join(stuck)) from None
             for sid in [sid for sid in sched.running if len(self._subscale_reports.get(sid, {})) == 2]:
                 rep = self._subscale_reports.pop(sid)
                 sub = sched.running[sid]

@@ -61,7 +61,7 @@ from engine.operators import (
 )
 from engine.sinks import SinkWriter
 from engine.sources import SourceReader
-from engine.state import EVENT_TIME, KeyedStateBackend
+from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
 from migration.protocols.drrs import REROUTE_PORT, NewOwnerRole, OldOwnerRole
 
@@ -406,6 +406,10 @@ class TaskCore:
                 p.dead_letter.flush()
 
     def _finish(self) -> None:
+        if self.keyed is not None:
+            # end of input: pending processing-time timers fire too, so no window is lost
+            values, timestamps = self.keyed.fire_timers(MAX_WATERMARK, PROCESSING_TIME)
+            self._run_rest(values, timestamps)
         self.router.flush_all()
         self.router.broadcast(EndOfStream())
         self._close_writers()

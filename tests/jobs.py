@@ -79,3 +79,76 @@ def per_key(records: list[tuple]) -> dict[Any, list[tuple]]:
     for r in records:
         out.setdefault(r[0], []).append(r)
     return out
+
+
+def windowed_sum_job(records: list[tuple[int, int, int]], parallelism: int, sink: TestingSink,
+                     rate: float | None = None, bound_ms: int = 40) -> StreamJob:
+    """Event-time sliding windows (400 ms, slide 100 ms) summing values per key."""
+    from engine.time import WatermarkStrategy, sliding_event_time
+
+    job = StreamJob("windowed", num_key_groups=32, parallelism=parallelism, config=SMALL)
+    (job.source(TestingSource(records, rate=rate, timestamp_fn=lambda r: r[2]), name="src",
+                parallelism=1, watermarks=WatermarkStrategy(bound_ms, interval_ms=10))
+        .key_by(lambda r: r[0])
+        .window(sliding_event_time(400, 100))
+        .reduce(lambda a, b: (a[0], a[1] + b[1], 0),
+                window_fn=lambda k, w, r: [(k, w.start, w.end, r[1])], name="win")
+        .sink(sink, name="out"))
+    return job
+
+
+def sliding_sums_reference(records: list[tuple[int, int, int]], size: int = 400,
+                           slide: int = 100) -> dict[tuple[int, int, int], int]:
+    acc: dict[tuple[int, int, int], int] = {}
+    for k, v, ts in records:
+        start = ts - ts % slide
+        while start > ts - size:
+            acc[(k, start, start + size)] = acc.get((k, start, start + size), 0) + v
+            start -= slide
+    return acc
+
+
+def disordered(n: int, seed: int, keys: int = 30, bound_ms: int = 40) -> list[tuple[int, int, int]]:
+    """(key, value, timestamp) with timestamps out of order by less than ``bound_ms``."""
+    import random
+
+    rng = random.Random(seed)
+    out, t = [], 0
+    for _ in range(n):
+        t += rng.randrange(0, 4)
+        out.append((rng.randrange(keys), rng.randrange(10), t + rng.randrange(-bound_ms + 1, 1)))
+    return out
+
+
+def processing_window_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+                          rate: float | None = None) -> StreamJob:
+    """Processing-time tumbling windows counting records per key."""
+    from engine.time import tumbling_processing_time
+
+    job = StreamJob("ptwin", num_key_groups=32, parallelism=parallelism, config=SMALL)
+    (job.source(TestingSource(records, rate=rate), name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .window(tumbling_processing_time(200))
+        .aggregate(CountAgg(), window_fn=lambda k, w, n: [(k, w.start, n)], name="ptwin")
+        .sink(sink, name="out"))
+    return job
+
+
+class CountAgg:
+    pass
+
+
+def _count_agg():
+    from engine.windows import AggregateFunction
+
+    class _Count(AggregateFunction):
+        def create_accumulator(self):
+            return 0
+
+        def add(self, value, acc):
+            return acc + 1
+
+    return _Count
+
+
+CountAgg = _count_agg()  # noqa: F811 - a module-level class so Ray workers can import it

@@ -75,9 +75,9 @@ def test_windows_exact_across_stop_restart_rescales(ray_cluster):
     sink = TestingSink()
     h = windowed_job(records, 2, sink, rate=1500).run()
     time.sleep(0.5)
-    h.rescale("win", 5)
+    h.rescale("win", 5, protocol="stop-restart")
     time.sleep(0.4)
-    h.rescale("win", 1)
+    h.rescale("win", 1, protocol="stop-restart")
     h.wait(120)
     assert as_dict(sink.results()) == sliding_sums(records, 400, 100)
 

@@ -202,14 +202,14 @@ def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
     sink = TestingSink()
     h = running_sum_job(records, 2, sink, rate=4000).run()
     time.sleep(0.5)
-    up = h.rescale("sum", 5)
+    up = h.rescale("sum", 5, protocol="stop-restart")
     assert (up.old_parallelism, up.new_parallelism) == (2, 5)
     assert up.key_groups_moved > 0 and up.bytes_moved > 0 and up.duration_s > 0
     assert [p for p, _ in up.phases][:2] == ["pause", "drain"]
     m = h.metrics()
     assert len(m.operator("sum")) == 5
     assert sum(t.key_groups for t in m.operator("sum")) == 32
-    down = h.rescale("sum", 1)
+    down = h.rescale("sum", 1, protocol="stop-restart")
     assert down.new_parallelism == 1
     h.wait(120)
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
@@ -224,7 +224,7 @@ def test_metrics_endpoint_serves_prometheus_text(ray_cluster):
     h = job.run()
     assert h.metrics_url.startswith("http://127.0.0.1:")
     time.sleep(1.5)
-    h.rescale("sum", 3)
+    h.rescale("sum", 3, protocol="stop-restart")
     time.sleep(1.0)
     text = urllib.request.urlopen(h.metrics_url, timeout=10).read().decode()
     h.stop()

@@ -46,7 +46,7 @@ def _run(kind: str, records: list[tuple[int, int]], start_p: int, plan: list[tup
         time.sleep(delay)
         if handle.status().state != "running":
             break
-        reports.append(handle.rescale(op, p))
+        reports.append(handle.rescale(op, p, protocol="stop-restart"))
     handle.wait(180)
     return sink.results(), reports
 

@@ -342,62 +342,67 @@ def column_ms(table: pa.Table, name: str) -> list[Any]:
 
 
 def records_to_table(values: Sequence[Any], schema: ColumnSchema,
-                     ) -> tuple[pa.Table, list[tuple[Any, str]]]:
+                     ) -> tuple[pa.Table, list[tuple[int, Any, str]]]:
     """Records (tuples/lists in column order, dicts by name, or bare values for one column)
-    as an Arrow table of ``schema``, and the records that do not fit, with the reason."""
+    as an Arrow table of ``schema`` (in order), and the records that do not fit as
+    ``(index in values, record, reason)``."""
     names = schema.names
     width = len(names)
-    bad: list[tuple[Any, str]] = []
+    bad: dict[int, tuple[Any, str]] = {}
     rows: list[Sequence[Any]] = []
-    for v in values:
+    where: list[int] = []  # index in values of each row
+    for i, v in enumerate(values):
         if isinstance(v, (tuple, list)):
             if len(v) != width:
-                bad.append((v, f"record has {len(v)} fields; the schema has {width} ({names})"))
+                bad[i] = (v, f"record has {len(v)} fields; the schema has {width} ({names})")
                 continue
             rows.append(v)
         elif isinstance(v, dict):
             extra = set(v) - set(names)
             if extra:
-                bad.append((v, f"record has fields {sorted(map(str, extra))} not in {names}"))
+                bad[i] = (v, f"record has fields {sorted(map(str, extra))} not in {names}")
                 continue
             rows.append([v.get(n) for n in names])
         elif width == 1:
             rows.append((v,))
         else:
-            bad.append((v, f"a scalar record does not fit the {width} columns {names}"))
-    cols: list[list[Any]] = [[r[j] for r in rows] for j in range(width)]
-    reasons: dict[int, str] = {}
+            bad[i] = (v, f"a scalar record does not fit the {width} columns {names}")
+            continue
+        where.append(i)
+    reasons: dict[int, str] = {}  # by row number
     arrays = []
     for j, field in enumerate(schema.arrow):
-        col = cols[j]
+        col = [r[j] for r in rows]
         if pa.types.is_timestamp(field.type):
             col = [_ms_to_unit(x, field.type.unit) if isinstance(x, int) and not isinstance(x, bool)
                    else x for x in col]
         try:
             arr = pa.array(col, type=field.type, from_pandas=False)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError,
-                TypeError, ValueError):
+        except _CONVERSION_ERRORS:
             good_vals = []
-            for i, x in enumerate(col):
+            for k, x in enumerate(col):
                 try:
                     pa.array([x], type=field.type)
                     good_vals.append(x)
-                except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
-                        OverflowError, TypeError, ValueError):
+                except _CONVERSION_ERRORS:
                     good_vals.append(None)
-                    reasons.setdefault(i, f"field {field.name!r}: {x!r} is not a {field.type}")
+                    reasons.setdefault(k, f"field {field.name!r}: {x!r} is not a {field.type}")
             arr = pa.array(good_vals, type=field.type)
         if not field.nullable and arr.null_count:
-            for i in pc.indices_nonzero(arr.is_null()).to_pylist():
-                reasons.setdefault(i, f"field {field.name!r} is None but declared NOT NULL")
+            for k in pc.indices_nonzero(arr.is_null()).to_pylist():
+                reasons.setdefault(k, f"field {field.name!r} is None but declared NOT NULL")
         arrays.append(arr)
     table = pa.Table.from_arrays(arrays, schema=pa.schema(
         [f.with_nullable(True) for f in schema.arrow]))
     if reasons:
-        for i in sorted(reasons):
-            bad.append((tuple(rows[i]), reasons[i]))
-        table = table.filter(pa.array([i not in reasons for i in range(len(rows))]))
-    return table.cast(schema.arrow), bad
+        for k, why in reasons.items():
+            bad[where[k]] = (values[where[k]], why)
+        table = table.filter(pa.array([k not in reasons for k in range(len(rows))]))
+    return table.cast(schema.arrow), [(i, v, why) for i, (v, why) in sorted(bad.items())]
+
+
+_CONVERSION_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError,
+                      OverflowError, TypeError, ValueError)
 
 
 def _ms_to_unit(ms: int, unit: str) -> int:

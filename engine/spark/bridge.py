@@ -1,0 +1,605 @@
+"""Spark -> reflow: the bridge actor, its Spark-side client and the reflow ``SparkSource``.
+
+One **bridge actor** per ``SparkSource`` (a Ray async actor named ``spark-bridge/<name>`` in
+namespace ``reflow``, created on the driver, ``num_cpus=0``) holds one bounded queue of
+Arrow IPC chunks per source task:
+
+* **Spark side** (``BridgeClient.push``: the driver in ``foreachBatch``, or an executor in
+  the ``"reflow"`` Data Source stream writer) re-cuts a partition's rows into chunks of
+  ``chunk_rows`` rows, conforms each to the declared schema (bad rows go to the dead-letter
+  directory and are counted), and puts the chunks, numbered per (stream, Spark batch id,
+  partition). ``put`` awaits room in a queue (backpressure); afterwards the client awaits
+  ``drained``: the call, and so the Spark batch, completes only once reflow's source tasks
+  have taken every chunk of it.
+* **Dedupe**: a stream is one Spark query (its id survives restarts from a checkpoint).
+  Chunk k of (batch b, partition p) is accepted once; a replay of it is acknowledged and
+  dropped. Spark plans batch b+1 only after committing b, so a put for a newer batch
+  retires the older ones: any put for a batch below the newest seen is a replay and
+  dropped. A replay must give the same rows in the same order per partition (Spark's
+  replayable sources do, for plans without a shuffle before the bridge); a batch taken
+  whole is dropped whole whatever its order.
+* **reflow side**: each source task's reader keeps one ``get`` outstanding and checks its
+  future in ``poll()``, so it never blocks the task's event loop. Records are tuples of
+  the declared columns (the bare value for one column); timestamps are the
+  ``timestamp_column`` (ms) or the time the chunk was handed to the bridge. A reader's
+  offset is ``[last Spark batch id, rows consumed]``.
+
+Everything crossing the actor boundary is bytes, ints and strings; values are msgpack
+(``engine.codec``) and row data Arrow IPC. Nothing is unpickled from user-supplied bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from engine.clock import Clock
+from engine.codec import pack_exact, unpack_exact
+from engine.sources import Source, SourceBatch, SourceReader
+from engine.spark.schema import ColumnSchema, parse_schema
+
+NAMESPACE = "reflow"
+log = logging.getLogger(__name__)
+
+
+class BridgeError(RuntimeError):
+    """The bridge refused data or failed (the reflow job or a Spark query failed)."""
+
+
+class SparkQueryFailed(RuntimeError):
+    """Raised in a reflow source task when the Spark side failed; carries Spark's message."""
+
+
+# ====================================================================== the actor
+
+
+class _Stream:
+    __slots__ = ("newest", "accepted")
+
+    def __init__(self) -> None:
+        self.newest = -1  # newest Spark batch id seen
+        self.accepted: dict[tuple[int, int], int] = {}  # (batch, partition) -> chunks taken
+
+
+class BridgeActor:
+    """The bounded, deduplicating hand-over point between Spark and reflow's source tasks."""
+
+    def __init__(self, config: bytes) -> None:
+        cfg = unpack_exact(config)
+        self.cfg = cfg
+        self.queue_chunks: int = cfg["queue_chunks"]
+        self.parallelism: int | None = None
+        self.queues: list[deque[list[Any]]] = []
+        self.next_queue = 0
+        self.streams: dict[str, _Stream] = {}
+        self.outstanding: dict[tuple[str, int, int], int] = {}
+        self.ended = False
+        self.failed: str | None = None
+        self.cond: asyncio.Condition | None = None
+        self.stats = {"rows_in": 0, "chunks_in": 0, "rows_taken": 0, "dead_letters": 0,
+                      "duplicate_chunks": 0, "duplicate_rows": 0, "batches": 0,
+                      "readers": 0, "last_batch_id": -1, "chunks_taken": 0,
+                      "wait_ms_sum": 0, "wait_ms_max": 0}
+
+    def _cond(self) -> asyncio.Condition:
+        if self.cond is None:
+            self.cond = asyncio.Condition()
+        return self.cond
+
+    def config(self) -> bytes:
+        return pack_exact(self.cfg)
+
+    def _check(self) -> None:
+        if self.failed is not None:
+            raise BridgeError(self.failed)
+
+    async def put(self, stream: str, batch: int, part: int, seq: int, rows: int, bad: int,
+                  put_ms: int, ipc: bytes) -> str:
+        """Chunk ``seq`` of (stream, batch, partition): 'ok' once queued, 'dup' if it was
+        taken before (a replay). Waits for room in a queue and for the chunk before it."""
+        cond = self._cond()
+        deadline = time.monotonic() + self.cfg["connect_timeout_s"]
+        async with cond:
+            while True:
+                self._check()
+                st = self.streams.setdefault(stream, _Stream())
+                if batch < st.newest:
+                    return self._dup(rows)
+                if batch > st.newest:
+                    self.stats["batches"] += 1
+                    st.newest = batch
+                    st.accepted = {}  # Spark committed every older batch of the stream
+                taken = st.accepted.get((batch, part), 0)
+                if seq < taken:
+                    return self._dup(rows)
+                if self.ended:
+                    raise BridgeError(f"bridge {self.cfg['name']}: input was ended; "
+                                      f"no more data is taken")
+                if self.parallelism is None:
+                    if time.monotonic() > deadline:
+                        raise BridgeError(
+                            f"bridge {self.cfg['name']}: no reflow source task connected within "
+                            f"{self.cfg['connect_timeout_s']} s; is the reflow job running?")
+                elif seq == taken and (rows == 0 or self._room() is not None):
+                    break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cond.wait(), 1.0)
+            st.accepted[(batch, part)] = taken + 1
+            self.stats["dead_letters"] += bad
+            self.stats["chunks_in"] += 1
+            self.stats["last_batch_id"] = max(self.stats["last_batch_id"], batch)
+            if rows:
+                q = self._room()
+                assert q is not None
+                self.queues[q].append([stream, batch, part, rows, put_ms, ipc])
+                key = (stream, batch, part)
+                self.outstanding[key] = self.outstanding.get(key, 0) + 1
+                self.stats["rows_in"] += rows
+            cond.notify_all()
+            return "ok"
+
+    def _dup(self, rows: int) -> str:
+        self.stats["duplicate_chunks"] += 1
+        self.stats["duplicate_rows"] += rows
+        return "dup"
+
+    def _room(self) -> int | None:
+        """The queue with the most room (ties: round robin), or None when all are full."""
+        best, best_len = None, self.queue_chunks
+        p = len(self.queues)
+        for k in range(p):
+            i = (self.next_queue + k) % p
+            n = len(self.queues[i])
+            if n < best_len:
+                best, best_len = i, n
+        if best is not None:
+            self.next_queue = (best + 1) % p
+        return best
+
+    async def drained(self, stream: str, batch: int, part: int) -> None:
+        """Returns once every chunk put for (stream, batch, partition) was taken by reflow."""
+        cond = self._cond()
+        async with cond:
+            while self.outstanding.get((stream, batch, part), 0) > 0:
+                self._check()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(cond.wait(), 1.0)
+
+    async def get(self, task_index: int, parallelism: int, max_chunks: int) -> bytes:
+        """Chunks for source task ``task_index``: ``["data", [[batch, rows, put_ms, ipc],
+        ...]]``, ``["end"]`` once input ended and its queue is empty, or ``["failed", msg]``."""
+        cond = self._cond()
+        async with cond:
+            if self.parallelism is None:
+                self.parallelism = parallelism
+                self.queues = [deque() for _ in range(parallelism)]
+                cond.notify_all()
+            elif parallelism != self.parallelism:
+                return pack_exact(["failed", (
+                    f"bridge {self.cfg['name']} serves {self.parallelism} source tasks; a task "
+                    f"of parallelism {parallelism} connected (one bridge feeds one source)")])
+            q = self.queues[task_index]
+            while not q and self.failed is None and not self.ended:
+                await cond.wait()
+            if self.failed is not None:
+                return pack_exact(["failed", self.failed])
+            if not q:
+                return pack_exact(["end"])
+            out = []
+            now = int(time.time() * 1000)
+            st = self.stats
+            while q and len(out) < max_chunks:
+                stream, batch, part, rows, put_ms, ipc = q.popleft()
+                wait = max(0, now - put_ms)  # hand-over -> taken by a source task
+                st["chunks_taken"] += 1
+                st["wait_ms_sum"] += wait
+                st["wait_ms_max"] = max(st["wait_ms_max"], wait)
+                key = (stream, batch, part)
+                left = self.outstanding[key] - 1
+                if left:
+                    self.outstanding[key] = left
+                else:
+                    del self.outstanding[key]
+                self.stats["rows_taken"] += rows
+                out.append([batch, rows, put_ms, ipc])
+            cond.notify_all()
+            return pack_exact(["data", out])
+
+    async def end_input(self) -> None:
+        """No more input: readers end once their queues are empty."""
+        cond = self._cond()
+        async with cond:
+            self.ended = True
+            cond.notify_all()
+
+    async def fail(self, message: str) -> None:
+        """Fail both sides: puts raise and readers raise ``SparkQueryFailed(message)``."""
+        cond = self._cond()
+        async with cond:
+            if self.failed is None:
+                self.failed = message
+            cond.notify_all()
+
+    def get_stats(self) -> bytes:
+        s = dict(self.stats)
+        s["queued_chunks"] = sum(len(q) for q in self.queues)
+        s["readers"] = self.parallelism or 0
+        s["ended"] = self.ended
+        s["failed"] = self.failed or ""
+        s["wait_ms_mean"] = (round(s["wait_ms_sum"] / s["chunks_taken"], 1)
+                             if s["chunks_taken"] else None)
+        return pack_exact(s)
+
+
+def _remote_bridge() -> Any:
+    import ray
+
+    return ray.remote(max_restarts=0, max_task_retries=0)(BridgeActor)
+
+
+# ====================================================================== Spark-side client
+
+
+def ensure_ray(address: str | None, auth_mode: str | None = None) -> None:
+    """Connect this process to Ray (a Spark executor's Python worker) if it is not yet.
+
+    ``auth_mode``: the cluster's ``RAY_AUTH_MODE`` (``"token"`` on Ray's default local
+    clusters). Ray enables token auth for an explicit address only when the environment
+    says so; the token itself is found the way Ray finds it (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token`` on the executor's machine)."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if auth_mode and "RAY_AUTH_MODE" not in os.environ:
+        os.environ["RAY_AUTH_MODE"] = auth_mode
+        with contextlib.suppress(Exception):  # refresh Ray's cached config (as ray.init does)
+            from ray._raylet import Config
+
+            Config.initialize("")
+    ray.init(address=address or "auto", namespace=NAMESPACE, configure_logging=False,
+             log_to_driver=False, include_dashboard=False)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, BaseException):
+        return str(cause)
+    return str(exc)
+
+
+class BridgeClient:
+    """Pushes Spark rows into a bridge actor (used by foreachBatch and the Data Source
+    writer). ``address``: the Ray cluster (None: this process is already connected)."""
+
+    _cache: dict[tuple[str, str | None, str | None], BridgeClient] = {}
+
+    def __init__(self, bridge_name: str, address: str | None = None,
+                 auth_mode: str | None = None, window: int = 4) -> None:
+        import ray
+
+        ensure_ray(address, auth_mode)
+        try:
+            self.actor = ray.get_actor(bridge_name, namespace=NAMESPACE)
+        except ValueError:
+            raise BridgeError(
+                f"no reflow bridge named {bridge_name!r} in namespace {NAMESPACE!r}; start it "
+                "with SparkSource.start() (SparkLink.feed does) before the Spark query") from None
+        cfg = unpack_exact(ray.get(self.actor.config.remote()))
+        self.name = bridge_name
+        self.source = cfg["source"]
+        self.schema = parse_schema(cfg["schema"])
+        self.chunk_rows: int = cfg["chunk_rows"]
+        self.dead_letter_dir: str = cfg["dead_letter_dir"]
+        self.window = window
+
+    @classmethod
+    def cached(cls, bridge_name: str, address: str | None,
+               auth_mode: str | None = None) -> BridgeClient:
+        """A client per (bridge, cluster) and process, renewed when the named actor is a
+        different one than before (a bridge of the same name was started again)."""
+        import ray
+
+        key = (bridge_name, address, auth_mode)
+        client = cls._cache.get(key)
+        if client is not None:
+            try:
+                current = ray.get_actor(bridge_name, namespace=NAMESPACE)
+            except ValueError:
+                current = None
+            if current is None or current._actor_id != client.actor._actor_id:
+                client = None
+        if client is None:
+            client = cls._cache[key] = cls(bridge_name, address, auth_mode)
+        return client
+
+    def push(self, stream: str, batch_id: int, partition: int,
+             batches: Iterable[Any]) -> dict[str, int]:
+        """Push one partition of Spark batch ``batch_id`` (Arrow record batches or tables);
+        returns once reflow has taken all of it. Counts: rows, dead_letters, duplicates."""
+        import ray
+
+        from engine.spark.schema import conform, rechunk, to_ipc, write_dead_letters
+
+        pending: deque[tuple[Any, int]] = deque()
+        counts = {"rows": 0, "dead_letters": 0, "duplicate_rows": 0, "chunks": 0}
+
+        def settle(ref: Any, rows: int) -> None:
+            if ray.get(ref) == "dup":
+                counts["duplicate_rows"] += rows
+
+        try:
+            for seq, chunk in enumerate(rechunk(batches, self.chunk_rows)):
+                good, bad = conform(chunk, self.schema)
+                if bad:
+                    write_dead_letters(
+                        self.dead_letter_dir,
+                        f"{_safe(stream)}-b{batch_id:010d}-p{partition:05d}-c{seq:06d}.parquet",
+                        self.source, stream, batch_id, partition, bad)
+                ipc = to_ipc(good) if good.num_rows else b""
+                ref = self.actor.put.remote(stream, batch_id, partition, seq, good.num_rows,
+                                            len(bad), int(time.time() * 1000), ipc)
+                pending.append((ref, good.num_rows))
+                counts["rows"] += good.num_rows
+                counts["dead_letters"] += len(bad)
+                counts["chunks"] += 1
+                if len(pending) >= self.window:
+                    settle(*pending.popleft())
+            while pending:
+                settle(*pending.popleft())
+            ray.get(self.actor.drained.remote(stream, batch_id, partition))
+        except ray.exceptions.RayError as exc:
+            raise BridgeError(f"reflow bridge {self.name}: {_cause(exc)}") from None
+        return counts
+
+
+def _safe(stream: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in stream)[-48:]
+
+
+def foreach_batch_writer(bridge_name: str, stream: str, address: str | None = None) -> Any:
+    """A ``foreachBatch`` function pushing each micro-batch (``df.toArrow()``, on the Spark
+    driver) into the bridge as partition 0 of that batch id."""
+
+    def write_batch(df: Any, batch_id: int) -> None:
+        client = BridgeClient.cached(bridge_name, address)
+        table = df.toArrow()
+        client.push(stream, int(batch_id), 0, table.to_batches())
+
+    return write_batch
+
+
+# ====================================================================== reflow source
+
+
+class SparkSource(Source):
+    """A reflow source fed by Spark Structured Streaming (see the module docstring).
+
+    * ``schema``: the declared columns (DDL string, pyspark ``StructType`` or
+      ``pyarrow.Schema``); rows that do not fit go to ``dead_letter_dir`` (Parquet; a temp
+      directory when None) and are counted in ``stats()["dead_letters"]``.
+    * ``timestamp_column``: a TIMESTAMP or BIGINT (ms) column giving record timestamps;
+      otherwise a record's timestamp is when Spark handed it to the bridge.
+    * ``chunk_rows`` rows per chunk; each source task's queue holds at most
+      ``queue_chunks`` chunks (so the bridge buffers at most ``parallelism * queue_chunks
+      * chunk_rows`` rows).
+
+    Driver side: ``start()`` creates the bridge actor (``SparkLink.feed`` calls it),
+    ``foreach_batch(stream)`` gives a ``foreachBatch`` function, ``writer_options()`` the
+    options for ``df.writeStream.format("reflow")``, ``end_input()`` ends the source once
+    its queues are empty, ``stats()`` and ``close()`` (kills the actor).
+    """
+
+    def __init__(
+        self,
+        schema: Any,
+        name: str | None = None,
+        *,
+        timestamp_column: str | None = None,
+        dead_letter_dir: str | None = None,
+        chunk_rows: int = 4096,
+        queue_chunks: int = 2,
+        connect_timeout_s: float = 300.0,
+    ) -> None:
+        self.schema: ColumnSchema = parse_schema(schema)
+        if timestamp_column is not None and timestamp_column not in self.schema.names:
+            raise ValueError(f"SparkSource timestamp_column {timestamp_column!r} is not a "
+                             f"declared column ({self.schema.names})")
+        if chunk_rows < 1 or queue_chunks < 1:
+            raise ValueError("SparkSource chunk_rows and queue_chunks must be >= 1")
+        self.name = name or f"spark-{uuid.uuid4().hex[:8]}"
+        self.bridge_name = f"spark-bridge/{self.name}"
+        self.timestamp_column = timestamp_column
+        self.dead_letter_dir = os.path.abspath(
+            dead_letter_dir or tempfile.mkdtemp(prefix="reflow-dead-letters-"))
+        self.chunk_rows = int(chunk_rows)
+        self.queue_chunks = int(queue_chunks)
+        self.connect_timeout_s = float(connect_timeout_s)
+        self._actor: Any = None
+
+    # -- driver side
+    def _config(self) -> bytes:
+        return pack_exact({
+            "name": self.bridge_name, "source": self.name, "schema": self.schema.ddl(),
+            "chunk_rows": self.chunk_rows, "queue_chunks": self.queue_chunks,
+            "dead_letter_dir": self.dead_letter_dir, "connect_timeout_s": self.connect_timeout_s,
+        })
+
+    def start(self) -> Any:
+        """Create the bridge actor (idempotent; the driver must be connected to Ray). It is
+        owned by this driver, so it never outlives it."""
+        import ray
+
+        if self._actor is None:
+            if not ray.is_initialized():
+                raise BridgeError("SparkSource.start(): connect to Ray first (job.run() does)")
+            self._actor = _remote_bridge().options(
+                name=self.bridge_name, namespace=NAMESPACE, num_cpus=0,
+                max_concurrency=1000, get_if_exists=True,
+            ).remote(self._config())
+            ray.get(self._actor.config.remote())
+        return self._actor
+
+    def foreach_batch(self, stream: str) -> Any:
+        """A function for ``df.writeStream.foreachBatch(...)``; ``stream`` names the query
+        for dedupe (it must stay the same across restarts, e.g. the checkpoint path)."""
+        self.start()
+        return foreach_batch_writer(self.bridge_name, stream)
+
+    def writer_options(self, stream: str | None = None) -> dict[str, str]:
+        """Options for ``df.writeStream.format("reflow")``: the bridge and the Ray address
+        the executors connect to. Without ``stream`` the Spark query id is used."""
+        import ray
+
+        self.start()
+        opts = {"bridge": self.bridge_name,
+                "address": ray.get_runtime_context().gcs_address}
+        if os.environ.get("RAY_AUTH_MODE"):
+            opts["rayAuthMode"] = os.environ["RAY_AUTH_MODE"]
+        if stream is not None:
+            opts["stream"] = stream
+        return opts
+
+    def end_input(self) -> None:
+        import ray
+
+        ray.get(self.start().end_input.remote())
+
+    def fail(self, message: str) -> None:
+        import ray
+
+        ray.get(self.start().fail.remote(message))
+
+    def stats(self) -> dict[str, Any]:
+        """rows_in, rows_taken, dead_letters, duplicate_chunks/rows, queued_chunks, ..."""
+        import ray
+
+        return unpack_exact(ray.get(self.start().get_stats.remote()))
+
+    def close(self) -> None:
+        """Kill the bridge actor (safe to call twice)."""
+        import ray
+
+        actor, self._actor = self._actor, None
+        if actor is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+
+    def __getstate__(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_actor"] = None  # tasks look the actor up by name
+        return d
+
+    # -- task side
+    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
+        if parallelism < 1 or not 0 <= task_index < parallelism:
+            raise ValueError(f"bad task_index {task_index} for parallelism {parallelism}")
+        if offset is not None and not (isinstance(offset, (list, tuple)) and len(offset) == 2):
+            raise ValueError(f"SparkSource offset must be [batch_id, rows]; got {offset!r}")
+        return _BridgeReader(self, task_index, parallelism, offset, clock)
+
+
+class _BridgeReader(SourceReader):
+    MAX_CHUNKS = 8
+    MAX_IDLE_HINT_S = 0.005
+
+    def __init__(self, src: SparkSource, task_index: int, parallelism: int, offset: Any,
+                 clock: Clock) -> None:
+        self._name = src.bridge_name
+        self._ts_col = src.timestamp_column
+        self._task = task_index
+        self._p = parallelism
+        self._clock = clock
+        self._actor: Any = None
+        self._next_lookup = 0.0
+        self._fut: Any = None
+        self._values: list[Any] = []
+        self._ts: list[int] = []
+        self._i = 0
+        self._ended = False
+        self._batch, self._rows = (-1, 0) if offset is None else (int(offset[0]), int(offset[1]))
+        self._hint = 0.0005
+
+    def _request(self) -> None:
+        if self._actor is None:
+            import ray
+
+            now = self._clock.monotonic()
+            if now < self._next_lookup:
+                return
+            try:
+                self._actor = ray.get_actor(self._name, namespace=NAMESPACE)
+            except ValueError:
+                self._next_lookup = now + 0.2  # not created yet: look again soon
+                return
+        self._fut = self._actor.get.remote(self._task, self._p, self.MAX_CHUNKS).future()
+
+    def _take(self) -> None:
+        from engine.spark.schema import column_ms, from_ipc, to_records
+
+        fut, self._fut = self._fut, None
+        try:
+            reply = unpack_exact(fut.result())
+        except Exception as exc:
+            raise SparkQueryFailed(f"bridge {self._name} is gone: {_cause(exc)}") from None
+        kind = reply[0]
+        if kind == "failed":
+            raise SparkQueryFailed(reply[1])
+        if kind == "end":
+            self._ended = True
+            return
+        values: list[Any] = []
+        stamps: list[int] = []
+        for batch, _rows, put_ms, ipc in reply[1]:
+            table = from_ipc(ipc)
+            recs = to_records(table)
+            values.extend(recs)
+            if self._ts_col is None:
+                stamps.extend([put_ms] * len(recs))
+            else:
+                stamps.extend(put_ms if t is None else t for t in column_ms(table, self._ts_col))
+            self._batch = max(self._batch, batch)
+        self._values = self._values[self._i:] + values
+        self._ts = self._ts[self._i:] + stamps
+        self._i = 0
+        self._request()  # prefetch the next chunks while these are processed
+
+    def poll(self, max_records: int) -> SourceBatch | None:
+        if self._i >= len(self._values) and not self._ended:
+            if self._fut is None:
+                self._request()
+            if self._fut is not None and self._fut.done():
+                self._take()
+        if self._i < len(self._values):
+            end = min(len(self._values), self._i + max(1, max_records))
+            out = SourceBatch(self._values[self._i:end], self._ts[self._i:end])
+            self._rows += end - self._i
+            self._i = end
+            if self._i >= len(self._values):
+                self._values, self._ts, self._i = [], [], 0
+            self._hint = 0.0005
+            return out
+        if self._ended:
+            return None
+        self._hint = min(self.MAX_IDLE_HINT_S, self._hint * 2)
+        return SourceBatch()
+
+    def offset(self) -> Any:
+        return [self._batch, self._rows]
+
+    def seconds_until_ready(self) -> float:
+        if self._i < len(self._values) or (self._fut is not None and self._fut.done()):
+            return 0.0
+        return self._hint
+
+    def close(self) -> None:
+        self._fut = None
+        self._values, self._ts = [], []

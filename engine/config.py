@@ -16,7 +16,10 @@ class JobConfig:
     on one channel (a frame is acknowledged when the receiver takes it for processing), so a
     task holds at most ``credits`` frames per input channel. ``metrics_port``: 0 picks a free
     port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
-    (0 lets many tasks share a small machine).
+    (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
+    task (records), subscale size (key groups) and subscales per task at once.
+    ``warm_standby_tasks``: idle task actors kept ready for scale-out.
+    ``rescale_timeout_s``: how long a rescale phase or subscale may take before the job fails.
     """
 
     batch_size: int = 1000

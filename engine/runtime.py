@@ -80,18 +80,24 @@ _ACTIVE = ("created", "running")
 class TaskActor:
     """Shell around one ``TaskCore``: receives frames, runs the loop, sends with credits."""
 
-    def __init__(self, spec: TaskSpec, master: Any) -> None:
-        self.core = TaskCore(spec, SystemClock())
-        self.clock = self.core.clock
+    def __init__(self, spec: TaskSpec | None, master: Any) -> None:
+        """``spec`` None: a warm standby actor, made a task later by ``configure``."""
         self.master = master
         self.handles: dict[str, Any] = {}
-        self.gate = CreditGate(spec.config.credits)
+        if spec is not None:
+            self.configure(spec)
         self.in_flight: dict[int, deque[Any]] = {}
         self.acks: dict[tuple[int, int], asyncio.Future[None]] = {}
+        self.core: TaskCore
         self._wake: asyncio.Event | None = None
         self._send_lock: asyncio.Lock | None = None
         self._kick: asyncio.Event | None = None
         self._loop_task: asyncio.Task[None] | None = None
+
+    def configure(self, spec: TaskSpec) -> None:
+        self.core = TaskCore(spec, SystemClock())
+        self.clock = self.core.clock
+        self.gate = CreditGate(spec.config.credits)
 
     def _event(self) -> asyncio.Event:
         if self._wake is None:
@@ -342,6 +348,8 @@ class JobMaster:
         self._changed: asyncio.Event | None = None
         self._rescale_lock: asyncio.Lock | None = None
         self._vertex_locks: dict[str, asyncio.Lock] = {}
+        self._standby: list[Any] = []
+        self._configuring: dict[str, Any] = {}
         self._superseded: dict[str, int] = {}
         self._stop_restart_running = False
         self._drrs_running = 0
@@ -374,6 +382,9 @@ class JobMaster:
                 await asyncio.wait_for(ev.wait(), min(0.5, remaining) if remaining else 0.5)
 
     async def _call(self, task: str, msg: Any, handles: dict[str, Any] | None = None) -> Any:
+        pending = self._configuring.pop(task, None)
+        if pending is not None:
+            await pending
         return decode_message(await self.handles[task].control.remote(encode_message(msg), handles))
 
     def _spec(self, vertex_name: str, index: int, name: str, dep: Deployment) -> TaskSpec:
@@ -383,12 +394,27 @@ class JobMaster:
                         dep.plan.num_key_groups, self.config, key_fns, dep.key_groups_of(v.name, index))
 
     def _create(self, name: str, spec: TaskSpec) -> None:
-        me = ray.get_runtime_context().current_actor
+        """A task actor for ``spec``: a warm standby one when the pool has one (its
+        ``configure`` call is awaited before any other call reaches it), else a new actor."""
         self.specs[name] = spec
+        if self._standby:
+            handle = self._standby.pop()
+            self._configuring[name] = handle.configure.remote(spec)
+            self.handles[name] = handle
+            self._fill_standby()
+            return
+        me = ray.get_runtime_context().current_actor
         self.handles[name] = RemoteTask.options(
             name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
             max_concurrency=10_000,
         ).remote(spec, me)
+
+    def _fill_standby(self) -> None:
+        me = ray.get_runtime_context().current_actor
+        while len(self._standby) < self.config.warm_standby_tasks:
+            self._standby.append(RemoteTask.options(
+                namespace=NAMESPACE, num_cpus=self.config.task_num_cpus, max_concurrency=10_000,
+            ).remote(None, me))
 
     def _targets(self, connect: Any) -> dict[str, Any]:
         return {c.target: self.handles[c.target] for e in connect.outputs for c in e.channels}
@@ -416,6 +442,7 @@ class JobMaster:
         if self.config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.collector, self.config.metrics_host, self.config.metrics_port)
         self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
+        self._fill_standby()
         return self.endpoint.url if self.endpoint else ""
 
     async def report(self, payload: bytes) -> None:
@@ -457,10 +484,11 @@ class JobMaster:
 
     async def _teardown(self) -> None:
         self.collector.running = 0
-        for h in self.handles.values():
+        for h in [*self.handles.values(), *self._standby]:
             with contextlib.suppress(Exception):
                 ray.kill(h)
         self.handles.clear()
+        self._standby.clear()
 
     async def _poll_metrics(self) -> None:
         misses: dict[str, int] = {}

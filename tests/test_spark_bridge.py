@@ -202,8 +202,9 @@ def test_replayed_micro_batch_is_not_ingested_twice(spark, ray_cluster, tmp_path
     try:
         run_query()
         assert src.stats()["rows_taken"] == len(lines)
-        # Spark crashed after the sink took batch 2 but before its commit log entry: on
-        # restart it runs batch 2 again with the same offsets
+        # as if Spark crashed after reflow took the last batch but before the batch's commit
+        # log entry: on restart Spark runs that batch again with the same offsets
+
         replayed = _drop_last_commit(ckpt)
         run_query()
         st = src.stats()

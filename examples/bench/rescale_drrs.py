@@ -15,7 +15,8 @@ For each protocol (drrs, stop-restart) a fresh job:
    ``--min-build`` s. One metrics call then reads the aggregator's state size.
 2. Baseline: ``--baseline`` s (10) untouched; then the request wall time is noted and
    ``handle.rescale("agg", --to, protocol)`` is called (it blocks until the rescale is done).
-3. After: keep running ``--after`` s (30) after the request; then ``handle.stop()``.
+3. After: keep running ``--after`` s (30) after ``rescale()`` returned (the rescale done), so
+   every run observes the same post-rescale span; then ``handle.stop()``.
 
 From the LatencySink per-second histograms (latency = sink arrival - scheduled emission
 time, so queueing during a pause counts):
@@ -206,8 +207,8 @@ def run_protocol(protocol: str, args: argparse.Namespace, config: JobConfig,
         returned = time.time()
         print(f"[{protocol}] rescale {args.from_p}->{args.to_p}: {report.duration_s:.2f} s, "
               f"{report.key_groups_moved} key groups, {report.bytes_moved / 1e6:,.1f} MB; "
-              f"running {args.after:g} s after the request ...", flush=True)
-        time.sleep(max(0.0, requested + args.after - time.time()))
+              f"running {args.after:g} s more ...", flush=True)
+        time.sleep(max(0.0, returned + args.after - time.time()))
         ended = time.time()
         st = handle.status()
         if st.state != "running":
@@ -380,8 +381,20 @@ def _git() -> dict[str, Any]:
         except (OSError, subprocess.SubprocessError):
             return ""
 
+    import hashlib
+
+    h = hashlib.sha256()
+    for d in ("engine", "migration"):
+        for base, _, files in sorted(os.walk(os.path.join(ROOT, d))):
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(base, name)
+                    h.update(path.encode())
+                    with open(path, "rb") as f:
+                        h.update(f.read())
     return {"commit": git("rev-parse", "HEAD"),
-            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration"))}
+            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration")),
+            "engine_sha256": h.hexdigest()[:16]}
 
 
 # ------------------------------------------------------------------------------ main
@@ -397,7 +410,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--coverage", type=float, default=0.99, help="share of keys built before the baseline")
     ap.add_argument("--min-build", type=float, default=None, help="min build seconds (10; quick 4)")
     ap.add_argument("--baseline", type=float, default=None, help="baseline seconds before request (10; quick 5)")
-    ap.add_argument("--after", type=float, default=None, help="seconds after the request (30; quick 12)")
+    ap.add_argument("--after", type=float, default=None,
+                    help="seconds to keep running after the rescale returned (30; quick 12)")
+    ap.add_argument("--warm-standby", type=int, default=0,
+                    help="JobConfig(warm_standby_tasks=n): idle task actors kept for scale-out")
     ap.add_argument("--stable", type=float, default=5, help="stability window, s")
     ap.add_argument("--tolerance", type=float, default=1.10, help="stable = mean <= this x baseline mean")
     ap.add_argument("--protocols", nargs="+", default=list(PROTOCOLS), choices=PROTOCOLS)
@@ -413,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     args.baseline = args.baseline or (5.0 if q else 10.0)
     args.after = args.after or (12.0 if q else 30.0)
     os.makedirs(args.out, exist_ok=True)
-    config = JobConfig()
+    config = JobConfig(warm_standby_tasks=args.warm_standby)
 
     build_records = records_to_cover(args.keys, args.coverage)
     results: dict[str, Any] = {
@@ -426,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
                    "min_build_s": args.min_build, "baseline_s": args.baseline,
                    "after_s": args.after, "stable_s": args.stable, "tolerance": args.tolerance,
                    "protocols": args.protocols, "quick": q, "seed": SEED,
+                   "job_config": {k: getattr(config, k) for k in config.__dataclass_fields__},
                    "pipeline": "GeneratorSource(uniform, open loop) -> key_by -> PaddedCount "
                                "(ValueState pad bytes + count) -> LatencySink [chained]"},
         "definitions": {
@@ -452,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     results["total_seconds"] = time.monotonic() - t_all
+    results["code_at_end"] = _git()
+    if results["code_at_end"]["engine_sha256"] != results["code"]["engine_sha256"]:
+        print("WARNING: engine/ or migration/ changed during the run; figures mix versions")
     results["machine"]["loadavg_at_end"] = os.getloadavg()
     summarise(results)
     with open(os.path.join(args.out, "results.json"), "w") as f:

@@ -150,6 +150,7 @@ class OldOwnerRole:
     def __init__(self) -> None:
         self.subscales: dict[int, _Outgoing] = {}
         self.migrated_out: dict[int, int] = {}
+        self.finished: set[int] = set()
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...], new_owner: str,
                reroute_channel: int, predecessors: int) -> None:
@@ -158,7 +159,10 @@ class OldOwnerRole:
                 subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors)
 
     def should_migrate(self, subscale_id: int) -> bool:
-        """True exactly once per subscale: on its first trigger or confirm barrier."""
+        """True exactly once per subscale: on its first trigger or confirm barrier. A trigger
+        that arrives after the subscale finished (its confirms came first) is ignored."""
+        if subscale_id in self.finished:
+            return False
         out = self.subscales.get(subscale_id)
         if out is None:
             raise KeyError(f"barrier of unknown subscale {subscale_id}")
@@ -178,6 +182,7 @@ class OldOwnerRole:
 
     def finish(self, subscale_id: int) -> _Outgoing:
         out = self.subscales.pop(subscale_id)
+        self.finished.add(subscale_id)
         for kg in out.key_groups:
             self.migrated_out.pop(kg, None)
         return out

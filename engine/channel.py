@@ -146,6 +146,7 @@ class OutputRouter:
         self.outbox: deque[OutFrame] = deque()
         self._reroute: dict[int, _ChannelBuffer] = {}
         self.rerouted = 0
+        self.rerouted_by: dict[int, int] = {}  # per re-route channel
         self.records_out = 0
         self.bytes_out = 0
         self._dirty: set[_ChannelBuffer] = set()
@@ -261,6 +262,7 @@ class OutputRouter:
         b.kgs.append(kg)  # type: ignore[union-attr]
         b.ports.append(port)  # type: ignore[union-attr]
         self.rerouted += 1
+        self.rerouted_by[channel_id] = self.rerouted_by.get(channel_id, 0) + 1
         if len(b.values) >= self.batch_size:
             self._flush(b)
 

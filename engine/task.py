@@ -164,10 +164,10 @@ class TaskCore:
         self.priority_out: list[tuple[str, Any]] = []  # (target task, message), priority path
         self._heads: dict[int, _Head] = {}
         self._reroute_channels: dict[int, OutputChannel] = {}
-        self._rerouted_before: dict[int, int] = {}
         self._state_sent: dict[int, int] = {}
         self._trigger_at: dict[int, float] = {}
         self._suspended_since: float | None = None
+        self._end_pending = False
         self.suspended_s = 0.0
         if self.keyed is not None:
             self.keyed.hold = self.new_role.incoming
@@ -368,7 +368,10 @@ class TaskCore:
                 ch.ended = True
                 advanced = self.tracker.end(ch.channel_id)
                 if not self._live_inputs():
-                    self._finish()
+                    if self.new_role.active:
+                        self._end_pending = True  # finish once the incoming groups are in
+                    else:
+                        self._finish()
                 else:
                     self._check_drained()
                     self._on_watermark(advanced)
@@ -476,7 +479,7 @@ class TaskCore:
             self._reroute_channels.pop(sid, None)
             self.reports.append(SubscaleDone(
                 self.name, sid, "old", self._state_sent.pop(sid, 0),
-                self.router.rerouted - self._rerouted_before.pop(sid, 0),
+                self.router.rerouted_by.pop(out.reroute_channel, 0),
                 self._trigger_at.pop(sid, 0.0), self.suspended_s))
             del done
 
@@ -511,6 +514,9 @@ class TaskCore:
                 self._rr = 0
             self.reports.append(SubscaleDone(self.name, sid, "new", inc.bytes_in, 0, 0.0,
                                              self.suspended_s))
+            if self._end_pending and not self.new_role.active and not self._live_inputs():
+                self._end_pending = False
+                self._finish()
 
     # ------------------------------------------------------------ sources and timers
     def poll_source(self, max_records: int) -> bool:
@@ -650,7 +656,6 @@ class TaskCore:
             case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n):
                 self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n)
                 self._reroute_channels[sid] = rc
-                self._rerouted_before[sid] = self.router.rerouted
                 return Ack()
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
                                 reroute_channel=rcid):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -620,7 +619,7 @@ class JobMaster:
             try:
                 vertex = self._validate_rescale(operator, parallelism, protocol)
                 report = await self._guard_rescale(
-                    operator, parallelism, protocol, self._stop_restart(vertex, parallelism, None))
+                    operator, parallelism, protocol, self._stop_restart(vertex, parallelism))
             finally:
                 self._stop_restart_running = False
                 await self._maybe_finish()
@@ -817,7 +816,7 @@ class JobMaster:
                               dict(dep.assignments), dep.generation)
         self.plan = self.dep.plan
 
-    async def _stop_restart(self, vertex: str, parallelism: int, _: Any) -> RescaleReport:
+    async def _stop_restart(self, vertex: str, parallelism: int) -> RescaleReport:
         clock = self.clock
         requested = clock.now()
         v = self.dep.plan.vertex(vertex)
@@ -893,7 +892,6 @@ class JobMaster:
         await asyncio.gather(*(
             self._call(tasks[vertex][i], InstallKeyGroups(tuple(items)))
             for i, items in per_task.items()))
-        moved = set(sr.moved)
         progress["moved"] = len(sr.moved)
         progress["bytes"] = sum(len(d) for d in groups.values())
         bytes_moved = progress["bytes"]
@@ -910,7 +908,6 @@ class JobMaster:
         enter("done")
         self.collector.rescales_total[vertex] = self.collector.rescales_total.get(vertex, 0) + 1
         done = clock.now()
-        del moved
         return RescaleReport(
             vertex, "stop-restart", sr.old_parallelism, parallelism, requested, done,
             done - requested, len(sr.moved), bytes_moved, tuple(phases),
@@ -1017,8 +1014,3 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
             ray.kill(master)
         raise
     return JobHandle(master, job_id, url)
-
-
-def wall_time() -> float:
-    """For drivers and examples only (engine logic uses an injected Clock)."""
-    return time.time()

@@ -3,7 +3,6 @@ actor processes (Bytewax ``testing.py``, Beam ``TestStream`` in spirit)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import tempfile
 import time
@@ -160,9 +159,3 @@ def per_key(records: Iterable[Any], key_fn: Callable[[Any], Any]) -> dict[Any, l
     for r in records:
         out.setdefault(key_fn(r), []).append(r)
     return out
-
-
-def chunks(seq: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:
-    it = iter(seq)
-    while chunk := list(itertools.islice(it, n)):
-        yield chunk

@@ -334,7 +334,6 @@ class JobMaster:
         self.dep: Deployment = initial_deployment(self.plan, job_id)
         self.ids = ChannelIds()
         self.handles: dict[str, Any] = {}
-        self.specs: dict[str, TaskSpec] = {}
         self.state = "created"
         self.failure: TaskFailed | None = None
         self.error = ""
@@ -395,7 +394,6 @@ class JobMaster:
     def _create(self, name: str, spec: TaskSpec) -> None:
         """A task actor for ``spec``: a warm standby one when the pool has one (its
         ``configure`` call is awaited before any other call reaches it), else a new actor."""
-        self.specs[name] = spec
         if self._standby:
             handle = self._standby.pop()
             self._configuring[name] = handle.configure.remote(spec)

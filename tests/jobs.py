@@ -108,14 +108,16 @@ def sliding_sums_reference(records: list[tuple[int, int, int]], size: int = 400,
     return acc
 
 
-def disordered(n: int, seed: int, keys: int = 30, bound_ms: int = 40) -> list[tuple[int, int, int]]:
-    """(key, value, timestamp) with timestamps out of order by less than ``bound_ms``."""
+def disordered(n: int, seed: int, keys: int = 30, bound_ms: int = 40,
+               max_step_ms: int = 4) -> list[tuple[int, int, int]]:
+    """(key, value, timestamp) with timestamps out of order by less than ``bound_ms``; the
+    stream's time advances by 0..``max_step_ms - 1`` ms per record."""
     import random
 
     rng = random.Random(seed)
     out, t = [], 0
     for _ in range(n):
-        t += rng.randrange(0, 4)
+        t += rng.randrange(0, max_step_ms)
         out.append((rng.randrange(keys), rng.randrange(10), t + rng.randrange(-bound_ms + 1, 1)))
     return out
 

@@ -3,16 +3,15 @@ stop-restart rescale, late data to the side output, and a window join."""
 
 from __future__ import annotations
 
-import random
 import time
-from collections import Counter
 
 import pytest
 
 from engine import StreamJob
 from engine.config import JobConfig
 from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, sliding_event_time, tumbling_event_time
+from engine.time import WatermarkStrategy, tumbling_event_time
+from tests import jobs
 
 pytestmark = pytest.mark.ray
 
@@ -20,38 +19,16 @@ CFG = JobConfig(batch_size=50, linger_ms=2, metrics_port=None)
 BOUND = 40
 
 
-def disordered(n: int, seed: int, keys: int = 6) -> list[tuple[int, int, int]]:
-    """(key, value, timestamp) with timestamps out of order by less than BOUND ms."""
-    rng = random.Random(seed)
-    out, t = [], 0
-    for _ in range(n):
-        t += rng.randrange(0, 15)
-        out.append((rng.randrange(keys), rng.randrange(10), t + rng.randrange(-BOUND + 1, 1)))
-    return out
+def disordered(n: int, seed: int) -> list[tuple[int, int, int]]:
+    return jobs.disordered(n, seed, keys=6, bound_ms=BOUND, max_step_ms=15)
 
 
 def sliding_sums(records, size, slide):
-    acc: Counter = Counter()
-    for k, v, ts in records:
-        last = ts - ts % slide
-        s = last - size + slide
-        while s <= last:
-            if s <= ts < s + size:
-                acc[(k, s, s + size)] += v
-            s += slide
-    return dict(acc)
+    return jobs.sliding_sums_reference(records, size, slide)
 
 
-def windowed_job(records, parallelism, sink, rate=None, name="win"):
-    job = StreamJob("win", num_key_groups=32, parallelism=parallelism, config=CFG)
-    (job.source(TestingSource(records, rate=rate, timestamp_fn=lambda r: r[2]), name="src",
-                parallelism=1, watermarks=WatermarkStrategy(BOUND, interval_ms=10))
-        .key_by(lambda r: r[0])
-        .window(sliding_event_time(400, 100))
-        .reduce(lambda a, b: (a[0], a[1] + b[1], 0),
-                window_fn=lambda k, w, r: [(k, w.start, w.end, r[1])], name=name)
-        .sink(sink, name="out"))
-    return job
+def windowed_job(records, parallelism, sink, rate=None):
+    return jobs.windowed_sum_job(records, parallelism, sink, rate=rate, bound_ms=BOUND)
 
 
 def as_dict(results):

@@ -293,6 +293,27 @@ class AddInputs:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class HoldFinish:
+    """Live rescale: while ``hold``, a task whose input has ended stays running instead of
+    finishing, so it can still give away and take key groups; releasing (``hold`` False)
+    finishes it if its input ended meanwhile. Replied to with ``TaskState``."""
+
+    hold: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """Reply to ``HoldFinish``: the task's status (created, running, finished, failed,
+    stopped) and whether its input has ended."""
+
+    task: str
+    status: str
+    input_ended: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class InjectSubscale:
     """DRRS, to every predecessor: route ``key_groups`` of ``edge_id`` to task index
     ``new_index`` from now on; send the old owner ``TriggerBarrier`` (priority) and, on the

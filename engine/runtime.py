@@ -43,6 +43,7 @@ from engine.messages import (
     Drained,
     ExpectIncoming,
     ExpectOutgoing,
+    HoldFinish,
     InjectSubscale,
     InstallKeyGroups,
     JobStatus,
@@ -125,7 +126,9 @@ class TaskActor:
         if isinstance(msg, Start) and self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         self._send_priority()
-        blocking = isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource))
+        # a task whose loop has ended (finished) sends nothing later: send everything now
+        loop_ended = self._loop_task is not None and self._loop_task.done()
+        blocking = loop_ended or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
@@ -223,7 +226,7 @@ class TaskActor:
                     raise _DownstreamDied(str(exc))
 
     async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
-        for cid, q in self.in_flight.items():
+        for cid, q in list(self.in_flight.items()):  # a control call may add channels meanwhile
             if channel_ids is not None and cid not in channel_ids:
                 continue
             while q:
@@ -648,7 +651,25 @@ class JobMaster:
 
     async def _drrs(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
                     turn: int) -> RescaleReport:
-        """Live rescale with DRRS: new tasks first, then subscales, then removals."""
+        """Live rescale with DRRS; the operator's tasks do not finish while it runs (their
+        input may end meanwhile: they must still give away and take key groups)."""
+        try:
+            states = await asyncio.gather(*(self._call(t, HoldFinish(True))
+                                            for t in self.dep.tasks[vertex]))
+            ended = [st.task for st in states if st.input_ended]
+            if ended:
+                raise RescaleRefused(
+                    f"job {self.job_id} is finishing: the input of {ended[0]} has ended; "
+                    "rescaling a finishing job is not supported")
+            return await self._drrs_held(vertex, final_p, assignment, turn)
+        finally:
+            if self.state == "running":
+                await asyncio.gather(*(self._call(t, HoldFinish(False))
+                                       for t in self.dep.tasks[vertex]))
+
+    async def _drrs_held(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
+                         turn: int) -> RescaleReport:
+        """New tasks first, then subscales, then removals."""
         clock, cfg = self.clock, self.config
         requested = clock.now()
         dep = self.dep
@@ -760,6 +781,7 @@ class JobMaster:
             i = work_dep.tasks[vertex].index(name)
             self._create(name, self._spec(vertex, i, name, work_dep))
         msgs = connect_messages(work_dep, self.ids)
+        await asyncio.gather(*(self._call(n, HoldFinish(True)) for n in new_names))
         # the new tasks read from every predecessor and write to the operator's receivers
         await asyncio.gather(*(self._call(n, msgs[n], self._targets(msgs[n])) for n in new_names))
         adds: dict[str, list[tuple[int, int]]] = {}

@@ -31,6 +31,7 @@ from engine.messages import (
     EndOfStream,
     ExpectIncoming,
     ExpectOutgoing,
+    HoldFinish,
     InjectSubscale,
     InstallKeyGroups,
     KeyGroupSnapshot,
@@ -47,6 +48,7 @@ from engine.messages import (
     SubscaleDone,
     TaskFailed,
     TaskFinished,
+    TaskState,
     TriggerBarrier,
     Watermark,
     decode_frame,
@@ -167,7 +169,8 @@ class TaskCore:
         self._state_sent: dict[int, int] = {}
         self._trigger_at: dict[int, float] = {}
         self._suspended_since: float | None = None
-        self._end_pending = False
+        self._end_pending = False  # input ended; finishing waits for a rescale
+        self.hold_finish = False
         self.suspended_s = 0.0
         if self.keyed is not None:
             self.keyed.hold = self.new_role.incoming
@@ -368,10 +371,8 @@ class TaskCore:
                 ch.ended = True
                 advanced = self.tracker.end(ch.channel_id)
                 if not self._live_inputs():
-                    if self.new_role.active:
-                        self._end_pending = True  # finish once the incoming groups are in
-                    else:
-                        self._finish()
+                    self._end_pending = True
+                    self._finish_if_ended()
                 else:
                     self._check_drained()
                     self._on_watermark(advanced)
@@ -407,6 +408,14 @@ class TaskCore:
         for p in self.policies:
             if p.dead_letter is not None:
                 p.dead_letter.flush()
+
+    def _finish_if_ended(self) -> None:
+        """Finish once the input has ended, unless a rescale holds the task or key groups
+        are still on their way in or out (their barriers must still be processed)."""
+        if (self._end_pending and self.status == RUNNING and not self.hold_finish
+                and not self._migrating() and not self._live_inputs()):
+            self._end_pending = False
+            self._finish()
 
     def _finish(self) -> None:
         if self.keyed is not None:
@@ -482,6 +491,7 @@ class TaskCore:
                 self.router.rerouted_by.pop(out.reroute_channel, 0),
                 self._trigger_at.pop(sid, 0.0), self.suspended_s))
             del done
+            self._finish_if_ended()
 
     def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:
         self.new_role.on_confirm(sid, direct_channel)
@@ -514,9 +524,7 @@ class TaskCore:
                 self._rr = 0
             self.reports.append(SubscaleDone(self.name, sid, "new", inc.bytes_in, 0, 0.0,
                                              self.suspended_s))
-            if self._end_pending and not self.new_role.active and not self._live_inputs():
-                self._end_pending = False
-                self._finish()
+            self._finish_if_ended()
 
     # ------------------------------------------------------------ sources and timers
     def poll_source(self, max_records: int) -> bool:
@@ -650,6 +658,12 @@ class TaskCore:
                 self._order = sorted(self.inputs)
                 self._on_watermark(self.tracker.set_channels(self._live_inputs()))
                 return Ack()
+            case HoldFinish(hold=hold):
+                self.hold_finish = hold
+                if not hold:
+                    self._finish_if_ended()
+                return TaskState(self.name, self.status,
+                                 self._end_pending or self.status == FINISHED)
             case InjectSubscale():
                 self._inject(msg)
                 return Ack()

@@ -43,6 +43,7 @@ from engine.messages import (
     EndOfStream,
     ExpectIncoming,
     ExpectOutgoing,
+    HoldFinish,
     InjectSubscale,
     MigrateState,
     OutputChannel,
@@ -51,6 +52,7 @@ from engine.messages import (
     Start,
     StopTask,
     SubscaleDone,
+    TaskState,
     TriggerBarrier,
     Watermark,
     decode_frame,
@@ -234,9 +236,13 @@ class DNet:
             self.deliver_prio(TriggerBarrier)
         return rcid
 
-    def add_tasks(self, vertex: str, work_p: int) -> list[str]:
+    def hold(self, vertex: str, hold: bool = True) -> list[TaskState]:
+        """JobMaster._drrs: HoldFinish to every task of the vertex."""
+        return [self.cores[n].handle(wire(HoldFinish(hold))) for n in self.dep.tasks[vertex]]
+
+    def add_tasks(self, vertex: str, work_p: int, hold: bool = False) -> list[str]:
         """JobMaster._add_tasks: create, connect, AddInputs downstream, start, and
-        AddOutputChannels at every predecessor."""
+        AddOutputChannels at every predecessor (``hold``: HoldFinish first)."""
         dep = self.dep
         old = list(dep.tasks[vertex])
         gen = dep.generation + 1
@@ -246,6 +252,8 @@ class DNet:
         for n in new_names:
             i = work.tasks[vertex].index(n)
             self.cores[n] = TaskCore(make_spec(work, vertex, i, n, self.config), self.clock)
+            if hold:
+                self.cores[n].handle(wire(HoldFinish(True)))
         msgs = connect_messages(work, self.ids)
         for n in new_names:
             assert self.cores[n].handle(wire(msgs[n])) == Ack()
@@ -1080,6 +1088,45 @@ def test_new_owner_does_not_finish_before_its_incoming_subscale_is_done(clock, s
     net.pump()
     assert per_key(sink.results()) == per_key(running_sum_reference(recs))
     assert [r.role for r in d.reports if isinstance(r, SubscaleDone)] == ["new"]
+
+
+def test_held_tasks_whose_input_ended_still_give_and_take_groups(clock, sink):
+    """The input ends while a rescale holds the operator's tasks (the CI hang: finished
+    tasks dropped the confirm barriers): the source, already finished, injects; the old
+    owner and the new owner complete the subscale; releasing finishes both."""
+    recs = [(a, 1), (b, 2), (a, 3), (dk, 4), (a, 10), (b, 20)]
+    net = DNet(drrs_job(recs, sink), clock)
+    src, s, d = net["src/0"], net["sum/0"], net["sum/1"]
+    assert net.hold("sum") == [TaskState(net.name(f"sum/{i}"), "running", False) for i in (0, 1)]
+    net.run_sources()
+    assert src.status == "finished"
+    assert (s.status, d.status) == ("running", "running")       # held, not finished
+    assert [st.input_ended for st in net.hold("sum")] == [True, True]
+    net.start_subscale(S0)             # injected into a finished source
+    net.pump()
+    assert set(net.subscale_reports()[0]) == {"old", "new"}
+    assert (s.status, d.status) == ("running", "running")
+    net.hold("sum", False)
+    assert (s.status, d.status) == ("finished", "finished")
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs))
+    assert reduce_state(d)[a] == (a, 14) and a not in reduce_state(s)
+
+
+def test_a_new_task_added_after_the_input_ended_takes_groups_while_held(clock, sink):
+    recs = [(a, 1), (b, 2), (a, 3), (dk, 4)]
+    net = DNet(drrs_job(recs, sink), clock)
+    net.hold("sum")
+    net.run_sources()
+    (new,) = net.add_tasks("sum", 3, hold=True)    # it sees the end of input at once
+    net.pump()
+    assert net.cores[new].status == "running"
+    net.start_subscale(Subscale(0, 0, 2, (A,)))
+    net.pump()
+    assert set(net.subscale_reports()[0]) == {"old", "new"}
+    net.hold("sum", False)
+    assert {c.status for c in net.cores.values()} == {"finished"}
+    assert reduce_state(net.cores[new]) == {a: (a, 4)}
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs))
 
 
 def test_remove_output_channels_refuses_non_trailing_or_routed_channels(clock, sink):

@@ -78,6 +78,8 @@ FLAT_CONTROL_MESSAGES = [
     m.AddInputs(((7, 0), (8, -1))),
     m.InjectSubscale(2, 0, (5, 6, 7), 3),
     m.TriggerBarrier(2),
+    m.HoldFinish(True),
+    m.TaskState("j/sum/0/g0", "running", False),
     m.ExpectIncoming(2, (5, 6), (10, 11), 99),
     m.MigrateState(2, 5, b"\x93\x00", -(2**63)),
     m.SubscaleDone("j/sum/0/g0", 2, "old", 1024, 17, 1.5, 0.25),

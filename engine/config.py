@@ -20,6 +20,13 @@ class JobConfig:
     task (records), subscale size (key groups) and subscales per task at once.
     ``warm_standby_tasks``: idle task actors kept ready for scale-out.
     ``rescale_timeout_s``: how long a rescale phase or subscale may take before the job fails.
+    ``batched_step_size``/``batched_matching``: key groups per step of the ``batched``
+    protocol, or steps in which every task sends and receives at most one group.
+    ``step_gap_ms``: pause between the steps of step-wise protocols (fluid, batched,
+    non-disruptive).
+    ``live_rescaling``: False switches off the per-frame and per-timer checks that live
+    migration needs (only ``stop-restart`` is then accepted); it exists to measure what
+    rescaling support costs in steady state.
     """
 
     batch_size: int = 1000
@@ -37,6 +44,10 @@ class JobConfig:
     drrs_max_subscales_per_task: int = 2
     warm_standby_tasks: int = 0
     rescale_timeout_s: float = 300.0
+    batched_step_size: int = 4
+    batched_matching: bool = False
+    step_gap_ms: float = 0.0
+    live_rescaling: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -54,6 +65,8 @@ class JobConfig:
             (self.drrs_max_subscales_per_task >= 1, "drrs_max_subscales_per_task must be >= 1"),
             (self.warm_standby_tasks >= 0, "warm_standby_tasks must be >= 0"),
             (self.rescale_timeout_s > 0, "rescale_timeout_s must be > 0"),
+            (self.batched_step_size >= 1, "batched_step_size must be >= 1 key group"),
+            (self.step_gap_ms >= 0, "step_gap_ms must be >= 0"),
         ]
         for ok, msg in checks:
             if not ok:

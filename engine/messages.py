@@ -125,13 +125,23 @@ class ConfirmBarrier:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class PauseBarrier:
+    """pause-resume: on predecessor u's data channel to the new owner, after u switched its
+    routing; the new owner reads nothing more from the channel until the subscale's state
+    is installed."""
+
+    subscale: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class ChannelIdle:
     """The sender has no data for now: its watermark stops holding the receiver back until
     its next watermark."""
 
 
 ChannelEvent = (Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
-                | ChannelIdle | ConfirmBarrier)
+                | ChannelIdle | ConfirmBarrier | PauseBarrier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,15 +324,37 @@ class TaskState:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class GroupStatsRequest:
+    """Per key group: records processed since the last request, and state bytes. Replied to
+    with ``GroupStats`` (the counters restart)."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """``groups``: ``(key_group, records, state_bytes)`` for every group the task holds;
+    ``seconds`` the records were counted over."""
+
+    task: str
+    groups: tuple[tuple[int, int, int], ...]
+    seconds: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class InjectSubscale:
-    """DRRS, to every predecessor: route ``key_groups`` of ``edge_id`` to task index
-    ``new_index`` from now on; send the old owner ``TriggerBarrier`` (priority) and, on the
-    data channel, ``ConfirmBarrier`` behind the records of those groups already sent."""
+    """To every predecessor: route ``key_groups`` of ``edge_id`` to task index
+    ``new_index`` from now on; put ``ConfirmBarrier`` on the data channel to the old owner
+    behind the records of those groups already sent; with ``trigger`` (DRRS) also send the
+    old owner ``TriggerBarrier`` (priority); with ``pause_new`` (pause-resume) put
+    ``PauseBarrier`` on the channel to the new owner."""
 
     subscale: int
     edge_id: int
     key_groups: tuple[int, ...]
     new_index: int
+    trigger: bool = True
+    pause_new: bool = False
 
 
 @wire
@@ -336,25 +368,33 @@ class TriggerBarrier:
 @wire
 @dataclass(frozen=True, slots=True)
 class ExpectOutgoing:
-    """DRRS, to the old owner: ``key_groups`` will go to ``reroute.target``; re-route
-    records of them on ``reroute``; ``predecessors`` confirms will arrive."""
+    """To the old owner: ``key_groups`` will go to ``reroute.target``; ``predecessors``
+    confirms will arrive. DRRS (``aligned`` False): migrate on the first barrier and
+    re-route later records of the groups on ``reroute``. Otherwise ship the state once every
+    confirm is in (no record is ever re-routed); with ``block`` a channel that delivered its
+    confirm is not read until then (Megaphone/Trisk alignment)."""
 
     subscale: int
     key_groups: tuple[int, ...]
     reroute: OutputChannel
     predecessors: int
+    aligned: bool = False
+    block: bool = False
 
 
 @wire
 @dataclass(frozen=True, slots=True)
 class ExpectIncoming:
-    """DRRS, to the new owner: ``key_groups`` are coming; confirms for ``direct_channels``
-    will come back on ``reroute_channel`` (added as an input)."""
+    """To the new owner: ``key_groups`` are coming. With ``confirm_needed`` (DRRS) confirms
+    for ``direct_channels`` come back on ``reroute_channel`` (added as an input) and a
+    direct record waits for its channel's confirm; otherwise a record of a group is ready
+    once the group's state is in."""
 
     subscale: int
     key_groups: tuple[int, ...]
     direct_channels: tuple[int, ...]
     reroute_channel: int
+    confirm_needed: bool = True
 
 
 @wire

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -36,13 +37,14 @@ from engine.errors import (
     RescaleRefused,
     UserFunctionError,
 )
-from engine.keygroups import uniform_assignment, validate_assignment
+from engine.keygroups import moved_key_groups, uniform_assignment, validate_assignment
 from engine.messages import (
     AddInputs,
     AddOutputChannels,
     Drained,
     ExpectIncoming,
     ExpectOutgoing,
+    GroupStatsRequest,
     HoldFinish,
     InjectSubscale,
     InstallKeyGroups,
@@ -65,8 +67,15 @@ from engine.messages import (
 from engine.metrics import JobCollector, JobMetrics, MetricsEndpoint, RescaleProgress, TaskMetrics
 from engine.physical import PhysicalPlan, plan_physical
 from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
-from migration.protocols import PROTOCOLS
-from migration.protocols.drrs import REROUTE_PORT, SubscaleScheduler, plan_subscales
+from migration.planning import (
+    Planning,
+    adaptive_planning,
+    profiles_from_metrics,
+    workload_from_profiles,
+)
+from migration.protocols import LIVE, PROTOCOLS, plan_live
+from migration.protocols.drrs import REROUTE_PORT, SubscaleScheduler
+from migration.protocols.live import LivePlan, LiveProtocol, StepScheduler
 from migration.protocols.stop_restart import plan_stop_restart
 from migration.report import RescaleReport
 
@@ -568,6 +577,10 @@ class JobMaster:
         if protocol not in PROTOCOLS:
             raise RescaleRefused(
                 f"unknown protocol {protocol!r}; available: {', '.join(PROTOCOLS)}")
+        if protocol != "stop-restart" and not self.config.live_rescaling:
+            raise RescaleRefused(
+                f"protocol {protocol!r} needs live rescaling, which this job's config switches "
+                "off (JobConfig(live_rescaling=False)); use protocol='stop-restart' or enable it")
         try:
             op = self.graph.operator(operator)
         except Exception as exc:
@@ -588,15 +601,18 @@ class JobMaster:
         return v.name
 
     async def rescale(self, operator: str, parallelism: int, protocol: str,
-                      assignment: tuple[int, ...] | None = None) -> bytes:
+                      assignment: tuple[int, ...] | None = None, planning: Any = None) -> bytes:
         vertex = self._validate_rescale(operator, parallelism, protocol)
         if assignment is not None:
             self._validate_assignment(vertex, assignment, parallelism)
+        if planning is not None and not isinstance(planning, Planning):
+            raise RescaleRefused(f"planning must be a migration.planning.Planning, not "
+                                 f"{type(planning).__name__}")
         self._ev()
         assert self._rescale_lock is not None
-        if protocol == "drrs" and not self.dep.plan.vertex(vertex).keyed:
+        if protocol in LIVE and not self.dep.plan.vertex(vertex).keyed:
             protocol = "stop-restart"  # a stateless operator has no key groups to move live
-        if protocol == "drrs":
+        if protocol in LIVE:
             self._superseded[vertex] = self._superseded.get(vertex, 0) + 1
             my_turn = self._superseded[vertex]
             lock = self._vertex_locks.setdefault(vertex, asyncio.Lock())
@@ -608,7 +624,8 @@ class JobMaster:
                     vertex = self._validate_rescale(operator, parallelism, protocol)
                     report = await self._guard_rescale(
                         operator, parallelism, protocol,
-                        self._drrs(vertex, parallelism, assignment, my_turn))
+                        self._live(vertex, parallelism, assignment, my_turn, LIVE[protocol],
+                                   planning))
                 finally:
                     self._drrs_running -= 1
                     await self._maybe_finish()
@@ -649,10 +666,10 @@ class JobMaster:
                 await self._fail(msg)
             raise JobFailedError(self.error or msg) from exc
 
-    async def _drrs(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
-                    turn: int) -> RescaleReport:
-        """Live rescale with DRRS; the operator's tasks do not finish while it runs (their
-        input may end meanwhile: they must still give away and take key groups)."""
+    async def _live(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
+                    turn: int, proto: LiveProtocol, planning: Planning | None) -> RescaleReport:
+        """Live rescale; the operator's tasks do not finish while it runs (their input may
+        end meanwhile: they must still give away and take key groups)."""
         try:
             states = await asyncio.gather(*(self._call(t, HoldFinish(True))
                                             for t in self.dep.tasks[vertex]))
@@ -661,15 +678,51 @@ class JobMaster:
                 raise RescaleRefused(
                     f"job {self.job_id} is finishing: the input of {ended[0]} has ended; "
                     "rescaling a finishing job is not supported")
-            return await self._drrs_held(vertex, final_p, assignment, turn)
+            return await self._live_held(vertex, final_p, assignment, turn, proto, planning)
         finally:
             if self.state == "running":
                 await asyncio.gather(*(self._call(t, HoldFinish(False))
                                        for t in self.dep.tasks[vertex]))
 
-    async def _drrs_held(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
-                         turn: int) -> RescaleReport:
-        """New tasks first, then subscales, then removals."""
+    async def _plan(self, proto: LiveProtocol, vertex: str, old_assign: tuple[int, ...],
+                    new_assign: tuple[int, ...], old_p: int, final_p: int,
+                    planning: Planning | None) -> LivePlan:
+        """The plan; per-group load and state size are asked from the tasks when the
+        planning needs them (non-disruptive's adaptive default, load or state orders)."""
+        cfg = self.config
+        profiles: dict[int, Any] = {}
+        if planning is not None or proto.name == "non-disruptive":
+            profiles = await self._group_profiles(vertex)
+        if planning is None and proto.name == "non-disruptive":
+            moved = moved_key_groups(old_assign, new_assign)
+            rate = sum(p.load for p in profiles.values())
+            decision = adaptive_planning(workload_from_profiles(profiles, moved, rate))
+            planning = decision.planning
+            adaptive = decision.reason
+        else:
+            adaptive = ""
+        plan = plan_live(proto.name, vertex, old_assign, new_assign, old_p, final_p,
+                         subscale_size=cfg.drrs_subscale_size, batch=cfg.batched_step_size,
+                         matching=cfg.batched_matching, planning=planning, profiles=profiles,
+                         first_id=self._next_subscale)
+        if adaptive:
+            plan = dataclasses.replace(plan, reason=f"adaptive: {adaptive}; {plan.reason}")
+        return plan
+
+    async def _group_profiles(self, vertex: str) -> dict[int, Any]:
+        replies = await asyncio.gather(*(self._call(t, GroupStatsRequest())
+                                         for t in self.dep.tasks[vertex]))
+        loads: dict[int, float] = {}
+        sizes: dict[int, int] = {}
+        for r in replies:
+            for kg, records, size in r.groups:
+                loads[kg] = records / r.seconds if r.seconds > 0 else 0.0
+                sizes[kg] = size
+        return profiles_from_metrics(loads, sizes)
+
+    async def _live_held(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,
+                         turn: int, proto: LiveProtocol, planning: Planning | None) -> RescaleReport:
+        """New tasks first, then the plan's subscales, then removals."""
         clock, cfg = self.clock, self.config
         requested = clock.now()
         dep = self.dep
@@ -678,15 +731,14 @@ class JobMaster:
         old_assign = dep.assignments[vertex]
         new_assign = tuple(assignment) if assignment is not None else uniform_assignment(
             dep.plan.num_key_groups, final_p)
-        plan = plan_subscales(vertex, old_assign, new_assign, old_p, final_p,
-                              cfg.drrs_subscale_size, self._next_subscale)
+        plan = await self._plan(proto, vertex, old_assign, new_assign, old_p, final_p, planning)
         self._next_subscale += len(plan.subscales)
         work_p = max(old_p, final_p)
         stats = {"moved": 0, "bytes": 0}
 
         def enter(phase: str, running: bool = True) -> None:
             self.collector.rescales[vertex] = RescaleProgress(
-                vertex, "drrs", phase, len(plan.moved), stats["moved"], stats["bytes"], running)
+                vertex, proto.name, phase, len(plan.moved), stats["moved"], stats["bytes"], running)
 
         # 1. new tasks before the first subscale
         enter("deploy")
@@ -706,7 +758,9 @@ class JobMaster:
         in_edges = work_dep.plan.inputs_of(vertex)
         current = list(old_assign)
         owned = {i: current.count(i) for i in range(work_p)}
-        sched = SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task)
+        sched: SubscaleScheduler | StepScheduler = (
+            SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task) if proto.concurrent
+            else StepScheduler(plan.steps))
         timings: list[tuple[int, float, float]] = []
         first_start: float | None = None
         started_at: dict[int, float] = {}
@@ -725,12 +779,14 @@ class JobMaster:
                 sched.pending.clear()
                 superseded = True
             batch = sched.next_batch()
+            if batch and not proto.concurrent and cfg.step_gap_ms > 0 and sched.done:
+                await asyncio.sleep(cfg.step_gap_ms / 1000.0)
             for sub in batch:
                 now = clock.now()
                 first_start = first_start if first_start is not None else now
                 started_at[sub.subscale_id] = now
                 injected_at[sub.subscale_id] = await self._start_subscale(
-                    sub, names, in_edges, work_dep)
+                    sub, names, in_edges, work_dep, proto)
             if not sched.running:
                 break
             try:
@@ -770,10 +826,10 @@ class JobMaster:
         self.collector.rescales_total[vertex] = self.collector.rescales_total.get(vertex, 0) + 1
         done = clock.now()
         return RescaleReport(
-            vertex, "drrs", old_p, len(self.dep.tasks[vertex]), requested, done, done - requested,
+            vertex, proto.name, old_p, len(self.dep.tasks[vertex]), requested, done, done - requested,
             stats["moved"], stats["bytes"], (), (), first_start or done,
             rerouted, suspended, (sum(delays) / len(delays)) if delays else 0.0,
-            tuple(timings), superseded)
+            tuple(timings), superseded, plan.reason, len(plan.steps) if not proto.concurrent else 1)
 
     async def _add_tasks(self, work_dep: Deployment, vertex: str, new_names: list[str]) -> None:
         """Create, wire and start new tasks of ``vertex`` while the job runs."""
@@ -801,18 +857,20 @@ class JobMaster:
         await asyncio.gather(*calls)
 
     async def _start_subscale(self, sub: Any, names: list[str], in_edges: list[Any],
-                              dep: Deployment) -> float:
+                              dep: Deployment, proto: LiveProtocol) -> float:
         s_name, d_name = names[sub.old], names[sub.new]
         rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
         direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges for u in dep.tasks[e.src])
-        await self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid))
+        await self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
+                                                confirm_needed=proto.trigger))
         await self._call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
                                                 OutputChannel(rcid, d_name, REROUTE_PORT),
-                                                len(direct)),
+                                                len(direct), proto.aligned, proto.block_aligned),
                          {d_name: self.handles[d_name]})
         at = self.clock.now()
         await asyncio.gather(*(
-            self._call(u, InjectSubscale(sub.subscale_id, e.edge_id, sub.key_groups, sub.new))
+            self._call(u, InjectSubscale(sub.subscale_id, e.edge_id, sub.key_groups, sub.new,
+                                         proto.trigger, proto.pause_new_owner))
             for e in in_edges for u in dep.tasks[e.src]))
         return at
 
@@ -978,25 +1036,30 @@ class JobHandle:
         return JobMetrics(self.job_id, state, tuple(decode_message(t) for t in tasks),
                           tuple(decode_message(r) for r in rescales), url or None)
 
-    def rescale(self, operator: str, parallelism: int, protocol: str = "drrs") -> RescaleReport:
+    def rescale(self, operator: str, parallelism: int, protocol: str = "drrs",
+                planning: Any = None) -> RescaleReport:
         """Change ``operator``'s parallelism while the job runs; returns the report.
 
-        Raises ``RescaleRefused`` (job untouched) for an invalid request."""
-        return self._rescale(operator, parallelism, protocol, None)
+        ``protocol``: one of ``migration.protocols.PROTOCOLS``. ``planning``: a
+        ``migration.planning.Planning`` ordering (and, for non-disruptive, chunking) the
+        moving key groups; None uses the protocol's default (the adaptive strategy for
+        non-disruptive). Raises ``RescaleRefused`` (job untouched) for an invalid request."""
+        return self._rescale(operator, parallelism, protocol, None, planning)
 
-    def rebalance(self, operator: str, assignment: Sequence[int], protocol: str = "drrs") -> RescaleReport:
+    def rebalance(self, operator: str, assignment: Sequence[int], protocol: str = "drrs",
+                  planning: Any = None) -> RescaleReport:
         """Move key groups so that key group ``kg`` is held by task ``assignment[kg]``; the
         parallelism becomes ``max(assignment) + 1``."""
         a = tuple(int(t) for t in assignment)
         if not a:
             raise RescaleRefused("the assignment is empty; give one task index per key group")
-        return self._rescale(operator, max(a) + 1, protocol, a)
+        return self._rescale(operator, max(a) + 1, protocol, a, planning)
 
     def _rescale(self, operator: str, parallelism: int, protocol: str,
-                 assignment: tuple[int, ...] | None) -> RescaleReport:
+                 assignment: tuple[int, ...] | None, planning: Any = None) -> RescaleReport:
         try:
-            return decode_message(ray.get(
-                self._master.rescale.remote(operator, parallelism, protocol, assignment)))
+            return decode_message(ray.get(self._master.rescale.remote(
+                operator, parallelism, protocol, assignment, planning)))
         except ray.exceptions.RayTaskError as exc:
             cause = exc.cause if hasattr(exc, "cause") else None
             if isinstance(cause, (RescaleRefused, JobFailedError)):

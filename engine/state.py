@@ -5,6 +5,12 @@ timers live with it (``timers[key_group]``: set of ``(time_ms, key, domain)``, d
 ``PROCESSING_TIME`` or ``EVENT_TIME``).
 A key group encodes on its own (exact msgpack codec, declared codecs for user types) and
 reports its size, so migration and checkpoints move single key groups.
+
+Change tracking (for replicas, ``migration.replication``): ``track_changes(kg)`` records
+every key made current in ``kg`` (and every key of ``kg`` on ``install``/``remove``) as
+possibly changed; ``snapshot_delta(kg)`` encodes those keys' current values plus the group's
+full timer set; ``apply_delta(base, delta)`` turns the snapshot taken at the last
+``mark_replicated(kg)`` into the group's snapshot now.
 """
 
 from __future__ import annotations
@@ -35,6 +41,11 @@ class KeyedStateBackend:
         self.current_key: Any = None
         self.current_group: int = -1
         self._tables: dict[str, dict[Any, Any]] = {}
+        # change tracking: key group -> keys possibly changed since its last
+        # mark_replicated; empty when no group is tracked (set_current tests it once)
+        self._changes: dict[int, set[Any]] = {}
+        # key group -> replication version; kept after untrack so versions never repeat
+        self._versions: dict[int, int] = {}
 
     # -- ownership
     def own(self, key_group: int) -> None:
@@ -50,6 +61,10 @@ class KeyedStateBackend:
         if key_group != self.current_group:
             self.current_group = key_group
             self._tables = self.groups[key_group]
+        if self._changes:  # the only cost when nothing is tracked
+            changed = self._changes.get(key_group)
+            if changed is not None:
+                changed.add(key)
 
     def table(self, name: str) -> dict[Any, Any]:
         """The ``name`` table of the current key group (key -> value)."""
@@ -108,7 +123,12 @@ class KeyedStateBackend:
     def install(self, key_group: int, data: bytes) -> None:
         """Install an encoded key group, replacing anything held for it."""
         tables_enc, timers = unpack_exact(data)
+        changed = self._changes.get(key_group)
+        if changed is not None:
+            self._note_all(key_group, changed)
         self.groups[key_group] = {name: dict(items) for name, items in tables_enc}
+        if changed is not None:
+            self._note_all(key_group, changed)
         self.timers[key_group] = {(int(t), k, int(d)) for t, k, d in timers}
         for t, k, d in self.timers[key_group]:
             self._push_timer(t, key_group, k, d)
@@ -116,12 +136,106 @@ class KeyedStateBackend:
             self._tables = self.groups[key_group]
 
     def remove(self, key_group: int) -> None:
-        """Drop a key group and its timers (after it was snapshotted and sent)."""
+        """Drop a key group and its timers (after it was snapshotted and sent). A tracked
+        group stays tracked (its delta then empties the replica); ``untrack`` it when it
+        left for good."""
+        changed = self._changes.get(key_group)
+        if changed is not None:
+            self._note_all(key_group, changed)
         self.groups.pop(key_group, None)
         self.timers.pop(key_group, None)
         if key_group == self.current_group:
             self.current_group = -1
             self._tables = {}
+
+    # -- change tracking (replicas)
+    def track_changes(self, key_group: int, start_version: int | None = None) -> int:
+        """Start recording which keys of ``key_group`` may change; returns its version.
+
+        Starting bumps the version (to at least ``start_version``), so a replica taken
+        before an untracked period never matches. A group that moves to another task should
+        start there above the version it had at its old owner (pass ``start_version``), so
+        versions of one group never repeat across owners. No-op when already tracked.
+        """
+        if key_group in self._changes:
+            return self._versions[key_group]
+        v = self._versions.get(key_group, 0) + 1
+        if start_version is not None and start_version > v:
+            v = start_version
+        self._versions[key_group] = v
+        changed: set[Any] = set()
+        if key_group == self.current_group:
+            changed.add(self.current_key)  # user code may still write the current key
+        self._changes[key_group] = changed
+        return v
+
+    def untrack(self, key_group: int) -> None:
+        """Stop recording changes of ``key_group`` (its version is kept)."""
+        self._changes.pop(key_group, None)
+
+    def is_tracked(self, key_group: int) -> bool:
+        return key_group in self._changes
+
+    def tracked(self) -> list[int]:
+        return sorted(self._changes)
+
+    def version(self, key_group: int) -> int:
+        """The version of the last ``mark_replicated`` (or ``track_changes``); 0 if never."""
+        return self._versions.get(key_group, 0)
+
+    def note_changed(self, key_group: int, key: Any) -> None:
+        """Record a change made without ``set_current`` (fast paths writing tables
+        directly). No-op when the group is not tracked."""
+        if self._changes:
+            changed = self._changes.get(key_group)
+            if changed is not None:
+                changed.add(key)
+
+    def changed_keys(self, key_group: int) -> int:
+        """How many keys of a tracked group may have changed since the last mark."""
+        return len(self._changes.get(key_group, ()))
+
+    def snapshot_delta(self, key_group: int) -> bytes:
+        """Encode what changed in a tracked group since its last ``mark_replicated`` (or
+        ``track_changes``): for every possibly changed key, its value in each table that
+        holds it (tables not listed: absent), plus the group's full timer set, tagged with
+        the base version (``version(key_group)``). See ``apply_delta``."""
+        changed = self._changes.get(key_group)
+        if changed is None:
+            raise ValueError(
+                f"key group {key_group} is not tracked; call track_changes({key_group}) "
+                "before asking for a delta"
+            )
+        tables = self.groups.get(key_group, {})
+        entries = [
+            [key, [[name, t[key]] for name, t in tables.items() if key in t]]
+            for key in changed
+        ]
+        return pack_exact(
+            [
+                _DELTA_TAG,
+                self._versions[key_group],
+                entries,
+                sorted(self.timers.get(key_group, ()), key=repr),
+            ]
+        )
+
+    def mark_replicated(self, key_group: int) -> int:
+        """The group's state as of now is replicated: clear its change set and bump its
+        version (returned). Call right after encoding the snapshot or delta that was sent,
+        with no state operation in between."""
+        changed = self._changes.get(key_group)
+        if changed is None:
+            raise ValueError(f"key group {key_group} is not tracked; call track_changes first")
+        changed.clear()
+        if key_group == self.current_group:
+            changed.add(self.current_key)  # user code may still write the current key
+        v = self._versions[key_group] = self._versions[key_group] + 1
+        return v
+
+    def _note_all(self, key_group: int, changed: set[Any]) -> None:
+        for t in self.groups.get(key_group, {}).values():
+            changed.update(t)
 
     def size_bytes(self, key_group: int) -> int:
         return len(self.snapshot(key_group))
@@ -140,6 +254,54 @@ class KeyedStateBackend:
 
     def num_keys(self) -> int:
         return sum(len(t) for tables in self.groups.values() for t in tables.values())
+
+
+# ---------------------------------------------------------------- deltas
+
+_DELTA_TAG = "reflow-kg-delta/1"
+
+
+def _decode_delta(delta: bytes) -> tuple[int, list[Any], list[Any]]:
+    dec = unpack_exact(delta)
+    if not (isinstance(dec, list) and len(dec) == 4 and dec[0] == _DELTA_TAG):
+        raise ValueError("bytes are not a key-group delta (snapshot_delta); a full snapshot?")
+    return int(dec[1]), dec[2], dec[3]
+
+
+def delta_base_version(delta: bytes) -> int:
+    """The version a delta applies to: the group's version when it was encoded."""
+    return _decode_delta(delta)[0]
+
+
+def apply_delta(base: bytes, delta: bytes) -> bytes:
+    """The group's full snapshot after applying ``delta`` to ``base``.
+
+    ``base`` must be the group's snapshot at the ``mark_replicated`` whose version the delta
+    carries (``delta_base_version``); the caller checks that. The result decodes equal to
+    the owner's ``snapshot`` at the time the delta was encoded (as tables and timer set;
+    the order of keys inside a table may differ)."""
+    _, entries, timers = _decode_delta(delta)
+    tables_enc, _ = unpack_exact(base)
+    tables: dict[str, dict[Any, Any]] = {name: dict(items) for name, items in tables_enc}
+    for key, present in entries:
+        for t in tables.values():
+            t.pop(key, None)
+        for name, value in present:
+            t = tables.get(name)
+            if t is None:
+                t = tables[name] = {}
+            t[key] = value
+    return pack_exact([[[name, list(t.items())] for name, t in tables.items() if t], timers])
+
+
+def decode_snapshot(data: bytes) -> tuple[dict[str, dict[Any, Any]], set[tuple[int, Any, int]]]:
+    """A snapshot as ``({table: {key: value}}, timer set)``, empty tables left out: the
+    form in which two snapshots of one group compare equal."""
+    tables_enc, timers = unpack_exact(data)
+    return (
+        {name: dict(items) for name, items in tables_enc if items},
+        {(int(t), k, int(d)) for t, k, d in timers},
+    )
 
 
 # ---------------------------------------------------------------- state handles

@@ -9,6 +9,8 @@ tests step it by hand.
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from engine import graph as g
 from engine.channel import InputChannel, KeyFunctionError, OutputRouter
 from engine.clock import Clock, now_ms
+from engine.codec import pack_exact
 from engine.config import JobConfig
 from engine.errors import UserFunctionError
 from engine.latency import LatencyHistogram
@@ -31,6 +34,8 @@ from engine.messages import (
     EndOfStream,
     ExpectIncoming,
     ExpectOutgoing,
+    GroupStats,
+    GroupStatsRequest,
     HoldFinish,
     InjectSubscale,
     InstallKeyGroups,
@@ -38,6 +43,7 @@ from engine.messages import (
     LatencyMarker,
     MigrateState,
     OutputChannel,
+    PauseBarrier,
     PauseSource,
     RemoveOutputChannels,
     Resume,
@@ -88,6 +94,17 @@ class TaskSpec:
     config: JobConfig
     key_fns: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
     key_groups: tuple[int, ...] = ()
+
+
+def _estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
+    """Cheap estimate of a key group's encoded size (a sample of each table stands for
+    the rest), for planning; a migration ships and counts the exact bytes."""
+    total = 0
+    for t in b.groups.get(key_group, {}).values():
+        if t:
+            sample = list(itertools.islice(t.items(), 32))
+            total += len(pack_exact(sample)) * len(t) // len(sample)
+    return total
 
 
 class _Head:
@@ -165,6 +182,8 @@ class TaskCore:
         self.new_role = NewOwnerRole(cfg.drrs_set_aside_cap)
         self.priority_out: list[tuple[str, Any]] = []  # (target task, message), priority path
         self._heads: dict[int, _Head] = {}
+        # channels not read until the subscales holding them finish (alignment, pause)
+        self._step_blocked: dict[int, set[int]] = {}
         self._reroute_channels: dict[int, OutputChannel] = {}
         self._state_sent: dict[int, int] = {}
         self._trigger_at: dict[int, float] = {}
@@ -172,7 +191,10 @@ class TaskCore:
         self._end_pending = False  # input ended; finishing waits for a rescale
         self.hold_finish = False
         self.suspended_s = 0.0
-        if self.keyed is not None:
+        self._live = cfg.live_rescaling
+        self.group_records: Counter[int] = Counter()  # records per key group (planning)
+        self._stats_since = clock.monotonic()
+        if self.keyed is not None and self._live:
             self.keyed.hold = self.new_role.incoming
 
         # metrics
@@ -224,7 +246,7 @@ class TaskCore:
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
-            if cid in self._blocked:
+            if cid in self._blocked or cid in self._step_blocked:
                 continue
             ch = self.inputs[cid]
             head = self._heads.get(cid)
@@ -243,7 +265,7 @@ class TaskCore:
             return False
         ch = self._next_channel()
         if ch is None:
-            if self._suspended_since is None and self._heads:
+            if self._suspended_since is None and (self._heads or self._step_blocked):
                 self._suspended_since = self.clock.monotonic()
             return False
         if self._suspended_since is not None:
@@ -256,7 +278,7 @@ class TaskCore:
             self.consumed.append((cid, seq))
             frame = decode_frame(payload)
             self.records_in += len(frame.values)
-            if not self._migrating() and frame.ports is None:
+            if not self._live or (not self._migrating() and frame.ports is None):
                 if frame.values:
                     self._guarded(self._run, list(frame.values), list(frame.timestamps),
                                   frame.keys, frame.key_groups, ch.port)
@@ -334,6 +356,8 @@ class TaskCore:
     def _run(self, values: list[Any], timestamps: list[int], keys: Any = None, kgs: Any = None,
              port: int = 0) -> None:
         if self.keyed is not None:
+            if self._live and kgs is not None:
+                self.group_records.update(kgs)
             values, timestamps = self.keyed.process(values, timestamps, keys, kgs, port)
         self._run_rest(values, timestamps)
 
@@ -362,7 +386,10 @@ class TaskCore:
                 if ch.port == REROUTE_PORT:
                     self._confirm_at_new_owner(sid, dc)
                 else:
-                    self._confirm_at_old_owner(sid, dc)
+                    self._confirm_at_old_owner(sid, dc, ch.channel_id)
+            case PauseBarrier(subscale=sid):
+                if sid in self.new_role.subscales:  # not yet installed: pause the channel
+                    self._step_blocked.setdefault(ch.channel_id, set()).add(sid)
             case DrainBarrier(epoch=epoch):
                 self._drain_epoch = epoch
                 self._blocked.add(ch.channel_id)
@@ -457,7 +484,10 @@ class TaskCore:
         direct = edge.channels[msg.new_index]
         for oc in self.router.redirect(msg.edge_id, msg.key_groups, msg.new_index):
             self.router.send_event_to({oc.channel_id}, ConfirmBarrier(msg.subscale, direct.channel_id))
-            self.priority_out.append((oc.target, TriggerBarrier(msg.subscale)))
+            if msg.trigger:
+                self.priority_out.append((oc.target, TriggerBarrier(msg.subscale)))
+        if msg.pause_new:
+            self.router.send_event_to({direct.channel_id}, PauseBarrier(msg.subscale))
 
     def _migrate_out(self, sid: int) -> None:
         """Old owner, first barrier of the subscale: ship every group's state to the new owner."""
@@ -477,7 +507,41 @@ class TaskCore:
             sent += len(data)
         self._state_sent[sid] = sent
 
-    def _confirm_at_old_owner(self, sid: int, direct_channel: int) -> None:
+    def _unblock(self, sid: int) -> None:
+        for cid in [c for c, sids in self._step_blocked.items() if sid in sids]:
+            sids = self._step_blocked[cid]
+            sids.discard(sid)
+            if not sids:
+                del self._step_blocked[cid]
+
+    def _ship_aligned(self, sid: int) -> None:
+        """Old owner, every confirm of the subscale in (no record of its groups can arrive
+        any more): ship the groups' state, finish, read the held channels again."""
+        self.router.flush_all()  # this task's earlier outputs of the groups go first
+        out = self.old_role.finish(sid)
+        b = self.backend
+        assert b is not None
+        sent = 0
+        for kg in out.key_groups:
+            data = b.snapshot(kg)
+            b.remove(kg)
+            self.priority_out.append((out.new_owner, MigrateState(sid, kg, data, self.watermark)))
+            sent += len(data)
+        self._reroute_channels.pop(sid, None)
+        self._unblock(sid)
+        self.reports.append(SubscaleDone(self.name, sid, "old", sent, 0,
+                                         self._trigger_at.pop(sid, 0.0), self.suspended_s))
+        self._finish_if_ended()
+
+    def _confirm_at_old_owner(self, sid: int, direct_channel: int, channel: int) -> None:
+        out = self.old_role.subscales.get(sid)
+        if out is not None and out.aligned:
+            self._trigger_at.setdefault(sid, self.clock.now())
+            if self.old_role.on_confirm(sid, direct_channel):
+                self._ship_aligned(sid)
+            elif out.block:
+                self._step_blocked.setdefault(channel, set()).add(sid)
+            return
         if self.old_role.should_migrate(sid):
             self._migrate_out(sid)
         out = self.old_role.subscales[sid]
@@ -517,6 +581,7 @@ class TaskCore:
             self._run_rest(values, timestamps)
         if nr.subscale_done(sid):
             inc = nr.finish(sid)
+            self._unblock(sid)
             ch = self.inputs.get(inc.reroute_channel)
             if ch is not None and not ch.queue and not ch.pending and inc.reroute_channel not in self._heads:
                 del self.inputs[inc.reroute_channel]
@@ -664,17 +729,25 @@ class TaskCore:
                     self._finish_if_ended()
                 return TaskState(self.name, self.status,
                                  self._end_pending or self.status == FINISHED)
+            case GroupStatsRequest():
+                now, b, counts = self.clock.monotonic(), self.backend, self.group_records
+                groups = () if b is None else tuple(
+                    (kg, counts.get(kg, 0), _estimated_group_bytes(b, kg)) for kg in b.owned())
+                reply = GroupStats(self.name, groups, now - self._stats_since)
+                self.group_records, self._stats_since = Counter(), now
+                return reply
             case InjectSubscale():
                 self._inject(msg)
                 return Ack()
-            case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n):
-                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n)
+            case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n,
+                                aligned=aligned, block=block):
+                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block)
                 self._reroute_channels[sid] = rc
                 return Ack()
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
-                                reroute_channel=rcid):
-                self.new_role.expect(sid, kgs, dcs, rcid)
-                if rcid not in self.inputs:
+                                reroute_channel=rcid, confirm_needed=confirm_needed):
+                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed)
+                if confirm_needed and rcid not in self.inputs:
                     self.inputs[rcid] = InputChannel(rcid, REROUTE_PORT)
                     self._order = sorted(self.inputs)
                 return Ack()

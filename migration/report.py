@@ -21,6 +21,8 @@ class RescaleReport:
     processable; ``propagation_delay_s``, mean time from injection at the predecessors to
     the first barrier at the old owner; ``subscales`` as ``(id, start offset from the
     request, duration)``; ``superseded`` when a newer request for the operator cut it short.
+    Live protocols add ``planning_reason`` (how the moving groups were ordered and grouped,
+    and why, for the adaptive strategy) and ``steps`` (steps run in sequence; 1 for drrs).
     """
 
     operator: str
@@ -40,3 +42,5 @@ class RescaleReport:
     propagation_delay_s: float = 0.0
     subscales: tuple[tuple[int, float, float], ...] = ()
     superseded: bool = False
+    planning_reason: str = ""
+    steps: int = 0

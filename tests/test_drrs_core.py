@@ -64,6 +64,8 @@ from engine.state import EVENT_TIME
 from engine.task import TaskCore, TaskSpec
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
+from migration.planning import Planning
+from migration.protocols import LIVE, plan_live
 from migration.protocols.drrs import (
     REROUTE_PORT,
     DrrsPlan,
@@ -73,6 +75,7 @@ from migration.protocols.drrs import (
     SubscaleScheduler,
     plan_subscales,
 )
+from migration.protocols.live import LivePlan, StepScheduler
 
 N = 16  # key groups; uniform over 2 tasks: 0-7 -> task 0, 8-15 -> task 1
 CFG = JobConfig(batch_size=4, linger_ms=0, metrics_port=None)
@@ -215,23 +218,26 @@ class DNet:
         return self.seen_reports
 
     # -- the coordinator (engine/runtime.py JobMaster)
-    def start_subscale(self, sub: Subscale, vertex: str = "sum", trigger: bool = True) -> int:
+    def start_subscale(self, sub: Subscale, vertex: str = "sum", trigger: bool = True,
+                       protocol: str = "drrs") -> int:
         """JobMaster._start_subscale; returns the re-route channel id."""
+        proto = LIVE[protocol]
         names = self.dep.tasks[vertex]
         s_name, d_name = names[sub.old], names[sub.new]
         rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
         in_edges = self.dep.plan.inputs_of(vertex)
         direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges
                        for u in self.dep.tasks[e.src])
-        assert self.cores[d_name].handle(
-            wire(ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid))) == Ack()
+        assert self.cores[d_name].handle(wire(ExpectIncoming(
+            sub.subscale_id, sub.key_groups, direct, rcid, proto.trigger))) == Ack()
         assert self.cores[s_name].handle(wire(ExpectOutgoing(
             sub.subscale_id, sub.key_groups, OutputChannel(rcid, d_name, REROUTE_PORT),
-            len(direct)))) == Ack()
+            len(direct), proto.aligned, proto.block_aligned))) == Ack()
         for e in in_edges:
             for u in self.dep.tasks[e.src]:
                 assert self.cores[u].handle(wire(InjectSubscale(
-                    sub.subscale_id, e.edge_id, sub.key_groups, sub.new))) == Ack()
+                    sub.subscale_id, e.edge_id, sub.key_groups, sub.new, proto.trigger,
+                    proto.pause_new_owner))) == Ack()
         if trigger:  # the runtime sends priority messages before the data frames
             self.deliver_prio(TriggerBarrier)
         return rcid
@@ -302,7 +308,8 @@ class DNet:
 
     def drrs(self, vertex: str, new_assign: tuple[int, ...], rng: random.Random, *,
              size: int = 2, limit: int = 2, keep_source_back: int = 12,
-             max_rounds: int = 5000) -> tuple[DrrsPlan, dict[int, dict[str, SubscaleDone]]]:
+             max_rounds: int = 5000, protocol: str = "drrs",
+             ) -> tuple[LivePlan, dict[int, dict[str, SubscaleDone]]]:
         """JobMaster._drrs with random interleavings of everything that may interleave:
         sources keep reading, cores step in random order and amounts, frames arrive in
         random batches, state (MigrateState) late; triggers go out first, as in the runtime.
@@ -310,16 +317,19 @@ class DNet:
         old_assign = self.dep.assignments[vertex]
         old_p = len(self.dep.tasks[vertex])
         final_p = max(new_assign) + 1
-        plan = plan_subscales(vertex, old_assign, new_assign, old_p, final_p, size)
+        plan = plan_live(protocol, vertex, old_assign, new_assign, old_p, final_p,
+                         subscale_size=size, batch=size, planning=Planning(chunk_size=size)
+                         if protocol == "non-disruptive" else None)
         work_p = max(old_p, final_p)
         if work_p > old_p:
             self.add_tasks(vertex, work_p)
         current = list(old_assign)
-        sched = SubscaleScheduler(plan, {i: current.count(i) for i in range(work_p)}, limit)
+        sched: Any = (SubscaleScheduler(plan, {i: current.count(i) for i in range(work_p)}, limit)
+                      if LIVE[protocol].concurrent else StepScheduler(plan.steps))
         reports: dict[int, dict[str, SubscaleDone]] = {}
         while not sched.finished:
             for sub in sched.next_batch():
-                self.start_subscale(sub, vertex)
+                self.start_subscale(sub, vertex, protocol=protocol)
             for _ in range(max_rounds):
                 done = [sid for sid in sched.running if len(self.subscale_reports().get(sid, {})) == 2]
                 if done:
@@ -1090,6 +1100,92 @@ def test_new_owner_does_not_finish_before_its_incoming_subscale_is_done(clock, s
     assert [r.role for r in d.reports if isinstance(r, SubscaleDone)] == ["new"]
 
 
+TWO_SRC = [(a, 1), (b, 2), (a, 3), (b, 4), (b, 5), (a, 6), (b, 7), (a, 8)]
+
+
+def _two_sources_before_a_step(clock, sink, protocol):
+    """src/0 and src/1 each sent two records to sum/0, not yet read; the subscale S0
+    (group A: sum/0 -> sum/1) was started with ``protocol``; then src/0 sent the rest of
+    its records (behind its confirm on its channel to sum/0)."""
+    net = DNet(drrs_job(TWO_SRC, sink, src_p=2), clock)
+    u0, u1 = net["src/0"], net["src/1"]
+    u0.poll_source(2)
+    u1.poll_source(2)
+    net.collect()
+    net.start_subscale(S0, protocol=protocol)
+    u0.poll_source(10)
+    u0.router.flush_all()
+    net.deliver()
+    return net
+
+
+def _totals_ok(net, sink) -> bool:
+    net.run_sources()
+    totals = {k: sum(v for kk, v in TWO_SRC if kk == k) for k, _ in TWO_SRC}
+    return {k: max(v for _, v in rs) for k, rs in per_key(sink.results()).items()} == totals
+
+
+@pytest.mark.parametrize("protocol", ["non-disruptive", "fluid", "batched", "pause-resume"])
+def test_aligned_protocols_ship_only_after_every_confirm_and_never_reroute(clock, sink, protocol):
+    net = _two_sources_before_a_step(clock, sink, protocol)
+    s, d = net["sum/0"], net["sum/1"]
+    assert net.take_prio(TriggerBarrier) == []            # no trigger barrier
+    c0 = net.cid("src/0", "sum/0")
+    s._order = [c0] + [c for c in s._order if c != c0]    # read src/0's channel first
+    s._rr = 0
+    while not s.old_role.subscales[0].confirms:           # its records and its confirm
+        assert s.step()
+    assert A in s.backend.groups and net.take_prio(MigrateState) == []
+    assert (c0 in s._step_blocked) == (protocol != "non-disruptive")  # align by blocking
+    net.pump()
+    assert s.router.rerouted == 0 and not s._step_blocked
+    assert set(net.subscale_reports()[0]) == {"old", "new"}
+    assert A not in s.backend.groups and A in d.backend.groups
+    assert _totals_ok(net, sink)
+    assert not d._step_blocked and d.new_role.aside_count == 0
+
+
+@pytest.mark.parametrize("protocol", ["non-disruptive", "fluid"])
+def test_only_non_disruptive_reads_past_a_confirm_before_alignment(clock, sink, protocol):
+    net = _two_sources_before_a_step(clock, sink, protocol)
+    s = net["sum/0"]
+    c0, c1 = net.cid("src/0", "sum/0"), net.cid("src/1", "sum/0")
+    s._blocked.add(c1)                  # hold src/1's channel back (test only)
+    while s.step():
+        pass
+    s._blocked.discard(c1)
+    read_past = not s.inputs[c0].queue  # src/0's records behind its confirm
+    assert read_past == (protocol == "non-disruptive")
+    assert 0 in s.old_role.subscales    # not aligned yet
+    net.pump()
+    assert 0 not in s.old_role.subscales
+    assert _totals_ok(net, sink)
+
+
+def test_pause_barrier_stops_the_new_owners_channel_until_the_state_is_in(clock, sink):
+    recs = [(a, 1), (dk, 2)]
+    net = DNet(drrs_job(recs + [(a, 3), (dk, 4)], sink), clock)
+    src, d = net["src/0"], net["sum/1"]
+    src.poll_source(2)
+    net.pump()
+    net.start_subscale(S0, protocol="pause-resume")
+    src.poll_source(2)                  # (a, 3) and (dk, 4) now go to d behind the barrier
+    src.router.flush_all()
+    net.collect()
+    c_ud = net.cid("src/0", "sum/1")
+    net.deliver()
+    while d.step():
+        pass
+    assert c_ud in d._step_blocked and d.inputs[c_ud].queue   # paused: dk's record waits too
+    assert net.take_prio(MigrateState) == []
+    net.run("sum/0")                    # the old owner aligns (one predecessor) and ships
+    net.deliver_prio(MigrateState)
+    assert not d._step_blocked
+    net.pump()
+    net.run_sources()
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs + [(a, 3), (dk, 4)]))
+
+
 def test_held_tasks_whose_input_ended_still_give_and_take_groups(clock, sink):
     """The input ends while a rescale holds the operator's tasks (the CI hang: finished
     tasks dropped the confirm barriers): the source, already finished, injects; the old
@@ -1201,8 +1297,10 @@ def test_add_inputs_holds_the_watermark_until_the_new_channel_has_one(clock, sin
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("change", ["scale-out", "scale-in", "swap"])
-def test_running_sums_with_drrs_in_the_middle_equal_the_reference(clock, sink, change, seed):
-    rng = random.Random(f"{change}-{seed}")
+@pytest.mark.parametrize("protocol", sorted(LIVE))
+def test_running_sums_with_a_live_rescale_in_the_middle_equal_the_reference(
+        clock, sink, protocol, change, seed):
+    rng = random.Random(f"{protocol}-{change}-{seed}")
     records = [(rng.randrange(24), rng.randrange(100)) for _ in range(300)]
     cfg = JobConfig(batch_size=4, linger_ms=0, metrics_port=None,
                     drrs_set_aside_cap=rng.choice([1, 3, 200]))
@@ -1222,7 +1320,8 @@ def test_running_sums_with_drrs_in_the_middle_equal_the_reference(clock, sink, c
         new = tuple(1 - t if kg in (1, 2, 6, 9, 13) else t
                     for kg, t in enumerate(uniform_assignment(N, 2)))
     old = net.dep.assignments["sum"]
-    plan, reports = net.drrs("sum", new, rng, size=2, limit=rng.choice([1, 2]))
+    plan, reports = net.drrs("sum", new, rng, size=2, limit=rng.choice([1, 2]),
+                             protocol=protocol)
     assert sorted(reports) == [s.subscale_id for s in plan.subscales]
     assert sorted(plan.moved) == moved_key_groups(old, new)
     assert all(r["old"].bytes == r["new"].bytes > 0 for r in reports.values())
@@ -1247,8 +1346,10 @@ def test_running_sums_with_drrs_in_the_middle_equal_the_reference(clock, sink, c
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_two_predecessors_drrs_keeps_every_record_and_the_final_state(clock, sink, seed):
-    rng = random.Random(seed)
+@pytest.mark.parametrize("protocol", sorted(LIVE))
+def test_two_predecessors_live_rescale_keeps_every_record_and_the_final_state(
+        clock, sink, protocol, seed):
+    rng = random.Random(f"{protocol}-{seed}")
     records = [(rng.randrange(16), rng.randrange(50)) for _ in range(240)]
     cfg = JobConfig(batch_size=3, linger_ms=0, metrics_port=None, drrs_set_aside_cap=2)
     net = DNet(drrs_job(records, sink, src_p=2, sum_p=2, config=cfg), clock)
@@ -1256,7 +1357,8 @@ def test_two_predecessors_drrs_keeps_every_record_and_the_final_state(clock, sin
         for u in net.sources():
             u.poll_source(rng.randint(1, 5))
         net._random_round(rng, 10**9)
-    plan, reports = net.drrs("sum", uniform_assignment(N, 4), rng, size=3, limit=2)
+    plan, reports = net.drrs("sum", uniform_assignment(N, 4), rng, size=3, limit=2,
+                             protocol=protocol)
     assert all(set(r) == {"old", "new"} for r in reports.values())
     net.run_sources()
     out = sink.results()

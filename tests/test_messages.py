@@ -47,6 +47,7 @@ CHANNEL_EVENTS = [
     m.EndOfStream(),
     m.ChannelIdle(),
     m.ConfirmBarrier(3, 17),
+    m.PauseBarrier(3),
 ]
 
 # Messages whose fields are plain values.
@@ -79,6 +80,8 @@ FLAT_CONTROL_MESSAGES = [
     m.InjectSubscale(2, 0, (5, 6, 7), 3),
     m.TriggerBarrier(2),
     m.HoldFinish(True),
+    m.GroupStatsRequest(),
+    m.GroupStats("j/sum/0/g0", ((3, 10, 2048),), 1.5),
     m.TaskState("j/sum/0/g0", "running", False),
     m.ExpectIncoming(2, (5, 6), (10, 11), 99),
     m.MigrateState(2, 5, b"\x93\x00", -(2**63)),

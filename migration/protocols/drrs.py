@@ -89,10 +89,13 @@ class SubscaleScheduler:
     (so new tasks start working early), then the lowest id. Pure: the caller reports
     starts and completions."""
 
-    def __init__(self, plan: DrrsPlan, owned: dict[int, int], max_per_task: int = 2) -> None:
+    def __init__(self, plan: Any, owned: dict[int, int], max_per_task: int = 2) -> None:
+        """``plan``: anything with ``subscales`` (a ``DrrsPlan`` or a ``LivePlan``), in
+        priority order."""
         if max_per_task < 1:
             raise ValueError("max_per_task must be >= 1")
         self.pending = list(plan.subscales)
+        self._rank = {s.subscale_id: i for i, s in enumerate(self.pending)}
         self.running: dict[int, Subscale] = {}
         self.done: list[int] = []
         self.owned = dict(owned)  # task index -> key groups it holds now
@@ -109,7 +112,7 @@ class SubscaleScheduler:
                   if self._load(s.old) < self.max_per_task and self._load(s.new) < self.max_per_task]
             if not ok:
                 return started
-            best = min(ok, key=lambda s: (self.owned.get(s.new, 0), s.subscale_id))
+            best = min(ok, key=lambda s: (self.owned.get(s.new, 0), self._rank[s.subscale_id]))
             self.pending.remove(best)
             self.running[best.subscale_id] = best
             started.append(best)
@@ -135,6 +138,8 @@ class _Outgoing:
     new_owner: str
     reroute_channel: int
     predecessors: int  # how many confirms to expect
+    aligned: bool = False  # ship once every confirm is in (no re-routing)
+    block: bool = False  # and do not read a channel after its confirm until then
     confirms: set[int] = field(default_factory=set)
     migrated: bool = False
     rerouted: int = 0
@@ -153,10 +158,12 @@ class OldOwnerRole:
         self.finished: set[int] = set()
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...], new_owner: str,
-               reroute_channel: int, predecessors: int) -> None:
+               reroute_channel: int, predecessors: int, aligned: bool = False,
+               block: bool = False) -> None:
         if subscale_id not in self.subscales:
             self.subscales[subscale_id] = _Outgoing(
-                subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors)
+                subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors,
+                aligned, block)
 
     def should_migrate(self, subscale_id: int) -> bool:
         """True exactly once per subscale: on its first trigger or confirm barrier. A trigger
@@ -201,6 +208,7 @@ class _Incoming:
     key_groups: tuple[int, ...]
     direct_channels: frozenset[int]
     reroute_channel: int
+    confirm_needed: bool = True
     confirms: set[int] = field(default_factory=set)
     state_in: set[int] = field(default_factory=set)
     bytes_in: int = 0
@@ -226,11 +234,13 @@ class NewOwnerRole:
         self.aside_count = 0
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
-               direct_channels: tuple[int, ...], reroute_channel: int) -> None:
+               direct_channels: tuple[int, ...], reroute_channel: int,
+               confirm_needed: bool = True) -> None:
         if subscale_id in self.subscales:
             return
         self.subscales[subscale_id] = _Incoming(
-            subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel)
+            subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel,
+            confirm_needed)
         for kg in key_groups:
             self.group_subscale[kg] = subscale_id
 
@@ -244,7 +254,8 @@ class NewOwnerRole:
         inc = self.subscales[sid]
         if key_group not in inc.state_in:
             return False
-        return channel == inc.reroute_channel or channel in inc.confirms
+        return (not inc.confirm_needed or channel == inc.reroute_channel
+                or channel in inc.confirms)
 
     def on_state(self, subscale_id: int, key_group: int, size: int, watermark: int) -> None:
         inc = self.subscales[subscale_id]
@@ -258,7 +269,7 @@ class NewOwnerRole:
     def activatable(self, subscale_id: int) -> list[int]:
         """Groups of the subscale that are now active (state in, every confirm arrived)."""
         inc = self.subscales[subscale_id]
-        if not inc.direct_channels <= inc.confirms:
+        if inc.confirm_needed and not inc.direct_channels <= inc.confirms:
             return []
         return [kg for kg in inc.key_groups
                 if kg in inc.state_in and self.group_subscale.get(kg) == subscale_id]

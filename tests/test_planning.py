@@ -1,0 +1,518 @@
+"""Unit tests for ``migration.planning`` (Spacker planning, DESIGN.md §6.2): pure, no Ray."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.keygroups import moved_key_groups, uniform_assignment
+from migration.planning import (
+    AdaptiveThresholds,
+    GroupProfile,
+    Planning,
+    PlanningDecision,
+    StepPlan,
+    WorkloadProfile,
+    adaptive_planning,
+    chunk_groups,
+    matching_steps,
+    order_groups,
+    plan_steps,
+    profiles_from_metrics,
+    workload_from_profiles,
+)
+from migration.protocols.drrs import Subscale, plan_subscales
+
+MB = 1_000_000
+
+
+def profs(*rows: tuple[int, float, int, int]) -> dict[int, GroupProfile]:
+    return {kg: GroupProfile(kg, load, size, arr) for kg, load, size, arr in rows}
+
+
+def lower_bound(moves: dict[int, tuple[int, int]]) -> int:
+    out: dict[int, int] = {}
+    inc: dict[int, int] = {}
+    for o, n in moves.values():
+        out[o] = out.get(o, 0) + 1
+        inc[n] = inc.get(n, 0) + 1
+    return max([0, *out.values(), *inc.values()])
+
+
+def check_matching(moves: dict[int, tuple[int, int]], steps) -> None:
+    flat = [kg for s in steps for kg in s]
+    assert sorted(flat) == sorted(moves)
+    for step in steps:
+        assert step
+        senders = [moves[kg][0] for kg in step]
+        receivers = [moves[kg][1] for kg in step]
+        assert len(set(senders)) == len(senders)
+        assert len(set(receivers)) == len(receivers)
+    assert len(steps) == lower_bound(moves)
+
+
+def check_plan(plan: StepPlan, old, new, first_id: int = 0) -> None:
+    moved = moved_key_groups(old, new)
+    subs = plan.subscales
+    flat = [kg for s in subs for kg in s.key_groups]
+    assert sorted(flat) == sorted(moved)  # each moved group exactly once, nothing else
+    assert len(flat) == len(set(flat))
+    assert sorted(plan.order) == sorted(moved)
+    assert [s.subscale_id for s in subs] == list(range(first_id, first_id + len(subs)))
+    for s in subs:
+        assert isinstance(s, Subscale) and s.key_groups
+        assert s.old != s.new
+        for kg in s.key_groups:
+            assert (old[kg], new[kg]) == (s.old, s.new)
+    for step in plan.steps:
+        assert step
+        pairs = [(s.old, s.new) for s in step]
+        assert len(set(pairs)) == len(pairs)  # one subscale per pair per step
+
+
+def assert_steps_follow_order(plan: StepPlan) -> None:
+    """Step i holds exactly the next slice of ``plan.order`` (pairs may regroup within it)."""
+    at = 0
+    for step in plan.steps:
+        groups = [kg for s in step for kg in s.key_groups]
+        assert set(groups) == set(plan.order[at:at + len(groups)])
+        for s in step:  # inside a subscale, priority order
+            assert list(s.key_groups) == sorted(s.key_groups, key=plan.order.index)
+        at += len(groups)
+    assert at == len(plan.order)
+
+
+# ---------------------------------------------------------------------- values
+
+
+def test_group_profile_validation():
+    assert GroupProfile(3, 1.5, 10).arrival == 0
+    with pytest.raises(ValueError, match="load"):
+        GroupProfile(1, -1.0, 0)
+    with pytest.raises(ValueError, match="load"):
+        GroupProfile(1, float("nan"), 0)
+    with pytest.raises(ValueError, match="state_bytes"):
+        GroupProfile(1, 0.0, -5)
+    with pytest.raises(ValueError, match="key_group"):
+        GroupProfile(-1, 0.0, 0)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"prioritisation": "coldest"}, "prioritisation.*use one of"),
+    ({"progressiveness": "slowly"}, "progressiveness.*use one of"),
+    ({"chunk_size": 0}, "chunk_size"),
+    ({"chunk_size": 2.5}, "chunk_size"),
+    ({"chunk_size": True}, "chunk_size"),
+    ({"chunk_seconds": 0}, "chunk_seconds"),
+    ({"chunk_seconds": math.inf}, "chunk_seconds"),
+    ({"bandwidth_bytes_per_s": -1}, "bandwidth"),
+    ({"replication": "some"}, "replication.*use one of"),
+    ({"replication_period_s": 0}, "replication_period_s"),
+    ({"replication_hot_fraction": 0}, "replication_hot_fraction"),
+    ({"replication_hot_fraction": 1.5}, "replication_hot_fraction"),
+    ({"seed": "x"}, "seed"),
+])
+def test_planning_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Planning(**kwargs)
+
+
+def test_planning_defaults_and_callable():
+    p = Planning()
+    assert (p.prioritisation, p.progressiveness, p.replication) == ("random", "all-at-once", "none")
+    assert Planning(prioritisation=lambda ps: [g.key_group for g in ps]).prioritisation
+    assert "chunks of 3" in Planning(progressiveness="chunks", chunk_size=3).describe()
+
+
+# ---------------------------------------------------------------------- ordering
+
+
+P = profs((1, 5.0, 300, 2), (2, 9.0, 100, 0), (3, 5.0, 200, 1), (4, 0.5, 100, 3))
+
+
+def test_hot_first_ties_by_key_group():
+    assert order_groups([4, 3, 2, 1], P, Planning(prioritisation="hot-first")) == (2, 1, 3, 4)
+
+
+def test_arrival_order():
+    assert order_groups([1, 2, 3, 4], P, Planning(prioritisation="arrival-order")) == (2, 3, 1, 4)
+
+
+def test_smallest_state_first_ties_by_key_group():
+    ordered = order_groups([4, 3, 2, 1], P, Planning(prioritisation="smallest-state-first"))
+    assert ordered == (2, 4, 3, 1)
+
+
+def test_missing_profiles_are_zero_with_arrival_position():
+    groups = [7, 1, 2]  # 7 and 2 have no profile
+    p = profs((1, 3.0, 50, 5))
+    assert order_groups(groups, p, Planning(prioritisation="hot-first")) == (1, 2, 7)
+    assert order_groups(groups, p, Planning(prioritisation="smallest-state-first")) == (2, 7, 1)
+    # arrival: 7 -> position 0, 2 -> position 2, 1 -> profile says 5
+    assert order_groups(groups, p, Planning(prioritisation="arrival-order")) == (7, 2, 1)
+    assert order_groups(groups, None, Planning(prioritisation="arrival-order")) == (7, 1, 2)
+
+
+def test_random_is_seeded_permutation_independent_of_input_order():
+    groups = list(range(40))
+    a = order_groups(groups, {}, Planning(seed=1))
+    assert sorted(a) == groups and a != tuple(groups)
+    assert order_groups(list(reversed(groups)), {}, Planning(seed=1)) == a
+    assert order_groups(groups, {}, Planning(seed=2)) != a
+
+
+def test_callable_prioritisation():
+    seen = []
+
+    def biggest_first(ps):
+        seen.extend(ps)
+        return [g.key_group for g in sorted(ps, key=lambda g: -g.state_bytes)]
+
+    assert order_groups([1, 2, 3, 9], P, Planning(prioritisation=biggest_first)) == (1, 3, 2, 9)
+    assert [g.key_group for g in seen] == [1, 2, 3, 9]
+    assert seen[-1] == GroupProfile(9, 0.0, 0, 3)  # filled in for the missing profile
+
+
+@pytest.mark.parametrize("bad", [
+    lambda ps: [g.key_group for g in ps][:-1],
+    lambda ps: [g.key_group for g in ps] + [99],
+    lambda ps: [ps[0].key_group] * len(ps),
+])
+def test_callable_must_return_permutation(bad):
+    with pytest.raises(ValueError, match="permutation"):
+        order_groups([1, 2, 3], P, Planning(prioritisation=bad))
+
+
+def test_order_rejects_duplicates_and_mismatched_profiles():
+    with pytest.raises(ValueError, match="duplicates"):
+        order_groups([1, 1], P, Planning())
+    with pytest.raises(ValueError, match="key_group"):
+        order_groups([5], {5: GroupProfile(6, 0.0, 0)}, Planning())
+
+
+# ---------------------------------------------------------------------- chunking
+
+
+def test_all_at_once_chunks_and_one_by_one():
+    ordered = (5, 3, 8, 1, 9, 2, 7, 4, 6, 0)
+    assert chunk_groups(ordered, {}, Planning()) == (ordered,)
+    chunks = chunk_groups(ordered, {}, Planning(progressiveness="chunks", chunk_size=3))
+    assert [len(c) for c in chunks] == [3, 3, 3, 1]
+    assert sum(chunks, ()) == ordered
+    assert chunk_groups(ordered, {}, Planning(progressiveness="one-by-one")) == tuple(
+        (kg,) for kg in ordered)
+    for mode in ("all-at-once", "chunks", "one-by-one", "equal-transfer-time"):
+        assert chunk_groups((), {}, Planning(progressiveness=mode)) == ()
+
+
+def test_equal_transfer_time_uniform_sizes():
+    p = {kg: GroupProfile(kg, 1.0, 10 * MB) for kg in range(10)}
+    plan = Planning(progressiveness="equal-transfer-time", chunk_seconds=0.5,
+                    bandwidth_bytes_per_s=100 * MB)  # 50 MB per chunk
+    chunks = chunk_groups(tuple(range(10)), p, plan)
+    assert chunks == (tuple(range(5)), tuple(range(5, 10)))
+
+
+def test_equal_transfer_time_balances_bytes():
+    rng = random.Random(7)
+    sizes = {kg: rng.randint(1, 8) * MB for kg in range(60)}
+    p = {kg: GroupProfile(kg, 0.0, b) for kg, b in sizes.items()}
+    plan = Planning(progressiveness="equal-transfer-time", chunk_seconds=0.2,
+                    bandwidth_bytes_per_s=100 * MB)  # 20 MB target
+    ordered = tuple(rng.sample(range(60), 60))
+    chunks = chunk_groups(ordered, p, plan)
+    assert sum(chunks, ()) == ordered
+    total = sum(sizes.values())
+    n = math.ceil(total / (20 * MB))
+    assert len(chunks) == n
+    width = total / n
+    biggest = max(sizes.values())
+    for c in chunks:
+        b = sum(sizes[kg] for kg in c)
+        assert abs(b - width) <= biggest
+        assert b <= 20 * MB + biggest
+
+
+def test_equal_transfer_time_oversized_and_zero_bytes():
+    plan = Planning(progressiveness="equal-transfer-time", chunk_seconds=0.1,
+                    bandwidth_bytes_per_s=100 * MB)  # 10 MB target
+    p = {0: GroupProfile(0, 0, 1 * MB), 1: GroupProfile(1, 0, 100 * MB),
+         2: GroupProfile(2, 0, 1 * MB)}
+    chunks = chunk_groups((0, 1, 2), p, plan)
+    assert (1,) in chunks and sum(chunks, ()) == (0, 1, 2)
+    assert all(c for c in chunks)
+    # no state anywhere (or no profiles): nothing to pace, one step
+    assert chunk_groups((4, 5, 6), {}, plan) == ((4, 5, 6),)
+
+
+# ---------------------------------------------------------------------- matching
+
+
+def test_matching_simple_cases_reach_lower_bound():
+    # a permutation of tasks: one step
+    perm = {0: (0, 1), 1: (1, 2), 2: (2, 0)}
+    assert matching_steps(perm) == ((0, 1, 2),)
+    # one sender, three receivers: three steps, priority order kept
+    fan_out = {10: (0, 1), 11: (0, 2), 12: (0, 3)}
+    assert matching_steps(fan_out) == ((10,), (11,), (12,))
+    # fan-in
+    fan_in = {5: (1, 0), 6: (2, 0)}
+    assert matching_steps(fan_in) == ((5,), (6,))
+    # a task may send one and receive one in the same step
+    swap = {0: (0, 1), 1: (1, 0)}
+    assert matching_steps(swap) == ((0, 1),)
+    assert matching_steps({}) == ()
+
+
+def test_matching_scale_out_uniform():
+    old, new = uniform_assignment(128, 2), uniform_assignment(128, 5)
+    moves = {kg: (old[kg], new[kg]) for kg in moved_key_groups(old, new)}
+    steps = matching_steps(moves)
+    check_matching(moves, steps)
+
+
+def test_matching_needs_recolouring():
+    # first-fit in this order would need a third colour; Kempe recolouring keeps it at 2
+    # (0->12: 0, 1->11: 0, 2->11: 1, then 2->12 finds 0 and 1 taken)
+    moves = {0: (0, 12), 1: (1, 11), 2: (2, 11), 3: (2, 12)}
+    steps = matching_steps(moves)
+    check_matching(moves, steps)
+    assert steps == ((0, 2), (1, 3))
+    # a harder, denser one
+    rng = random.Random(3)
+    moves = {kg: (rng.randrange(6), 10 + rng.randrange(6)) for kg in range(120)}
+    check_matching(moves, matching_steps(moves))
+
+
+def test_matching_priority_first_group_first_and_order_inside_steps():
+    moves = {kg: (kg % 3, 3 + (kg * 7) % 4) for kg in range(24)}
+    order = list(reversed(range(24)))
+    steps = matching_steps({kg: moves[kg] for kg in order})
+    assert steps[0][0] == order[0]
+    rank = {kg: i for i, kg in enumerate(order)}
+    for step in steps:
+        assert [rank[kg] for kg in step] == sorted(rank[kg] for kg in step)
+    firsts = [rank[s[0]] for s in steps]
+    assert firsts == sorted(firsts)
+
+
+def test_matching_rejects_non_moves():
+    with pytest.raises(ValueError, match="does not move"):
+        matching_steps({1: (2, 2)})
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.dictionaries(st.integers(0, 200), st.tuples(st.integers(0, 5), st.integers(0, 5))
+                       .filter(lambda t: t[0] != t[1]), max_size=80))
+def test_matching_property(moves):
+    check_matching(moves, matching_steps(moves))
+
+
+# ---------------------------------------------------------------------- plans
+
+
+def test_plan_steps_scale_out_chunks():
+    old, new = uniform_assignment(32, 2), uniform_assignment(32, 4)
+    loads = {kg: float(kg) for kg in range(32)}
+    plan = plan_steps("count", old, new,
+                      Planning(prioritisation="hot-first", progressiveness="chunks", chunk_size=4),
+                      profiles_from_metrics(loads, {}), first_id=7)
+    check_plan(plan, old, new, first_id=7)
+    moved = moved_key_groups(old, new)
+    assert plan.order == tuple(sorted(moved, reverse=True))  # hot-first = highest kg
+    assert_steps_follow_order(plan)  # chunking never reorders
+    assert all(sum(len(s.key_groups) for s in step) <= 4 for step in plan.steps)
+    assert len(plan.steps) == math.ceil(len(moved) / 4)
+    assert plan.reason.startswith("count:") and "hot-first" in plan.reason
+    # same groups as DRRS's own planner
+    assert sorted(plan.moved) == sorted(plan_subscales("count", old, new, 2, 4).moved)
+
+
+def test_plan_steps_all_at_once_one_subscale_per_pair():
+    old = (0, 0, 1, 1, 0, 1)
+    new = (2, 0, 2, 1, 3, 3)
+    plan = plan_steps("op", old, new, Planning(prioritisation="arrival-order"), None)
+    assert plan.steps == ((Subscale(0, 0, 2, (0,)), Subscale(1, 1, 2, (2,)),
+                           Subscale(2, 0, 3, (4,)), Subscale(3, 1, 3, (5,))),)
+    assert plan.subscales == plan.steps[0]
+
+
+def test_plan_steps_matching():
+    old, new = uniform_assignment(64, 3), uniform_assignment(64, 7)
+    plan = plan_steps("op", old, new, Planning(prioritisation="hot-first"),
+                      {kg: GroupProfile(kg, float(64 - kg), 0) for kg in range(64)},
+                      matching=True)
+    check_plan(plan, old, new)
+    moves = {kg: (old[kg], new[kg]) for kg in plan.order}
+    assert len(plan.steps) == lower_bound(moves)
+    for step in plan.steps:
+        assert all(len(s.key_groups) == 1 for s in step)
+        assert len({s.old for s in step}) == len(step) == len({s.new for s in step})
+    assert plan.steps[0][0].key_groups[0] == plan.order[0]
+    assert "matching" in plan.reason
+
+
+def test_plan_steps_nothing_moves_and_bad_lengths():
+    plan = plan_steps("op", (0, 1, 2), (0, 1, 2), Planning(), None)
+    assert plan.steps == () and plan.order == () and plan.subscales == ()
+    with pytest.raises(ValueError, match="one task per key group"):
+        plan_steps("op", (0, 1), (0, 1, 2), Planning(), None)
+
+
+_modes = st.sampled_from(["all-at-once", "chunks", "one-by-one", "equal-transfer-time"])
+_prios = st.sampled_from(["random", "hot-first", "arrival-order", "smallest-state-first"])
+
+
+@settings(max_examples=50, deadline=None)
+@given(data=st.data(), n=st.integers(1, 64), p_old=st.integers(1, 6), p_new=st.integers(1, 6),
+       prio=_prios, mode=_modes, chunk=st.integers(1, 9), first_id=st.integers(0, 50),
+       matching=st.booleans(), seed=st.integers(0, 2**31))
+def test_plan_invariants(data, n, p_old, p_new, prio, mode, chunk, first_id, matching, seed):
+    old = data.draw(st.lists(st.integers(0, p_old - 1), min_size=n, max_size=n))
+    new = data.draw(st.one_of(
+        st.just(list(uniform_assignment(n, min(n, p_new)))),
+        st.lists(st.integers(0, p_new - 1), min_size=n, max_size=n)))
+    profiles = {kg: GroupProfile(kg, data.draw(st.floats(0, 1e4)), data.draw(st.integers(0, 10**8)),
+                                 data.draw(st.integers(0, 1000)))
+                for kg in data.draw(st.sets(st.integers(0, n - 1)))}
+    planning = Planning(prioritisation=prio, progressiveness=mode, chunk_size=chunk,
+                        chunk_seconds=0.1, seed=seed)
+    plan = plan_steps("op", old, new, planning, profiles, first_id=first_id, matching=matching)
+    check_plan(plan, old, new, first_id)
+    if not matching:
+        assert_steps_follow_order(plan)
+    else:
+        moves = {kg: (old[kg], new[kg]) for kg in plan.order}
+        assert len(plan.steps) == lower_bound(moves)
+
+
+# ---------------------------------------------------------------------- adaptive strategy
+
+
+def wp(**kw) -> WorkloadProfile:
+    base = dict(input_rate=1000.0, skew=1.1, state_bytes_per_group=2000.0, groups_to_move=64,
+                state_access_ratio=0.5)
+    base.update(kw)
+    return WorkloadProfile(**base)
+
+
+def test_adaptive_small_state_all_at_once_no_replication():
+    d = adaptive_planning(wp(state_bytes_per_group=2000.0))
+    assert isinstance(d, PlanningDecision)
+    assert d.planning.progressiveness == "all-at-once"
+    assert d.planning.replication == "none"
+    assert d.planning.prioritisation == "random"
+    assert "small state" in d.reason and "all-at-once" in d.reason
+    assert "2 KB/group" in d.reason and "low skew" in d.reason
+
+
+def test_adaptive_large_state_few_groups_more_progressive():
+    d = adaptive_planning(wp(state_bytes_per_group=4 * MB, groups_to_move=4))
+    assert d.planning.progressiveness == "one-by-one"
+    assert "large state" in d.reason and "few groups" in d.reason
+    assert "more progressive" in d.reason
+
+
+def test_adaptive_large_state_many_groups_less_progressive():
+    d = adaptive_planning(wp(state_bytes_per_group=4 * MB, groups_to_move=64,
+                             bandwidth_bytes_per_s=50 * MB))
+    assert d.planning.progressiveness == "equal-transfer-time"
+    assert d.planning.bandwidth_bytes_per_s == 50 * MB
+    assert "many groups" in d.reason and "less progressive" in d.reason
+    # the chosen chunks are neither one step nor one group per step
+    p = {kg: GroupProfile(kg, 0, 4 * MB) for kg in range(64)}
+    chunks = chunk_groups(tuple(range(64)), p, d.planning)
+    assert 1 < len(chunks) < 64
+
+
+def test_adaptive_many_small_groups_count_as_large_state():
+    # small per group but a long total transfer (paper's phase 2: same key size, more keys)
+    d = adaptive_planning(wp(state_bytes_per_group=500_000.0, groups_to_move=1000))
+    assert d.planning.progressiveness == "equal-transfer-time"
+    assert "large state" in d.reason
+
+
+def test_adaptive_replication_depends_on_state_access():
+    low = adaptive_planning(wp(state_bytes_per_group=4 * MB, state_access_ratio=0.02))
+    assert low.planning.replication == "hot"
+    assert low.planning.replication_hot_fraction == 0.5
+    assert "low state access" in low.reason and "replicate" in low.reason
+    high = adaptive_planning(wp(state_bytes_per_group=4 * MB, state_access_ratio=0.8))
+    assert high.planning.replication == "none" and "high state access" in high.reason
+    small = adaptive_planning(wp(state_bytes_per_group=1000.0, state_access_ratio=0.01))
+    assert small.planning.replication == "none"
+
+
+def test_adaptive_skew_and_rate():
+    hot = adaptive_planning(wp(input_rate=50_000.0, skew=5.0))
+    assert hot.planning.prioritisation == "hot-first"
+    assert "high input rate" in hot.reason and "high skew" in hot.reason
+    slow = adaptive_planning(wp(input_rate=500.0, skew=5.0))
+    assert slow.planning.prioritisation == "random" and "skewed" in slow.reason
+    assert "low input rate" in slow.reason
+    flat = adaptive_planning(wp(input_rate=50_000.0, skew=1.2))
+    assert flat.planning.prioritisation == "random" and "low skew" in flat.reason
+
+
+def test_adaptive_rate_relative_to_capacity():
+    # 4000 rec/s is low in absolute terms but 80% of a 5000 rec/s operator
+    d = adaptive_planning(wp(input_rate=4000.0, skew=3.0, capacity_rate=5000.0))
+    assert d.planning.prioritisation == "hot-first" and "of capacity" in d.reason
+    d = adaptive_planning(wp(input_rate=40_000.0, skew=3.0, capacity_rate=100_000.0))
+    assert d.planning.prioritisation == "random"
+
+
+def test_adaptive_paper_scenarios():
+    # §V-B1 stock exchange: large state, many keys, low access, low rate
+    stock = adaptive_planning(wp(input_rate=5000.0, skew=1.3, state_bytes_per_group=2 * MB,
+                                 groups_to_move=500, state_access_ratio=0.027))
+    assert (stock.planning.prioritisation, stock.planning.progressiveness,
+            stock.planning.replication) == ("random", "equal-transfer-time", "hot")
+    # §V-B2 phase 1: a quarter of the groups, small state -> all-at-once, nothing replicated
+    p1 = adaptive_planning(wp(state_bytes_per_group=50_000.0, groups_to_move=32,
+                              state_access_ratio=0.02))
+    assert (p1.planning.progressiveness, p1.planning.replication) == ("all-at-once", "none")
+    # phase 3: highly skewed at a high rate -> hot-first
+    p3 = adaptive_planning(wp(input_rate=40_000.0, skew=8.0, state_bytes_per_group=2 * MB,
+                              groups_to_move=128, state_access_ratio=0.02))
+    assert p3.planning.prioritisation == "hot-first"
+
+
+def test_adaptive_thresholds_are_tunable():
+    t = AdaptiveThresholds(large_state_bytes_per_group=1000.0)
+    d = adaptive_planning(wp(state_bytes_per_group=2000.0, groups_to_move=3), t)
+    assert d.planning.progressiveness == "one-by-one" and d.thresholds is t
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"input_rate": -1.0}, "input_rate"),
+    ({"skew": -1.0}, "skew"),
+    ({"state_bytes_per_group": -1.0}, "state_bytes_per_group"),
+    ({"groups_to_move": -1}, "groups_to_move"),
+    ({"state_access_ratio": 1.5}, "state_access_ratio"),
+    ({"bandwidth_bytes_per_s": 0.0}, "bandwidth"),
+    ({"capacity_rate": 0.0}, "capacity_rate"),
+])
+def test_workload_profile_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        wp(**kwargs)
+
+
+def test_profiles_and_workload_from_metrics():
+    loads = {0: 10.0, 1: 30.0, 2: 20.0}
+    sizes = {1: 4000, 2: 2000, 3: 100}
+    p = profiles_from_metrics(loads, sizes)
+    assert p == {0: GroupProfile(0, 10.0, 0, 0), 1: GroupProfile(1, 30.0, 4000, 1),
+                 2: GroupProfile(2, 20.0, 2000, 2), 3: GroupProfile(3, 0.0, 100, 3)}
+    assert profiles_from_metrics(loads, sizes, arrivals={0: 9})[0].arrival == 9
+    w = workload_from_profiles(p, [1, 2, 7], 60.0, state_access_ratio=0.3)
+    assert w.skew == pytest.approx(30.0 / 15.0)
+    assert w.state_bytes_per_group == pytest.approx(2000.0)  # (4000 + 2000 + 0) / 3
+    assert w.groups_to_move == 3 and w.input_rate == 60.0 and w.state_access_ratio == 0.3
+    empty = workload_from_profiles({}, [], 0.0)
+    assert empty.skew == 1.0 and empty.state_bytes_per_group == 0.0
+    assert adaptive_planning(empty).planning.progressiveness == "all-at-once"

@@ -24,6 +24,10 @@ class JobConfig:
     protocol, or steps in which every task sends and receives at most one group.
     ``step_gap_ms``: pause between the steps of step-wise protocols (fluid, batched,
     non-disruptive).
+    ``replication``: which key groups of keyed operators keep a replica on another task
+    during normal processing ("none", "hot": the ``replication_hot_fraction`` busiest, "all"),
+    refreshed every ``replication_period_s`` with the changes since the last refresh; a
+    migration to the replica's holder then ships only those changes.
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
@@ -47,6 +51,9 @@ class JobConfig:
     batched_step_size: int = 4
     batched_matching: bool = False
     step_gap_ms: float = 0.0
+    replication: str = "none"
+    replication_period_s: float = 5.0
+    replication_hot_fraction: float = 0.2
     live_rescaling: bool = True
 
     def __post_init__(self) -> None:
@@ -67,6 +74,10 @@ class JobConfig:
             (self.rescale_timeout_s > 0, "rescale_timeout_s must be > 0"),
             (self.batched_step_size >= 1, "batched_step_size must be >= 1 key group"),
             (self.step_gap_ms >= 0, "step_gap_ms must be >= 0"),
+            (self.replication in ("none", "hot", "all"),
+             "replication must be 'none', 'hot' or 'all'"),
+            (self.replication_period_s > 0, "replication_period_s must be > 0"),
+            (0 < self.replication_hot_fraction <= 1, "replication_hot_fraction must be in (0, 1]"),
         ]
         for ok, msg in checks:
             if not ok:

@@ -342,6 +342,59 @@ class GroupStats:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class RefreshReplicas:
+    """To an owner: refresh the replica of each ``(key group, holder task, version the
+    holder has or -1)``: a delta when the holder is at the group's last replicated
+    version, else the full group. Sent to the holders (awaited) before the reply,
+    ``ReplicasRefreshed``."""
+
+    targets: tuple[tuple[int, str, int], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplicaUpdate:
+    """Owner → holder: the replica of ``key_group`` at ``version`` (a full snapshot, or a
+    delta from ``version`` - 1 when ``is_delta``). Replied to with ``ReplicaAck``."""
+
+    key_group: int
+    version: int
+    data: bytes
+    is_delta: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplicaAck:
+    """Holder's reply: ``kept`` False when a delta did not apply (the replica is dropped;
+    the next refresh must be full)."""
+
+    key_group: int
+    kept: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplicasRefreshed:
+    """Owner's reply to ``RefreshReplicas``: ``(key group, version)`` now held by each
+    holder, the groups whose holder dropped them, bytes sent and encoding CPU seconds."""
+
+    versions: tuple[tuple[int, int], ...]
+    dropped: tuple[int, ...]
+    bytes: int
+    cpu_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DropReplicas:
+    """To a holder: forget the replicas of these key groups."""
+
+    key_groups: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class InjectSubscale:
     """To every predecessor: route ``key_groups`` of ``edge_id`` to task index
     ``new_index`` from now on; put ``ConfirmBarrier`` on the data channel to the old owner
@@ -380,6 +433,7 @@ class ExpectOutgoing:
     predecessors: int
     aligned: bool = False
     block: bool = False
+    replicas: tuple[tuple[int, int], ...] = ()  # (key group, version the new owner holds)
 
 
 @wire
@@ -407,6 +461,7 @@ class MigrateState:
     key_group: int
     state: bytes
     watermark: int
+    kind: str = "full"  # "delta": ``state`` applies to the replica the new owner holds
 
 
 # ---------------------------------------------------------------- task → JobMaster

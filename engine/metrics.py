@@ -58,6 +58,11 @@ class RescaleProgress:
     key_groups_moved: int
     bytes_moved: int
     running: bool
+    subscales_total: int = 0
+    subscales_done: int = 0
+    rerouted_records: int = 0
+    suspended_s: float = 0.0
+    propagation_delay_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,10 @@ class JobCollector:
         self.tasks: dict[str, TaskMetrics] = {}
         self.rescales: dict[str, RescaleProgress] = {}
         self.rescales_total: dict[str, int] = {}
+        self.subscale_seconds: dict[str, list[float]] = {}  # operator -> completed subscales
+        self.replication_bytes: dict[str, int] = {}
+        self.replication_cpu_s: dict[str, float] = {}
+        self.replicas: dict[str, int] = {}
         self.running = 1
 
     def collect(self) -> Iterator[Any]:
@@ -162,6 +171,45 @@ class JobCollector:
             total.add_metric([self.job, r.operator], r.key_groups_total)
             moved_b.add_metric([self.job, r.operator], r.bytes_moved)
         yield from (phase, moved, total, moved_b)
+        live = [
+            ("reflow_rescale_subscales", "Subscales (steps' subscales) of the current/last rescale",
+             "subscales_total"),
+            ("reflow_rescale_subscales_done", "Subscales completed in the current/last rescale",
+             "subscales_done"),
+            ("reflow_rescale_rerouted_records", "Records re-routed by old owners (drrs)",
+             "rerouted_records"),
+            ("reflow_rescale_suspended_seconds",
+             "Longest cumulative time a task had records waiting and nothing processable",
+             "suspended_s"),
+            ("reflow_rescale_propagation_delay_seconds",
+             "Mean time from injection at the predecessors to the first barrier at the old owner",
+             "propagation_delay_s"),
+        ]
+        for name, doc, field in live:
+            fam = GaugeMetricFamily(name, doc, labels=["job", "operator"])
+            for r in self.rescales.values():
+                fam.add_metric([self.job, r.operator], getattr(r, field))
+            yield fam
+        sub = HistogramMetricFamily("reflow_rescale_subscale_seconds",
+                                    "Duration of each completed subscale", labels=["job", "operator"])
+        for op, durations in self.subscale_seconds.items():
+            bounds = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+            buckets = [(repr(b), sum(1 for d in durations if d <= b)) for b in bounds]
+            buckets.append(("+Inf", len(durations)))
+            sub.add_metric([self.job, op], buckets, sum(durations))
+        yield sub
+        rb = CounterMetricFamily("reflow_replication_bytes", "State bytes copied to replicas",
+                                 labels=["job", "operator"])
+        rc = CounterMetricFamily("reflow_replication_cpu_seconds",
+                                 "Time owners spent encoding replica refreshes",
+                                 labels=["job", "operator"])
+        rn = GaugeMetricFamily("reflow_replicas", "Key groups with a replica",
+                               labels=["job", "operator"])
+        for op in self.replication_bytes:
+            rb.add_metric([self.job, op], self.replication_bytes[op])
+            rc.add_metric([self.job, op], self.replication_cpu_s.get(op, 0.0))
+            rn.add_metric([self.job, op], self.replicas.get(op, 0))
+        yield from (rb, rc, rn)
         count = CounterMetricFamily("reflow_rescales", "Completed rescales", labels=["job", "operator"])
         for op, n in self.rescales_total.items():
             count.add_metric([self.job, op], n)

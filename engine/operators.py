@@ -173,6 +173,7 @@ class KeyedRunner:
         fn = self.fn.fn  # type: ignore[attr-defined]
         name = ReduceFunction.STATE
         groups = self.backend.groups
+        tracked = self.backend.tracked()  # groups replicated (their changes are recorded)
         n = len(values)
         i = self.pos
         try:
@@ -188,6 +189,8 @@ class KeyedRunner:
                 cur = table.get(k, _MISSING)
                 new = values[i] if cur is _MISSING else fn(cur, values[i])
                 table[k] = new
+                if tracked:
+                    self.backend.note_changed(kg, k)
                 out.append(new)
                 out_ts.append(timestamps[i])
                 i += 1

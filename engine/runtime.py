@@ -42,6 +42,7 @@ from engine.messages import (
     AddInputs,
     AddOutputChannels,
     Drained,
+    DropReplicas,
     ExpectIncoming,
     ExpectOutgoing,
     GroupStatsRequest,
@@ -52,7 +53,10 @@ from engine.messages import (
     KeyGroupSnapshot,
     OutputChannel,
     PauseSource,
+    RefreshReplicas,
     RemoveOutputChannels,
+    ReplicasRefreshed,
+    ReplicaUpdate,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
@@ -77,6 +81,7 @@ from migration.protocols import LIVE, PROTOCOLS, plan_live
 from migration.protocols.drrs import REROUTE_PORT, SubscaleScheduler
 from migration.protocols.live import LivePlan, LiveProtocol, StepScheduler
 from migration.protocols.stop_restart import plan_stop_restart
+from migration.replication import choose_replicated_groups, place_replicas
 from migration.report import RescaleReport
 
 NAMESPACE = "reflow"
@@ -132,6 +137,8 @@ class TaskActor:
             self.handles.update(handles)
         wake = self._event()
         reply = self.core.handle(msg)
+        if isinstance(msg, RefreshReplicas):
+            reply = await self._send_replicas(reply)
         if isinstance(msg, Start) and self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         self._send_priority()
@@ -147,6 +154,17 @@ class TaskActor:
         self._ack_consumed()
         wake.set()
         return encode_message(reply)
+
+    async def _send_replicas(self, reply: ReplicasRefreshed) -> ReplicasRefreshed:
+        """Send the replica refreshes and wait for the holders: a refresh is complete (and
+        a migration may rely on it) once the holder has applied it."""
+        out = self.core.priority_out
+        updates = [(t, m) for t, m in out if isinstance(m, ReplicaUpdate)]
+        out[:] = [(t, m) for t, m in out if not isinstance(m, ReplicaUpdate)]
+        acks = await asyncio.gather(*(self.handles[t].control.remote(encode_message(m))
+                                      for t, m in updates))
+        dropped = tuple(a.key_group for a in map(decode_message, acks) if not a.kept)
+        return dataclasses.replace(reply, dropped=dropped)
 
     def _send_priority(self) -> None:
         """Priority messages (DRRS triggers, state) jump every data queue: control calls."""
@@ -365,6 +383,14 @@ class JobMaster:
         self._drrs_running = 0
         self._next_subscale = 0
         self._subscale_reports: dict[int, dict[str, SubscaleDone]] = {}
+        # replication: vertex -> (policy, period s, hot fraction); vertex -> kg -> (holder, version)
+        self._replication: dict[str, tuple[str, float, float]] = {
+            v.name: (config.replication, config.replication_period_s,
+                     config.replication_hot_fraction)
+            for v in self.plan.vertices if v.keyed and config.replication != "none"}
+        self._replicas: dict[str, dict[int, tuple[str, int]]] = {}
+        self._replicas_to_drop: dict[str, set[int]] = {}  # holder -> key groups
+        self._replicator: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
 
     # -- plumbing
@@ -451,6 +477,7 @@ class JobMaster:
         if self.config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.collector, self.config.metrics_host, self.config.metrics_port)
         self._poller = asyncio.get_running_loop().create_task(self._poll_metrics())
+        self._replicator = asyncio.get_running_loop().create_task(self._replicate_loop())
         self._fill_standby()
         return self.endpoint.url if self.endpoint else ""
 
@@ -475,6 +502,98 @@ class JobMaster:
             case _:
                 raise ValueError(f"unknown report {msg!r}")
         self._notify()
+
+    # -- replication (Spacker): replicas refreshed in steady state, used by migrations
+    async def set_replication(self, operator: str, policy: str, period_s: float | None,
+                              hot_fraction: float | None) -> None:
+        vertex = self.dep.plan.vertex_of(operator)
+        if vertex.name != operator or not vertex.keyed:
+            raise RescaleRefused(f"operator {operator!r} is not a keyed operator with its own "
+                                 "tasks; only those hold key groups to replicate")
+        if policy not in ("none", "hot", "all"):
+            raise RescaleRefused(f"replication policy {policy!r}: use 'none', 'hot' or 'all'")
+        cfg = self.config
+        period = cfg.replication_period_s if period_s is None else period_s
+        frac = cfg.replication_hot_fraction if hot_fraction is None else hot_fraction
+        if period <= 0 or not 0 < frac <= 1:
+            raise RescaleRefused("replication period must be > 0 and hot fraction in (0, 1]")
+        if policy == "none":
+            self._replication.pop(operator, None)
+            self._forget_replicas(operator, tuple(self._replicas.get(operator, {})))
+            await self._drop_forgotten_replicas()
+        else:
+            self._replication[operator] = (policy, period, frac)
+
+    async def _replicate_loop(self) -> None:
+        last: dict[str, float] = {}
+        while self.state in _ACTIVE:
+            await asyncio.sleep(0.25)
+            now = self.clock.monotonic()
+            for vertex, (_, period, _) in list(self._replication.items()):
+                lock = self._vertex_locks.setdefault(vertex, asyncio.Lock())
+                if now - last.get(vertex, -1e18) < period or lock.locked() or self.finished:
+                    continue
+                last[vertex] = now
+                try:
+                    async with lock:
+                        await self._refresh_replicas(vertex)
+                except Exception:  # noqa: BLE001 - a task may be going away; next period
+                    if self.state not in _ACTIVE:
+                        return
+
+    async def _refresh_replicas(self, vertex: str) -> None:
+        """One refresh round: choose the groups, place their holders, refresh each replica
+        from its owner (a delta when the holder is current)."""
+        if vertex not in self._replication or self.state != "running":
+            return
+        policy, _, frac = self._replication[vertex]
+        names = list(self.dep.tasks[vertex])
+        assignment = self.dep.assignments[vertex]
+        loads = {p.key_group: p.load for p in (await self._group_profiles(vertex)).values()}
+        groups = choose_replicated_groups(policy, loads, frac, len(assignment))
+        holders = place_replicas(assignment, groups, len(names))
+        held = self._replicas.setdefault(vertex, {})
+        moved_away = [kg for kg, (h, _) in held.items()
+                      if kg not in holders or names[holders[kg]] != h]
+        self._forget_replicas(vertex, tuple(moved_away))
+        await self._drop_forgotten_replicas()
+        targets: dict[str, list[tuple[int, str, int]]] = {}
+        for kg, h in holders.items():
+            version = held[kg][1] if kg in held else -1
+            targets.setdefault(names[assignment[kg]], []).append((kg, names[h], version))
+        owners = list(targets)
+        replies = await asyncio.gather(*(
+            self._call(o, RefreshReplicas(tuple(targets[o])),
+                       {t[1]: self.handles[t[1]] for t in targets[o]}) for o in owners))
+        for o, r in zip(owners, replies, strict=True):
+            holder_of = {kg: h for kg, h, _ in targets[o]}
+            for kg, version in r.versions:
+                held[kg] = (holder_of[kg], version)
+            for kg in r.dropped:
+                held.pop(kg, None)
+            c = self.collector
+            c.replication_bytes[vertex] = c.replication_bytes.get(vertex, 0) + r.bytes
+            c.replication_cpu_s[vertex] = c.replication_cpu_s.get(vertex, 0.0) + r.cpu_s
+        self.collector.replicas[vertex] = len(held)
+
+    def _forget_replicas(self, vertex: str, key_groups: Sequence[int],
+                         keep_at: str | None = None) -> None:
+        """The replicas of these groups are out of date (the group moved, or its holder
+        changed): forget them, and drop them at their holders (except ``keep_at``, the new
+        owner, which consumed its replica when the state arrived)."""
+        held = self._replicas.get(vertex, {})
+        for kg in key_groups:
+            entry = held.pop(kg, None)
+            if entry is not None and entry[0] != keep_at:
+                self._replicas_to_drop.setdefault(entry[0], set()).add(kg)
+        if vertex in self.collector.replicas:
+            self.collector.replicas[vertex] = len(held)
+
+    async def _drop_forgotten_replicas(self) -> None:
+        drops, self._replicas_to_drop = self._replicas_to_drop, {}
+        calls = [self._call(h, DropReplicas(tuple(sorted(kgs))))
+                 for h, kgs in drops.items() if h in self.handles]
+        await asyncio.gather(*calls)
 
     async def _maybe_finish(self) -> None:
         """The job is finished when every task is; a running rescale defers the teardown."""
@@ -706,6 +825,12 @@ class JobMaster:
                          matching=cfg.batched_matching, planning=planning, profiles=profiles,
                          first_id=self._next_subscale)
         if adaptive:
+            assert planning is not None
+            if planning.replication != "none" and vertex not in self._replication:
+                # replicas serve the next migrations of this operator
+                self._replication[vertex] = (planning.replication, cfg.replication_period_s,
+                                             planning.replication_hot_fraction)
+                adaptive += f"; replication '{planning.replication}' on from now"
             plan = dataclasses.replace(plan, reason=f"adaptive: {adaptive}; {plan.reason}")
         return plan
 
@@ -736,9 +861,13 @@ class JobMaster:
         work_p = max(old_p, final_p)
         stats = {"moved": 0, "bytes": 0}
 
+        live = {"done": 0, "rerouted": 0, "suspended": 0.0, "delay": 0.0}
+
         def enter(phase: str, running: bool = True) -> None:
             self.collector.rescales[vertex] = RescaleProgress(
-                vertex, proto.name, phase, len(plan.moved), stats["moved"], stats["bytes"], running)
+                vertex, proto.name, phase, len(plan.moved), stats["moved"], stats["bytes"], running,
+                len(plan.subscales), live["done"], live["rerouted"], live["suspended"],
+                live["delay"])
 
         # 1. new tasks before the first subscale
         enter("deploy")
@@ -786,7 +915,7 @@ class JobMaster:
                 first_start = first_start if first_start is not None else now
                 started_at[sub.subscale_id] = now
                 injected_at[sub.subscale_id] = await self._start_subscale(
-                    sub, names, in_edges, work_dep, proto)
+                    sub, names, in_edges, work_dep, proto, vertex)
             if not sched.running:
                 break
             try:
@@ -813,15 +942,24 @@ class JobMaster:
                 if rep["old"].trigger_at:
                     delays.append(max(0.0, rep["old"].trigger_at - injected_at[sid]))
                 timings.append((sid, started_at[sid] - requested, clock.now() - started_at[sid]))
+                self.collector.subscale_seconds.setdefault(vertex, []).append(timings[-1][2])
+                live.update(done=len(timings), rerouted=rerouted, suspended=suspended,
+                            delay=(sum(delays) / len(delays)) if delays else 0.0)
+                self._forget_replicas(vertex, sub.key_groups, keep_at=names[sub.new])
                 self.dep = Deployment(self.dep.plan, self.job_id, self.dep.tasks,
                                       {**self.dep.assignments, vertex: tuple(current)}, gen)
                 enter("subscales")
 
         # 3. remove tasks left without key groups (scale-in)
         enter("remove")
+        await self._drop_forgotten_replicas()
         keep = final_p if not superseded else work_p
         if keep < work_p and max(current) < keep:
             await self._remove_tasks(vertex, keep)
+            gone = set(names[keep:])
+            held = self._replicas.get(vertex, {})
+            for kg in [kg for kg, (h, _) in held.items() if h in gone]:
+                del held[kg]
         enter("done", running=False)
         self.collector.rescales_total[vertex] = self.collector.rescales_total.get(vertex, 0) + 1
         done = clock.now()
@@ -857,15 +995,19 @@ class JobMaster:
         await asyncio.gather(*calls)
 
     async def _start_subscale(self, sub: Any, names: list[str], in_edges: list[Any],
-                              dep: Deployment, proto: LiveProtocol) -> float:
+                              dep: Deployment, proto: LiveProtocol, vertex: str) -> float:
         s_name, d_name = names[sub.old], names[sub.new]
         rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
         direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges for u in dep.tasks[e.src])
         await self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
                                                 confirm_needed=proto.trigger))
+        held = self._replicas.get(vertex, {})
+        replicas = tuple((kg, held[kg][1]) for kg in sub.key_groups
+                         if kg in held and held[kg][0] == d_name)
         await self._call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
                                                 OutputChannel(rcid, d_name, REROUTE_PORT),
-                                                len(direct), proto.aligned, proto.block_aligned),
+                                                len(direct), proto.aligned, proto.block_aligned,
+                                                replicas),
                          {d_name: self.handles[d_name]})
         at = self.clock.now()
         await asyncio.gather(*(
@@ -897,6 +1039,7 @@ class JobMaster:
     async def _stop_restart(self, vertex: str, parallelism: int) -> RescaleReport:
         clock = self.clock
         requested = clock.now()
+        self._replicas.pop(vertex, None)  # every task restarts: the replicas go with them
         v = self.dep.plan.vertex(vertex)
         sr = plan_stop_restart(vertex, v.parallelism, self.dep.assignments.get(vertex),
                                parallelism, self.dep.plan.num_key_groups)
@@ -1045,6 +1188,20 @@ class JobHandle:
         moving key groups; None uses the protocol's default (the adaptive strategy for
         non-disruptive). Raises ``RescaleRefused`` (job untouched) for an invalid request."""
         return self._rescale(operator, parallelism, protocol, None, planning)
+
+    def set_replication(self, operator: str, policy: str, period_s: float | None = None,
+                        hot_fraction: float | None = None) -> None:
+        """Keep replicas of ``operator``'s key groups on other tasks ("hot": the busiest
+        ``hot_fraction``, "all", or "none"), refreshed every ``period_s`` with the changes
+        since the last refresh; a later migration to a replica's holder ships only the
+        changes. Defaults come from ``JobConfig``."""
+        try:
+            ray.get(self._master.set_replication.remote(operator, policy, period_s, hot_fraction))
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if hasattr(exc, "cause") else None
+            if isinstance(cause, RescaleRefused):
+                raise cause from None
+            raise
 
     def rebalance(self, operator: str, assignment: Sequence[int], protocol: str = "drrs",
                   planning: Any = None) -> RescaleReport:

@@ -31,6 +31,7 @@ from engine.messages import (
     Connect,
     DrainBarrier,
     Drained,
+    DropReplicas,
     EndOfStream,
     ExpectIncoming,
     ExpectOutgoing,
@@ -45,7 +46,11 @@ from engine.messages import (
     OutputChannel,
     PauseBarrier,
     PauseSource,
+    RefreshReplicas,
     RemoveOutputChannels,
+    ReplicaAck,
+    ReplicasRefreshed,
+    ReplicaUpdate,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
@@ -72,6 +77,13 @@ from engine.sources import SourceReader
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
 from migration.protocols.drrs import REROUTE_PORT, NewOwnerRole, OldOwnerRole
+from migration.replication import (
+    ReplicaStore,
+    ReplicationStats,
+    StaleReplicaError,
+    migration_payload,
+    refresh_replica,
+)
 
 CREATED, RUNNING, FINISHED, FAILED, STOPPED = "created", "running", "finished", "failed", "stopped"
 
@@ -186,6 +198,9 @@ class TaskCore:
         self._step_blocked: dict[int, set[int]] = {}
         self._reroute_channels: dict[int, OutputChannel] = {}
         self._state_sent: dict[int, int] = {}
+        self._replicas_at_new: dict[int, dict[int, int]] = {}  # subscale -> kg -> version
+        self.replicas = ReplicaStore()  # replicas this task holds for other owners
+        self.replication_stats = ReplicationStats()  # replicas of this task's groups
         self._trigger_at: dict[int, float] = {}
         self._suspended_since: float | None = None
         self._end_pending = False  # input ended; finishing waits for a rescale
@@ -499,12 +514,10 @@ class TaskCore:
         b = self.backend
         assert b is not None
         for kg in out.key_groups:
-            data = b.snapshot(kg)
-            b.remove(kg)
+            msg = self._take_group(sid, kg)
             self.old_role.mark_migrated(sid, kg)
-            self.priority_out.append(
-                (out_channel.target, MigrateState(sid, kg, data, self.watermark)))
-            sent += len(data)
+            self.priority_out.append((out_channel.target, msg))
+            sent += len(msg.state)
         self._state_sent[sid] = sent
 
     def _unblock(self, sid: int) -> None:
@@ -523,15 +536,25 @@ class TaskCore:
         assert b is not None
         sent = 0
         for kg in out.key_groups:
-            data = b.snapshot(kg)
-            b.remove(kg)
-            self.priority_out.append((out.new_owner, MigrateState(sid, kg, data, self.watermark)))
-            sent += len(data)
+            msg = self._take_group(sid, kg)
+            self.priority_out.append((out.new_owner, msg))
+            sent += len(msg.state)
         self._reroute_channels.pop(sid, None)
+        self._replicas_at_new.pop(sid, None)
         self._unblock(sid)
         self.reports.append(SubscaleDone(self.name, sid, "old", sent, 0,
                                          self._trigger_at.pop(sid, 0.0), self.suspended_s))
         self._finish_if_ended()
+
+    def _take_group(self, sid: int, kg: int) -> MigrateState:
+        """Snapshot and remove a group for its new owner: only the changes since the
+        replica there when it holds one at the group's last replicated version."""
+        b = self.backend
+        assert b is not None
+        kind, data = migration_payload(b, kg, self._replicas_at_new.get(sid, {}).get(kg))
+        b.remove(kg)
+        b.untrack(kg)
+        return MigrateState(sid, kg, data, self.watermark, kind)
 
     def _confirm_at_old_owner(self, sid: int, direct_channel: int, channel: int) -> None:
         out = self.old_role.subscales.get(sid)
@@ -563,7 +586,12 @@ class TaskCore:
 
     def _install_incoming(self, msg: MigrateState) -> None:
         assert self.backend is not None
-        self.backend.install(msg.key_group, msg.state)
+        if msg.kind == "delta":
+            data = self.replicas.reload(msg.key_group, "delta", msg.state)
+        else:
+            self.replicas.drop(msg.key_group)
+            data = msg.state
+        self.backend.install(msg.key_group, data)
         self.new_role.on_state(msg.subscale, msg.key_group, len(msg.state), msg.watermark)
         self._guarded(self._release_and_activate, msg.subscale)
 
@@ -736,12 +764,27 @@ class TaskCore:
                 reply = GroupStats(self.name, groups, now - self._stats_since)
                 self.group_records, self._stats_since = Counter(), now
                 return reply
+            case RefreshReplicas(targets=targets):
+                return self._refresh_replicas(targets)
+            case ReplicaUpdate(key_group=kg, version=v, data=data, is_delta=is_delta):
+                try:
+                    self.replicas.update(kg, v, data, is_delta, self.clock.now())
+                except StaleReplicaError:
+                    self.replicas.drop(kg)
+                    return ReplicaAck(kg, False)
+                return ReplicaAck(kg, True)
+            case DropReplicas(key_groups=kgs):
+                for kg in kgs:
+                    self.replicas.drop(kg)
+                return Ack()
             case InjectSubscale():
                 self._inject(msg)
                 return Ack()
             case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n,
-                                aligned=aligned, block=block):
+                                aligned=aligned, block=block, replicas=replicas):
                 self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block)
+                if replicas:
+                    self._replicas_at_new[sid] = dict(replicas)
                 self._reroute_channels[sid] = rc
                 return Ack()
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
@@ -760,6 +803,23 @@ class TaskCore:
                 return Ack()
             case _:
                 raise ValueError(f"task {self.name}: unknown control message {msg!r}")
+
+    def _refresh_replicas(self, targets: tuple[tuple[int, str, int], ...]) -> ReplicasRefreshed:
+        """Owner: the next refresh of each replicated group goes to its holder (priority
+        path; the shell awaits the holders' acks before replying)."""
+        b = self.backend
+        stats = self.replication_stats
+        before_bytes, before_cpu = stats.bytes_copied, stats.encode_cpu_s
+        versions = []
+        for kg, holder, held in targets:
+            if b is None or kg not in b.groups:
+                continue
+            full = not (held >= 0 and b.is_tracked(kg) and held == b.version(kg))
+            r = refresh_replica(b, kg, self.clock.monotonic, stats, full=full)
+            self.priority_out.append((holder, ReplicaUpdate(kg, r.version, r.data, r.is_delta)))
+            versions.append((kg, r.version))
+        return ReplicasRefreshed(tuple(versions), (), stats.bytes_copied - before_bytes,
+                                 stats.encode_cpu_s - before_cpu)
 
     def _connect(self, inputs: tuple[tuple[int, int], ...] | tuple[int, ...], outputs: Any) -> None:
         wanted: dict[int, int] = {}

@@ -48,7 +48,11 @@ from engine.messages import (
     MigrateState,
     OutputChannel,
     OutputEdge,
+    RefreshReplicas,
     RemoveOutputChannels,
+    ReplicaAck,
+    ReplicasRefreshed,
+    ReplicaUpdate,
     Start,
     StopTask,
     SubscaleDone,
@@ -219,7 +223,7 @@ class DNet:
 
     # -- the coordinator (engine/runtime.py JobMaster)
     def start_subscale(self, sub: Subscale, vertex: str = "sum", trigger: bool = True,
-                       protocol: str = "drrs") -> int:
+                       protocol: str = "drrs", replicas: tuple[tuple[int, int], ...] = ()) -> int:
         """JobMaster._start_subscale; returns the re-route channel id."""
         proto = LIVE[protocol]
         names = self.dep.tasks[vertex]
@@ -232,7 +236,7 @@ class DNet:
             sub.subscale_id, sub.key_groups, direct, rcid, proto.trigger))) == Ack()
         assert self.cores[s_name].handle(wire(ExpectOutgoing(
             sub.subscale_id, sub.key_groups, OutputChannel(rcid, d_name, REROUTE_PORT),
-            len(direct), proto.aligned, proto.block_aligned))) == Ack()
+            len(direct), proto.aligned, proto.block_aligned, replicas))) == Ack()
         for e in in_edges:
             for u in self.dep.tasks[e.src]:
                 assert self.cores[u].handle(wire(InjectSubscale(
@@ -1184,6 +1188,66 @@ def test_pause_barrier_stops_the_new_owners_channel_until_the_state_is_in(clock,
     net.pump()
     net.run_sources()
     assert per_key(sink.results()) == per_key(running_sum_reference(recs + [(a, 3), (dk, 4)]))
+
+
+def _refresh(net, owner: str, holder: str, kg: int, held: int) -> tuple[ReplicasRefreshed, Any]:
+    """The JobMaster's refresh round for one group, and the holder's ack."""
+    reply = net[owner].handle(wire(RefreshReplicas(((kg, net.name(holder), held),))))
+    [(target, update)] = net.take_prio(ReplicaUpdate)
+    assert target == net.name(holder)
+    return reply, net[holder].handle(update)
+
+
+@pytest.mark.parametrize("protocol", ["drrs", "non-disruptive"])
+def test_a_migration_to_a_fresh_replica_ships_only_the_changes(clock, sink, protocol):
+    keys = [key_in(A, i) for i in range(30)]
+    recs = [(k, 1) for k in keys] + [(b, 2)]
+    later = [(keys[0], 5), (keys[1], 7)]
+    net = DNet(drrs_job(recs + later, sink), clock)
+    src, d = net["src/0"], net["sum/1"]
+    src.poll_source(len(recs))
+    net.pump()
+    first, ack = _refresh(net, "sum/0", "sum/1", A, -1)        # first refresh: full
+    [(_, v1)] = first.versions
+    assert ack == ReplicaAck(A, True) and first.bytes > 0
+    src.poll_source(2)                                           # two keys change
+    net.pump()
+    second, ack = _refresh(net, "sum/0", "sum/1", A, v1)       # then a delta
+    [(_, v2)] = second.versions
+    assert ack == ReplicaAck(A, True) and v2 == v1 + 1
+    assert 0 < second.bytes < first.bytes / 4
+    assert d.replicas.version(A) == v2
+    net.start_subscale(S0, protocol=protocol, replicas=((A, v2),))
+    net.pump()
+    reports = net.subscale_reports()[0]
+    assert reports["new"].bytes < first.bytes / 4               # the delta, not the group
+    assert d.replicas.version(A) is None                        # consumed by the reload
+    net.run_sources()
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs + later))
+    assert reduce_state(d)[keys[0]] == (keys[0], 6) and reduce_state(d)[keys[2]] == (keys[2], 1)
+
+
+def test_a_stale_replica_is_never_used_without_its_delta(clock, sink):
+    recs = [(a, 1), (key_in(A, 1), 2), (b, 3)]
+    net = DNet(drrs_job(recs + [(a, 10)], sink), clock)
+    src, d = net["src/0"], net["sum/1"]
+    src.poll_source(3)
+    net.pump()
+    first, _ = _refresh(net, "sum/0", "sum/1", A, -1)           # holder at version v1
+    [(_, v1)] = first.versions
+    src.poll_source(1)
+    net.pump()
+    net["sum/0"].handle(wire(RefreshReplicas(((A, net.name("sum/1"), v1),))))
+    net.take_prio(ReplicaUpdate)                                 # this refresh is lost
+    # the owner is at v1 + 1, the holder at v1: a delta from v1 + 1 does not apply
+    _, ack = _refresh(net, "sum/0", "sum/1", A, v1 + 1)
+    assert ack == ReplicaAck(A, False) and d.replicas.version(A) is None
+    # a migration told the holder is at v1 ships the full group
+    net.start_subscale(S0, protocol="fluid", replicas=((A, v1),))
+    net.pump()
+    net.run_sources()
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs + [(a, 10)]))
+    assert reduce_state(d)[a] == (a, 11)
 
 
 def test_held_tasks_whose_input_ended_still_give_and_take_groups(clock, sink):

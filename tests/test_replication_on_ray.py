@@ -1,0 +1,65 @@
+"""Replication (Spacker) and per-subscale metrics on a real local Ray cluster, checked
+through the job's Prometheus endpoint."""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import JobConfig
+from engine.errors import RescaleRefused
+from engine.testing import TestingSink
+from tests.jobs import per_key, running_sum_job, running_sum_reference
+
+pytestmark = pytest.mark.ray
+
+
+def _samples(url: str) -> dict[str, float]:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = s.name + "".join(f"[{k}={v}]" for k, v in sorted(s.labels.items())
+                                   if k in ("operator", "le"))
+            out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def test_replicas_are_refreshed_and_a_rebalance_onto_them_keeps_results(ray_cluster):
+    rng = random.Random(5)
+    records = [(rng.randrange(200), rng.randrange(100)) for _ in range(9000)]
+    sink = TestingSink()
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=0, replication="all",
+                    replication_period_s=0.3, metrics_poll_interval_s=0.2)
+    h = running_sum_job(records, 2, sink, rate=3000, config=cfg).run()
+    try:
+        with pytest.raises(RescaleRefused, match="policy"):
+            h.set_replication("sum", "some")
+        with pytest.raises(RescaleRefused, match="not a keyed operator"):
+            h.set_replication("src", "all")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = _samples(h.metrics_url)
+            if m.get("reflow_replicas[operator=sum]", 0) == 32:
+                break
+            time.sleep(0.2)
+        assert m["reflow_replicas[operator=sum]"] == 32       # every group has a replica
+        assert m["reflow_replication_bytes_total[operator=sum]"] > 0
+        # swap half of each task's groups: every destination holds their replicas
+        swap = tuple((1 - (kg * 2 // 32)) if kg % 2 else kg * 2 // 32 for kg in range(32))
+        report = h.rebalance("sum", swap, protocol="non-disruptive")
+        assert report.key_groups_moved == 16 and report.protocol == "non-disruptive"
+        assert "adaptive" in report.planning_reason
+        m = _samples(h.metrics_url)
+        assert m["reflow_rescale_subscale_seconds_count[operator=sum]"] >= 1
+        assert m["reflow_rescale_subscales_done[operator=sum]"] == \
+            m["reflow_rescale_subscales[operator=sum]"] > 0
+        h.set_replication("sum", "none")
+        h.wait(120)
+    finally:
+        h.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))

@@ -3,6 +3,8 @@
     reflow metrics URL            per-operator summary of a running job's metrics endpoint
     reflow example wordcount ...  run an example job (arguments pass through)
     reflow bench steady ...       run a benchmark (arguments pass through)
+    reflow bench rescale ...      the cross-protocol rescale benchmark
+                                  (examples/bench/rescale.py; e.g. --scenario q7 --quick)
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def _script(kind: str, name: str, rest: list[str]) -> int:
     folder = "examples" if kind == "example" else os.path.join("examples", "bench")
     path = os.path.join(ROOT, folder, f"{name}.py")
     if not os.path.exists(path):
-        found = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py"))
+        found = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, folder))
+                       if f.endswith(".py") and f != "timeline.py")  # timeline: helpers
         print(f"reflow {kind}: no {kind} {name!r}; available: {', '.join(found)}", file=sys.stderr)
         return 2
     sys.argv = [path, *rest]
@@ -62,6 +65,18 @@ def _script(kind: str, name: str, rest: list[str]) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     return 0
+
+
+def _bench_rescale(rest: list[str]) -> int:
+    """``reflow bench rescale [args]``: ``examples/bench/rescale.py``'s ``main(args)``."""
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from examples.bench import rescale
+
+    try:
+        return int(rescale.main(rest, prog="reflow bench rescale") or 0)
+    except SystemExit as exc:  # argparse: --help, bad arguments
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "metrics":
         return _metrics(args.url)
+    if args.cmd == "bench" and args.name == "rescale":
+        return _bench_rescale(args.args)
     return _script(args.cmd, args.name, args.args)
 
 

@@ -449,6 +449,26 @@ class ExpectIncoming:
     direct_channels: tuple[int, ...]
     reroute_channel: int
     confirm_needed: bool = True
+    old_owner: str = ""  # drrs: where to pull the groups from
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SubscaleTriggered:
+    """DRRS, priority, old owner → new owner: the subscale's first barrier arrived; pull
+    its groups (``sizes``: estimated state bytes per group) one at a time."""
+
+    subscale: int
+    sizes: tuple[tuple[int, int], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class PullState:
+    """DRRS, priority, new owner → old owner: send ``key_group`` of the subscale now."""
+
+    subscale: int
+    key_group: int
 
 
 @wire

@@ -1000,7 +1000,8 @@ class JobMaster:
         rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
         direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges for u in dep.tasks[e.src])
         await self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
-                                                confirm_needed=proto.trigger))
+                                                proto.trigger, s_name),
+                         {s_name: self.handles[s_name]})
         held = self._replicas.get(vertex, {})
         replicas = tuple((kg, held[kg][1]) for kg in sub.key_groups
                          if kg in held and held[kg][0] == d_name)

@@ -46,6 +46,7 @@ from engine.messages import (
     OutputChannel,
     PauseBarrier,
     PauseSource,
+    PullState,
     RefreshReplicas,
     RemoveOutputChannels,
     ReplicaAck,
@@ -57,6 +58,7 @@ from engine.messages import (
     Start,
     StopTask,
     SubscaleDone,
+    SubscaleTriggered,
     TaskFailed,
     TaskFinished,
     TaskState,
@@ -505,20 +507,50 @@ class TaskCore:
             self.router.send_event_to({direct.channel_id}, PauseBarrier(msg.subscale))
 
     def _migrate_out(self, sid: int) -> None:
-        """Old owner, first barrier of the subscale: ship every group's state to the new owner."""
+        """Old owner, first barrier of the subscale: the new owner may pull the groups."""
         out = self.old_role.subscales[sid]
         self._trigger_at[sid] = self.clock.now()
-        self.router.flush_all()  # this task's earlier outputs of the groups go first
-        self.router.open_reroute(out_channel := self._reroute_channels[sid])
-        sent = 0
+        self.router.open_reroute(self._reroute_channels[sid])
         b = self.backend
         assert b is not None
-        for kg in out.key_groups:
-            msg = self._take_group(sid, kg)
-            self.old_role.mark_migrated(sid, kg)
-            self.priority_out.append((out_channel.target, msg))
-            sent += len(msg.state)
-        self._state_sent[sid] = sent
+        sizes = tuple((kg, _estimated_group_bytes(b, kg)) for kg in out.key_groups)
+        self.priority_out.append((out.new_owner, SubscaleTriggered(sid, sizes)))
+        self._state_sent[sid] = 0
+
+    def _on_pull(self, sid: int, kg: int) -> None:
+        """Old owner: the new owner pulls one group; from now on its records found in the
+        input are re-routed."""
+        if not self.old_role.can_pull(sid, kg):
+            return
+        out = self.old_role.subscales[sid]
+        self.router.flush_all()  # this task's earlier outputs of the group go first
+        msg = self._take_group(sid, kg)
+        out.pulled.add(kg)
+        self.old_role.mark_migrated(sid, kg)
+        self.priority_out.append((out.new_owner, msg))
+        self._state_sent[sid] += len(msg.state)
+        self._finish_outgoing(sid)
+
+    def _finish_outgoing(self, sid: int) -> None:
+        """Old owner (drrs): every confirm forwarded and every group pulled."""
+        if not self.old_role.done(sid):
+            return
+        out = self.old_role.subscales[sid]
+        self.router.close_reroute(out.reroute_channel)
+        self.old_role.finish(sid)
+        self._reroute_channels.pop(sid, None)
+        self._replicas_at_new.pop(sid, None)
+        self.reports.append(SubscaleDone(
+            self.name, sid, "old", self._state_sent.pop(sid, 0),
+            self.router.rerouted_by.pop(out.reroute_channel, 0),
+            self._trigger_at.pop(sid, 0.0), self.suspended_s))
+        self._finish_if_ended()
+
+    def _pull_next(self, sid: int) -> None:
+        """New owner: ask for the next group of the subscale (one at a time)."""
+        kg = self.new_role.next_pull(sid)
+        if kg is not None:
+            self.priority_out.append((self.new_role.subscales[sid].old_owner, PullState(sid, kg)))
 
     def _unblock(self, sid: int) -> None:
         for cid in [c for c, sids in self._step_blocked.items() if sid in sids]:
@@ -569,16 +601,8 @@ class TaskCore:
             self._migrate_out(sid)
         out = self.old_role.subscales[sid]
         self.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, direct_channel))
-        if self.old_role.on_confirm(sid, direct_channel):
-            self.router.close_reroute(out.reroute_channel)
-            done = self.old_role.finish(sid)
-            self._reroute_channels.pop(sid, None)
-            self.reports.append(SubscaleDone(
-                self.name, sid, "old", self._state_sent.pop(sid, 0),
-                self.router.rerouted_by.pop(out.reroute_channel, 0),
-                self._trigger_at.pop(sid, 0.0), self.suspended_s))
-            del done
-            self._finish_if_ended()
+        self.old_role.on_confirm(sid, direct_channel)
+        self._finish_outgoing(sid)
 
     def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:
         self.new_role.on_confirm(sid, direct_channel)
@@ -594,6 +618,7 @@ class TaskCore:
         self.backend.install(msg.key_group, data)
         self.new_role.on_state(msg.subscale, msg.key_group, len(msg.state), msg.watermark)
         self._guarded(self._release_and_activate, msg.subscale)
+        self._pull_next(msg.subscale)
 
     def _release_and_activate(self, sid: int) -> None:
         nr = self.new_role
@@ -788,8 +813,9 @@ class TaskCore:
                 self._reroute_channels[sid] = rc
                 return Ack()
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
-                                reroute_channel=rcid, confirm_needed=confirm_needed):
-                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed)
+                                reroute_channel=rcid, confirm_needed=confirm_needed,
+                                old_owner=old_owner):
+                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner)
                 if confirm_needed and rcid not in self.inputs:
                     self.inputs[rcid] = InputChannel(rcid, REROUTE_PORT)
                     self._order = sorted(self.inputs)
@@ -800,6 +826,14 @@ class TaskCore:
                 return Ack()
             case MigrateState():
                 self._install_incoming(msg)
+                return Ack()
+            case SubscaleTriggered(subscale=sid, sizes=sizes):
+                if sid in self.new_role.subscales:
+                    self.new_role.on_triggered(sid, dict(sizes))
+                    self._pull_next(sid)
+                return Ack()
+            case PullState(subscale=sid, key_group=kg):
+                self._on_pull(sid, kg)
                 return Ack()
             case _:
                 raise ValueError(f"task {self.name}: unknown control message {msg!r}")

@@ -48,6 +48,7 @@ from engine.messages import (
     MigrateState,
     OutputChannel,
     OutputEdge,
+    PullState,
     RefreshReplicas,
     RemoveOutputChannels,
     ReplicaAck,
@@ -56,6 +57,7 @@ from engine.messages import (
     Start,
     StopTask,
     SubscaleDone,
+    SubscaleTriggered,
     TaskState,
     TriggerBarrier,
     Watermark,
@@ -130,6 +132,7 @@ class DNet:
         self.frames: list[OutFrame] = []
         self.prio: list[tuple[str, Any]] = []
         self.seen_reports: dict[int, dict[str, SubscaleDone]] = {}
+        self.auto_pull = True
 
     def name(self, short: str) -> str:
         vertex, index = short.split("/")
@@ -143,13 +146,26 @@ class DNet:
 
     # -- moving things
     def collect(self) -> None:
-        for core in self.cores.values():
-            core.router.flush_due()
-            while core.router.outbox:
-                self.frames.append(core.router.outbox.popleft())
-            while core.priority_out:
-                target, msg = core.priority_out.pop(0)
-                self.prio.append((target, wire(msg)))
+        """Take what the cores produced. With ``auto_pull`` the drrs pull handshake
+        (SubscaleTriggered, PullState) is carried out at once, so a delivered trigger leaves
+        the pulled group's MigrateState waiting, as with a push."""
+        handshake = (SubscaleTriggered, PullState)
+        while True:
+            for core in self.cores.values():
+                core.router.flush_due()
+                while core.router.outbox:
+                    self.frames.append(core.router.outbox.popleft())
+                while core.priority_out:
+                    target, msg = core.priority_out.pop(0)
+                    self.prio.append((target, wire(msg)))
+            if not self.auto_pull:
+                return
+            now = [x for x in self.prio if isinstance(x[1], handshake)]
+            if not now:
+                return
+            self.prio = [x for x in self.prio if not isinstance(x[1], handshake)]
+            for target, msg in now:
+                assert self.cores[target].handle(msg) == Ack()
 
     def deliver(self, rng: random.Random | None = None, p: float = 1.0) -> int:
         """Deliver taken frames (a random share of them with ``rng``)."""
@@ -164,7 +180,8 @@ class DNet:
             self.cores[f.target].receive(f.channel_id, f.seq, f.payload)
         return len(send)
 
-    def deliver_prio(self, kind: type | tuple[type, ...] = (TriggerBarrier, MigrateState),
+    def deliver_prio(self, kind: type | tuple[type, ...] = (TriggerBarrier, MigrateState,
+                                                             SubscaleTriggered, PullState),
                      rng: random.Random | None = None, p: float = 1.0) -> list[tuple[str, Any]]:
         self.collect()
         send, keep = [], []
@@ -174,6 +191,8 @@ class DNet:
         self.prio = keep
         for target, msg in send:
             assert self.cores[target].handle(msg) == Ack()
+        if self.auto_pull:
+            self.collect()
         return send
 
     def take_prio(self, kind: type) -> list[tuple[str, Any]]:
@@ -233,7 +252,7 @@ class DNet:
         direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges
                        for u in self.dep.tasks[e.src])
         assert self.cores[d_name].handle(wire(ExpectIncoming(
-            sub.subscale_id, sub.key_groups, direct, rcid, proto.trigger))) == Ack()
+            sub.subscale_id, sub.key_groups, direct, rcid, proto.trigger, s_name))) == Ack()
         assert self.cores[s_name].handle(wire(ExpectOutgoing(
             sub.subscale_id, sub.key_groups, OutputChannel(rcid, d_name, REROUTE_PORT),
             len(direct), proto.aligned, proto.block_aligned, replicas))) == Ack()
@@ -318,6 +337,7 @@ class DNet:
         sources keep reading, cores step in random order and amounts, frames arrive in
         random batches, state (MigrateState) late; triggers go out first, as in the runtime.
         Sources stop ``keep_source_back`` records short of their end meanwhile."""
+        self.auto_pull = False  # pulls interleave at random too
         old_assign = self.dep.assignments[vertex]
         old_p = len(self.dep.tasks[vertex])
         final_p = max(new_assign) + 1
@@ -366,7 +386,7 @@ class DNet:
                 if not c.step():
                     break
         self.deliver_prio(TriggerBarrier)
-        self.deliver_prio(MigrateState, rng, 0.4)
+        self.deliver_prio((MigrateState, SubscaleTriggered, PullState), rng, 0.4)
         self.deliver(rng, 0.6)
 
 
@@ -906,7 +926,8 @@ def test_trigger_after_the_subscale_finished_at_the_old_owner_is_ignored(clock, 
     net.start_subscale(S0, trigger=False)
     [(target, trig)] = net.take_prio(TriggerBarrier)
     net.deliver()
-    net.run("sum/0")  # the only confirm: migrates and finishes s's part
+    net.run("sum/0")  # the only confirm: triggers, the group is pulled, s's part finishes
+    net.collect()
     assert [r.role for r in s.reports] == ["old"]
     before = len(net.take_prio(MigrateState))
     assert s.handle(trig) == Ack()
@@ -1248,6 +1269,68 @@ def test_a_stale_replica_is_never_used_without_its_delta(clock, sink):
     net.run_sources()
     assert per_key(sink.results()) == per_key(running_sum_reference(recs + [(a, 10)]))
     assert reduce_state(d)[a] == (a, 11)
+
+
+def test_new_owner_pulls_groups_one_at_a_time_those_with_waiting_records_first(clock, sink):
+    k2, k3, k4 = key_in(2), key_in(3), key_in(4)
+    first = [(k2, 1), (k3, 1), (k4, 1)]
+    later = [(k4, 10), (k4, 20), (k3, 30)]
+    net = DNet(drrs_job(first + later, sink), clock)
+    net.auto_pull = False
+    src, s, d = net["src/0"], net["sum/0"], net["sum/1"]
+    src.poll_source(3)
+    net.pump()
+    net.start_subscale(Subscale(0, 0, 1, (2, 3, 4)), trigger=False)
+    src.poll_source(3)                       # straight to d, which must set them aside
+    net.deliver()
+    net.run("sum/1")
+    assert d.new_role.aside_count == 3
+    net.deliver_prio(TriggerBarrier)
+    [(_, triggered)] = net.take_prio(SubscaleTriggered)
+    assert sorted(kg for kg, _ in triggered.sizes) == [2, 3, 4]
+    assert s.backend.owned() == [0, 1, 2, 3, 4, 5, 6, 7]   # nothing left yet
+    assert d.handle(triggered) == Ack()
+    [(to, pull)] = net.take_prio(PullState)
+    assert (to, pull) == (s.name, PullState(0, 4))          # two records wait for group 4
+    assert s.handle(pull) == Ack()
+    assert 4 not in s.backend.groups and 3 in s.backend.groups
+    assert net.take_prio(PullState) == []                    # one pull at a time
+    net.deliver_prio(MigrateState)
+    [(_, pull)] = net.take_prio(PullState)
+    assert pull == PullState(0, 3)                           # then group 3 (one record)
+    assert s.handle(pull) == Ack()
+    net.deliver_prio(MigrateState)
+    [(_, pull)] = net.take_prio(PullState)
+    assert pull == PullState(0, 2)
+    net.prio.append((s.name, pull))
+    net.pump()
+    assert set(net.subscale_reports()[0]) == {"old", "new"}
+    net.run_sources()
+    assert per_key(sink.results()) == per_key(running_sum_reference(first + later))
+
+
+def test_a_group_not_pulled_yet_is_still_processed_by_the_old_owner(clock, sink):
+    k2, k3 = key_in(2), key_in(3)
+    recs = [(k2, 1), (k3, 1), (k2, 5), (k3, 7)]
+    net = DNet(drrs_job(recs, sink), clock)
+    net.auto_pull = False
+    src, s, d = net["src/0"], net["sum/0"], net["sum/1"]
+    src.poll_source(2)
+    net.pump()
+    src.poll_source(2)                       # (k2, 5), (k3, 7) wait in s's input
+    net.deliver()
+    net.start_subscale(Subscale(0, 0, 1, (2, 3)))
+    net.deliver_prio(SubscaleTriggered)
+    [(_, pull)] = net.take_prio(PullState)
+    assert pull == PullState(0, 2)
+    s.handle(pull)                           # group 2 leaves; group 3 stays for now
+    net.run("sum/0")
+    assert s.router.rerouted == 1            # (k2, 5) re-routed, (k3, 7) processed here
+    assert (k3, 8) in sink.results()
+    net.pump()
+    net.run_sources()
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs))
+    assert reduce_state(d) == {k2: (k2, 6), k3: (k3, 8)}
 
 
 def test_held_tasks_whose_input_ended_still_give_and_take_groups(clock, sink):

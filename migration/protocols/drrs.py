@@ -5,10 +5,12 @@ For one *subscale* S (key groups K moving from old owner s to new owner d):
 1. Every predecessor u switches its routing for K to d, moves its unsent records of K to its
    buffer for d, puts ``ConfirmBarrier(S, c_ud)`` on its data channel to s (``c_ud`` is u's
    channel to d), and sends ``TriggerBarrier(S)`` to s on the priority path.
-2. s, on the first trigger (or confirm) of S, migrates K: per group snapshot, remove, mark
-   *migrated out*, send ``MigrateState`` to d (priority path). Records of migrated-out
-   groups that s still finds in its input are re-routed to d, in order, on the re-route
-   channel s→d; each confirm barrier s meets is forwarded on the same path after them.
+2. s, on the first trigger (or confirm) of S, tells d (``SubscaleTriggered``); d pulls K's
+   groups one at a time (``PullState``), those its waiting records need first; per pulled
+   group s snapshots, removes, marks it *migrated out* and sends ``MigrateState`` (priority
+   path). Records of migrated-out groups that s still finds in its input are re-routed to
+   d, in order, on the re-route channel s→d; each confirm barrier s meets is forwarded on
+   the same path after them. A group not pulled yet is still s's: s processes its records.
 3. d installs arriving state. For a group g of S: re-routed records are processable once g's
    state is in; records straight from u once, in addition, u's confirm came back through s.
    Records that cannot be processed yet are set aside per (channel, key group), up to a
@@ -141,7 +143,8 @@ class _Outgoing:
     aligned: bool = False  # ship once every confirm is in (no re-routing)
     block: bool = False  # and do not read a channel after its confirm until then
     confirms: set[int] = field(default_factory=set)
-    migrated: bool = False
+    migrated: bool = False  # triggered (drrs): its groups may be pulled
+    pulled: set[int] = field(default_factory=set)
     rerouted: int = 0
 
 
@@ -187,6 +190,17 @@ class OldOwnerRole:
         out.confirms.add(direct_channel)
         return len(out.confirms) >= out.predecessors
 
+    def can_pull(self, subscale_id: int, key_group: int) -> bool:
+        out = self.subscales.get(subscale_id)
+        return (out is not None and out.migrated and key_group in out.key_groups
+                and key_group not in out.pulled)
+
+    def done(self, subscale_id: int) -> bool:
+        """Every confirm in and (drrs) every group pulled."""
+        out = self.subscales[subscale_id]
+        return (len(out.confirms) >= out.predecessors
+                and (out.aligned or len(out.pulled) == len(out.key_groups)))
+
     def finish(self, subscale_id: int) -> _Outgoing:
         out = self.subscales.pop(subscale_id)
         self.finished.add(subscale_id)
@@ -209,8 +223,11 @@ class _Incoming:
     direct_channels: frozenset[int]
     reroute_channel: int
     confirm_needed: bool = True
+    old_owner: str = ""
     confirms: set[int] = field(default_factory=set)
     state_in: set[int] = field(default_factory=set)
+    sizes: dict[int, int] = field(default_factory=dict)
+    requested: set[int] | None = None  # None until the old owner was triggered
     bytes_in: int = 0
 
 
@@ -235,14 +252,40 @@ class NewOwnerRole:
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
                direct_channels: tuple[int, ...], reroute_channel: int,
-               confirm_needed: bool = True) -> None:
+               confirm_needed: bool = True, old_owner: str = "") -> None:
         if subscale_id in self.subscales:
             return
         self.subscales[subscale_id] = _Incoming(
             subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel,
-            confirm_needed)
+            confirm_needed, old_owner)
         for kg in key_groups:
             self.group_subscale[kg] = subscale_id
+
+    def on_triggered(self, subscale_id: int, sizes: dict[int, int]) -> None:
+        inc = self.subscales[subscale_id]
+        if inc.requested is None:
+            inc.requested = set()
+            inc.sizes = dict(sizes)
+
+    def next_pull(self, subscale_id: int) -> int | None:
+        """The group to pull next, or None (not triggered yet, one pull still on its way,
+        or all pulled): the one with the most records set aside, then the smallest state,
+        then the subscale's order. One pull at a time, so the order can follow the records
+        as they arrive."""
+        inc = self.subscales.get(subscale_id)
+        if inc is None or inc.requested is None or len(inc.requested) > len(inc.state_in):
+            return None
+        left = [kg for kg in inc.key_groups if kg not in inc.requested]
+        if not left:
+            return None
+        waiting = {kg: 0 for kg in left}
+        for (_, kg), recs in self.aside.items():
+            if kg in waiting:
+                waiting[kg] += len(recs)
+        best = min(left, key=lambda kg: (-waiting[kg], inc.sizes.get(kg, 0),
+                                         inc.key_groups.index(kg)))
+        inc.requested.add(best)
+        return best
 
     def incoming(self, key_group: int) -> bool:
         return key_group in self.group_subscale

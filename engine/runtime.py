@@ -783,6 +783,9 @@ class JobMaster:
                    f"phase {name}: {type(exc).__name__}: {exc}")
             if self.state != "failed":
                 await self._fail(msg)
+            elif "rescale of" not in self.error:  # e.g. a task died: name the rescale too
+                self.error = (f"{self.error} (during the rescale of {operator!r} to parallelism "
+                              f"{parallelism}, {protocol}, phase {name})")
             raise JobFailedError(self.error or msg) from exc
 
     async def _live(self, vertex: str, final_p: int, assignment: tuple[int, ...] | None,

@@ -36,7 +36,7 @@ from tests.jobs import (
 
 pytestmark = pytest.mark.ray
 
-EXAMPLES = int(os.environ.get("REFLOW_ORACLE_EXAMPLES", "1"))
+EXAMPLES = int(os.environ.get("REFLOW_ORACLE_EXAMPLES", "2"))
 LIVE_PROTOCOLS = ["drrs", "pause-resume", "fluid", "batched", "non-disruptive"]
 KEY_GROUPS = 32
 

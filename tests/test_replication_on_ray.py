@@ -63,3 +63,41 @@ def test_replicas_are_refreshed_and_a_rebalance_onto_them_keeps_results(ray_clus
     finally:
         h.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_cluster):
+    protocol = "drrs"  # the failure path is the JobMaster's, the same for every protocol
+    import threading
+
+    import ray
+
+    from engine.errors import JobFailedError
+
+    records = [(i % 40, 1) for i in range(40000)]
+    sink = TestingSink()
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, metrics_poll_interval_s=0.2)
+    h = running_sum_job(records, 2, sink, rate=2000, config=cfg).run()
+    errors: list[BaseException] = []
+
+    def rescale() -> None:
+        try:
+            h.rescale("sum", 6, protocol)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    try:
+        time.sleep(0.5)
+        t = threading.Thread(target=rescale)
+        t.start()
+        time.sleep(0.3)
+        victim = next(n for n in ray.util.list_named_actors(all_namespaces=True)
+                      if isinstance(n, dict) and n["name"].endswith("/sum/0/g0")
+                      and h.job_id in n["name"])
+        ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]))
+        t.join(120)
+        assert not t.is_alive()
+        with pytest.raises(JobFailedError, match="rescale of 'sum'"):
+            h.wait(60)
+        assert errors and "rescale of 'sum'" in str(errors[0])
+    finally:
+        h.stop()

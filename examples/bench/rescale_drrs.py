@@ -52,6 +52,7 @@ from engine import JobConfig, KeyedProcessFunction, StreamJob  # noqa: E402
 from engine.latency import LatencyHistogram  # noqa: E402
 from engine.sinks import LatencySink  # noqa: E402
 from engine.sources import _GEN_CHUNK, GeneratorSource  # noqa: E402
+from examples.bench import timeline as tl  # noqa: E402
 
 SEED = 0
 NUM_KEY_GROUPS = 128
@@ -148,21 +149,13 @@ def analyse(per_s: dict[int, LatencyHistogram], requested: float, completed: flo
     req_s = int(requested)  # the (partial) second the request fell in belongs to the period
     base = merged(per_s, req_s - int(args.baseline), req_s)
     base_mean = base.mean if base.count else None
-    limit = None if base_mean is None else args.tolerance * base_mean
     stable = int(args.stable)
-    first_ok = max(req_s, int(completed))  # the window starts once the rescale has completed
-    end = end_second  # exclusive; capped at the last whole second of the run
-    stabilized = False
-    if limit is not None:
-        s = first_ok
-        while s + stable <= end_second:
-            win = [per_s.get(x) for x in range(s, s + stable)]
-            if all(h is not None and h.count and h.mean <= limit for h in win):
-                end, stabilized = s, True
-                break
-            s += 1
-    if end <= req_s:
-        end = req_s + 1  # at least the request second
+    rows = {s: {"second": s, "count": h.count, "mean_ms": h.mean if h.count else None}
+            for s, h in per_s.items()}
+    # the window starts once the rescale has completed; capped at the end of the run
+    p = tl.scaling_period(rows, req_s, int(completed), base_mean, end_second,
+                          tolerance=args.tolerance, stable_s=stable)
+    limit, end, stabilized = p.limit_ms, p.end, p.stabilized
     period = merged(per_s, req_s, end)
     secs = [per_s[s] for s in range(req_s, end) if s in per_s and per_s[s].count]
     return {

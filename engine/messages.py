@@ -474,8 +474,9 @@ class PullState:
 @wire
 @dataclass(frozen=True, slots=True)
 class MigrateState:
-    """DRRS, priority, old owner → new owner: one key group's state (and timers);
-    ``watermark`` is the old owner's watermark when it was taken."""
+    """Live rescale, priority, old owner → new owner: one key group's state (and timers);
+    ``watermark`` is the old owner's watermark when the subscale's first barrier reached it
+    (records of the group behind that barrier are at the new owner, after it)."""
 
     subscale: int
     key_group: int

@@ -756,7 +756,8 @@ class JobMaster:
             try:
                 vertex = self._validate_rescale(operator, parallelism, protocol)
                 report = await self._guard_rescale(
-                    operator, parallelism, protocol, self._stop_restart(vertex, parallelism))
+                    operator, parallelism, protocol,
+                    self._stop_restart(vertex, parallelism, assignment))
             finally:
                 self._stop_restart_running = False
                 await self._maybe_finish()
@@ -1040,13 +1041,14 @@ class JobMaster:
                               dict(dep.assignments), dep.generation)
         self.plan = self.dep.plan
 
-    async def _stop_restart(self, vertex: str, parallelism: int) -> RescaleReport:
+    async def _stop_restart(self, vertex: str, parallelism: int,
+                            assignment: tuple[int, ...] | None = None) -> RescaleReport:
         clock = self.clock
         requested = clock.now()
         self._replicas.pop(vertex, None)  # every task restarts: the replicas go with them
         v = self.dep.plan.vertex(vertex)
         sr = plan_stop_restart(vertex, v.parallelism, self.dep.assignments.get(vertex),
-                               parallelism, self.dep.plan.num_key_groups)
+                               parallelism, self.dep.plan.num_key_groups, assignment)
         phases: list[tuple[str, float]] = []
         progress = {"moved": 0, "bytes": 0}
 

@@ -211,8 +211,10 @@ class TaskCore:
         self._live = cfg.live_rescaling
         self.group_records: Counter[int] = Counter()  # records per key group (planning)
         self._stats_since = clock.monotonic()
+        # old owner: groups of a triggered subscale -> the watermark at its first barrier
+        self._leaving: dict[int, int] = {}
         if self.keyed is not None and self._live:
-            self.keyed.hold = self.new_role.incoming
+            self.keyed.hold = self._holds_timers
 
         # metrics
         self.records_in = 0
@@ -495,6 +497,16 @@ class TaskCore:
                 return min(wm, self.watermark)
         return self.watermark
 
+    def _holds_timers(self, kg: int) -> bool:
+        """Timers of a group on its way in wait for it to become active; those of a group on
+        its way out never fire here: records of it behind the subscale's barrier went to the
+        new owner, so a timer firing here would miss them. Held timers travel with the state."""
+        return kg in self._leaving or self.new_role.incoming(kg)
+
+    def _freeze_leaving(self, sid: int) -> None:
+        for kg in self.old_role.subscales[sid].key_groups:
+            self._leaving.setdefault(kg, self.watermark)
+
     def _inject(self, msg: InjectSubscale) -> None:
         """Predecessor: re-route the subscale's groups, confirm on the old channels, trigger."""
         edge = next(e for e in self.router.edges if e.edge_id == msg.edge_id)
@@ -510,6 +522,7 @@ class TaskCore:
         """Old owner, first barrier of the subscale: the new owner may pull the groups."""
         out = self.old_role.subscales[sid]
         self._trigger_at[sid] = self.clock.now()
+        self._freeze_leaving(sid)
         self.router.open_reroute(self._reroute_channels[sid])
         b = self.backend
         assert b is not None
@@ -586,12 +599,18 @@ class TaskCore:
         kind, data = migration_payload(b, kg, self._replicas_at_new.get(sid, {}).get(kg))
         b.remove(kg)
         b.untrack(kg)
-        return MigrateState(sid, kg, data, self.watermark, kind)
+        if self.keyed is not None:
+            self.keyed.held.pop(kg, None)  # they are in the state just taken
+        # the new owner shows records set aside there no later watermark than the one
+        # they followed: the watermark here when the subscale's first barrier came
+        wm = self._leaving.pop(kg, self.watermark)
+        return MigrateState(sid, kg, data, wm, kind)
 
     def _confirm_at_old_owner(self, sid: int, direct_channel: int, channel: int) -> None:
         out = self.old_role.subscales.get(sid)
         if out is not None and out.aligned:
             self._trigger_at.setdefault(sid, self.clock.now())
+            self._freeze_leaving(sid)
             if self.old_role.on_confirm(sid, direct_channel):
                 self._ship_aligned(sid)
             elif out.block:

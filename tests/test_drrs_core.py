@@ -1068,6 +1068,39 @@ def test_event_time_timers_of_an_incoming_group_fire_once_after_activation(clock
     assert sink.results() == expected  # fired once
 
 
+def test_timers_of_a_group_not_pulled_yet_do_not_fire_at_the_old_owner(clock, sink):
+    """Once the subscale's barrier passed, records of the group go to the new owner, so the
+    old owner's watermark may run ahead of them: its timers wait and travel with the state
+    (a timer firing there fired a window twice, once without the re-routed records)."""
+    recs = [(a, 1, 40), (a, 2, 45)]
+    net = DNet(drrs_job(recs, sink, fn=EvSum(), ts_fn=lambda r: r[2]), clock)
+    net.auto_pull = False
+    src, s, d = net["src/0"], net["sum/0"], net["sum/1"]
+    src.router.broadcast(Watermark(20))
+    src.poll_source(1)                 # a1 at s, its timer 50
+    net.pump()
+    assert s.backend.timers[A] == {(50, a, EVENT_TIME)}
+    net.start_subscale(S0)
+    net.deliver_prio(TriggerBarrier)   # s got the barrier; the group is not pulled yet
+    src.poll_source(1)                 # a2 (45) goes to d and waits there
+    src.router.broadcast(Watermark(60))
+    net.deliver()
+    net.run("sum/1")
+    net.run("sum/0")
+    assert s.watermark == 60 and d.new_role.aside_count == 1
+    assert [r for r in sink.results() if r[0] == "fire"] == []  # held at s
+    assert s.keyed.held == {A: [(50, a, EVENT_TIME)]}
+    net.auto_pull = True
+    net.pump()
+    assert s.keyed.held == {} and A not in s._leaving
+    # a2 saw the watermark s had at the barrier (20), then the timer fired once, with both
+    assert sink.results() == [("rec", a, 1, 20), ("rec", a, 3, 20), ("fire", a, 3, 50),
+                              ("fire", a, 3, 55)]
+    src.router.broadcast(Watermark(100))
+    net.pump()
+    assert len(sink.results()) == 4
+
+
 def test_subscale_done_reports_bytes_rerouted_and_suspension(clock, sink):
     net = _ready_to_trigger(clock, sink)
     s, d = net["sum/0"], net["sum/1"]

@@ -209,6 +209,12 @@ def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
     m = h.metrics()
     assert len(m.operator("sum")) == 5
     assert sum(t.key_groups for t in m.operator("sum")) == 32
+    # a rebalance by stop-restart installs the given assignment, not the uniform one
+    uneven = tuple([0] * 20 + [1, 2, 3] * 4)
+    rb = h.rebalance("sum", uneven, protocol="stop-restart")
+    assert rb.protocol == "stop-restart" and rb.new_parallelism == 4
+    held = {t.task_index: t.key_groups for t in h.metrics().operator("sum")}
+    assert held == {0: 20, 1: 4, 2: 4, 3: 4}
     down = h.rescale("sum", 1, protocol="stop-restart")
     assert down.new_parallelism == 1
     h.wait(120)

@@ -90,6 +90,8 @@ FLAT_CONTROL_MESSAGES = [
     m.TaskState("j/sum/0/g0", "running", False),
     m.ExpectIncoming(2, (5, 6), (10, 11), 99),
     m.MigrateState(2, 5, b"\x93\x00", -(2**63)),
+    m.SubscaleTriggered(2, ((5, 4096), (6, 0))),
+    m.PullState(2, 5),
     m.SubscaleDone("j/sum/0/g0", 2, "old", 1024, 17, 1.5, 0.25),
     TaskMetrics("j/sum/0/g0", "sum", 0, "running", 10, 9, 1000, 900, 1.5, 2.5, 0.25, 3,
                 4096, 16, 1, _H.to_wire(), -(2**63)),

@@ -301,6 +301,12 @@ def test_plan_stop_restart_scale_in_and_same_parallelism():
     assert same.moved == ()
 
 
+def test_plan_stop_restart_takes_a_given_assignment():
+    p = plan_stop_restart("sum", 2, uniform_assignment(6, 2), 3, 6, (2, 2, 2, 0, 1, 1))
+    assert p.new_assignment == (2, 2, 2, 0, 1, 1)
+    assert p.moved == (0, 1, 2, 3)
+
+
 def test_plan_stop_restart_non_keyed_vertex_moves_nothing():
     p = plan_stop_restart("m", 2, None, 5, 128)
     assert p.old_assignment == () and p.new_assignment == () and p.moved == ()

@@ -33,9 +33,15 @@ class StopRestartPlan:
 
 def plan_stop_restart(
     operator: str, old_parallelism: int, old_assignment: tuple[int, ...] | None,
-    new_parallelism: int, num_key_groups: int,
+    new_parallelism: int, num_key_groups: int, assignment: tuple[int, ...] | None = None,
 ) -> StopRestartPlan:
+    """``assignment`` (a rebalance) replaces the uniform one; validated by the caller."""
     old = old_assignment or ()
-    new = uniform_assignment(num_key_groups, new_parallelism) if old else ()
+    if not old:
+        new: tuple[int, ...] = ()
+    elif assignment is not None:
+        new = tuple(assignment)
+    else:
+        new = uniform_assignment(num_key_groups, new_parallelism)
     moved = tuple(moved_key_groups(old, new)) if old else ()
     return StopRestartPlan(operator, old_parallelism, new_parallelism, tuple(old), new, moved)

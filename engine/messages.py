@@ -314,12 +314,21 @@ class HoldFinish:
 @wire
 @dataclass(frozen=True, slots=True)
 class TaskState:
-    """Reply to ``HoldFinish``: the task's status (created, running, finished, failed,
-    stopped) and whether its input has ended."""
+    """Reply to ``HoldFinish`` and ``DescribeTask``: the task's status (created, running,
+    finished, failed, stopped) and whether its input has ended; ``detail`` (DescribeTask
+    only) says where its migrations and input channels stand, for error messages."""
 
     task: str
     status: str
     input_ended: bool
+    detail: str = ""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DescribeTask:
+    """JobMaster → task, when a rescale is stuck: reply ``TaskState`` with ``detail``.
+    Changes nothing."""
 
 
 @wire

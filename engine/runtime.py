@@ -41,6 +41,7 @@ from engine.keygroups import moved_key_groups, uniform_assignment, validate_assi
 from engine.messages import (
     AddInputs,
     AddOutputChannels,
+    DescribeTask,
     Drained,
     DropReplicas,
     ExpectIncoming,
@@ -65,6 +66,7 @@ from engine.messages import (
     SubscaleDone,
     TaskFailed,
     TaskFinished,
+    TaskState,
     decode_message,
     encode_message,
 )
@@ -931,8 +933,11 @@ class JobMaster:
                 stuck = [f"{sid} ({names[sub.old]} -> {names[sub.new]}, groups {sub.key_groups}, "
                          f"done: {sorted(self._subscale_reports.get(sid, {}))})"
                          for sid, sub in sched.running.items()]
+                where = await self._describe_tasks(
+                    {names[x] for sub in sched.running.values() for x in (sub.old, sub.new)}
+                    | {u for e in in_edges for u in work_dep.tasks[e.src]})
                 raise TimeoutError(f"subscales not finished after {cfg.rescale_timeout_s} s: "
-                                   + "; ".join(stuck)) from None
+                                   + "; ".join(stuck) + f". Tasks: {where}") from None
             for sid in [sid for sid in sched.running if len(self._subscale_reports.get(sid, {})) == 2]:
                 rep = self._subscale_reports.pop(sid)
                 sub = sched.running[sid]
@@ -972,6 +977,19 @@ class JobMaster:
             stats["moved"], stats["bytes"], (), (), first_start or done,
             rerouted, suspended, (sum(delays) / len(delays)) if delays else 0.0,
             tuple(timings), superseded, plan.reason, len(plan.steps) if not proto.concurrent else 1)
+
+    async def _describe_tasks(self, names: set[str]) -> str:
+        """Each task's own account of its migrations (a stuck rescale's error message)."""
+        out = []
+        for n in sorted(names):
+            try:
+                st: TaskState = decode_message(await asyncio.wait_for(
+                    self.handles[n].control.remote(encode_message(DescribeTask())), 10.0))
+                out.append(f"{n} [{st.status}{', input ended' if st.input_ended else ''}] "
+                           f"{st.detail}")
+            except Exception as exc:  # a dead or hung task: say so, the error is the point
+                out.append(f"{n} [no answer: {type(exc).__name__}]")
+        return " | ".join(out)
 
     async def _add_tasks(self, work_dep: Deployment, vertex: str, new_names: list[str]) -> None:
         """Create, wire and start new tasks of ``vertex`` while the job runs."""

@@ -29,6 +29,7 @@ from engine.messages import (
     ChannelIdle,
     ConfirmBarrier,
     Connect,
+    DescribeTask,
     DrainBarrier,
     Drained,
     DropReplicas,
@@ -507,6 +508,25 @@ class TaskCore:
         for kg in self.old_role.subscales[sid].key_groups:
             self._leaving.setdefault(kg, self.watermark)
 
+    def _describe(self) -> str:
+        """Where this task's migrations and inputs stand (a stuck rescale's error)."""
+        parts = []
+        for sid, out in self.old_role.subscales.items():
+            parts.append(f"out {sid} groups {list(out.key_groups)} confirms "
+                         f"{len(out.confirms)}/{out.predecessors} triggered {out.migrated} "
+                         f"pulled {sorted(out.pulled)}")
+        for sid, inc in self.new_role.subscales.items():
+            parts.append(f"in {sid} groups {list(inc.key_groups)} state in {sorted(inc.state_in)} "
+                         f"confirms {len(inc.confirms)}/{len(inc.direct_channels)}"
+                         f"{'' if inc.confirm_needed else ' (not needed)'}")
+        if self.new_role.aside_count:
+            parts.append(f"{self.new_role.aside_count} records set aside")
+        chans = [f"{cid}:{len(c.queue)}q{'/ended' if c.ended else ''}"
+                 f"{'/blocked' if cid in self._step_blocked or cid in self._blocked else ''}"
+                 f"{'/head' if cid in self._heads else ''}" for cid, c in self.inputs.items()]
+        parts.append("inputs " + " ".join(chans))
+        return "; ".join(parts)
+
     def _inject(self, msg: InjectSubscale) -> None:
         """Predecessor: re-route the subscale's groups, confirm on the old channels, trigger."""
         edge = next(e for e in self.router.edges if e.edge_id == msg.edge_id)
@@ -795,6 +815,9 @@ class TaskCore:
                 self._order = sorted(self.inputs)
                 self._on_watermark(self.tracker.set_channels(self._live_inputs()))
                 return Ack()
+            case DescribeTask():
+                return TaskState(self.name, self.status,
+                                 self._end_pending or self.status == FINISHED, self._describe())
             case HoldFinish(hold=hold):
                 self.hold_finish = hold
                 if not hold:

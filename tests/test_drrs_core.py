@@ -40,6 +40,7 @@ from engine.messages import (
     AddInputs,
     AddOutputChannels,
     ConfirmBarrier,
+    DescribeTask,
     EndOfStream,
     ExpectIncoming,
     ExpectOutgoing,
@@ -1549,3 +1550,14 @@ def test_two_predecessors_live_rescale_keeps_every_record_and_the_final_state(
     for i in range(4):
         final.update(reduce_state(net[f"sum/{i}"]))
     assert final == {k: (k, t) for k, t in totals.items()}
+
+
+def test_describe_task_says_where_a_subscale_stands(clock, sink):
+    net = DNet(drrs_job([(a, 1)], sink), clock)
+    net.auto_pull = False
+    s, d = net["sum/0"], net["sum/1"]
+    net.start_subscale(S0, trigger=False)
+    st = s.handle(DescribeTask())
+    assert st.status == "running" and not st.input_ended
+    assert f"out 0 groups [{A}] confirms 0/1 triggered False" in st.detail
+    assert f"in 0 groups [{A}] state in [] confirms 0/1" in d.handle(DescribeTask()).detail

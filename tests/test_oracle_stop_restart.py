@@ -27,7 +27,7 @@ from tests.jobs import (
 
 pytestmark = pytest.mark.ray
 
-EXAMPLES = int(os.environ.get("REFLOW_ORACLE_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("REFLOW_ORACLE_EXAMPLES", "3"))
 
 plans = st.lists(
     st.tuples(st.floats(min_value=0.05, max_value=0.8), st.integers(min_value=1, max_value=6)),

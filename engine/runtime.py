@@ -144,9 +144,12 @@ class TaskActor:
         if isinstance(msg, Start) and self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         self._send_priority()
-        # a task whose loop has ended (finished) sends nothing later: send everything now
+        # a task no longer running (finished: e.g. a source whose input ended, while a rescale
+        # injects barriers) has a loop that is gone or past its last send: what this call
+        # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
-        blocking = loop_ended or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource))
+        blocking = (loop_ended or self.core.status != RUNNING
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))

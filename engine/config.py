@@ -18,7 +18,9 @@ class JobConfig:
     port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
     (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
     task (records), subscale size (key groups) and subscales per task at once.
-    ``warm_standby_tasks``: idle task actors kept ready for scale-out.
+    ``warm_standby_tasks``: idle task actors kept ready for scale-out; a rescale that takes
+    some leaves the pool short until ``warm_standby_refill_s`` after it ended (starting
+    actors costs CPU, which the rescale should not compete with).
     ``rescale_timeout_s``: how long a rescale phase or subscale may take before the job fails.
     ``batched_step_size``/``batched_matching``: key groups per step of the ``batched``
     protocol, or steps in which every task sends and receives at most one group.
@@ -47,6 +49,7 @@ class JobConfig:
     drrs_subscale_size: int = 4
     drrs_max_subscales_per_task: int = 2
     warm_standby_tasks: int = 0
+    warm_standby_refill_s: float = 10.0
     rescale_timeout_s: float = 300.0
     batched_step_size: int = 4
     batched_matching: bool = False
@@ -71,6 +74,7 @@ class JobConfig:
             (self.drrs_subscale_size >= 1, "drrs_subscale_size must be >= 1 key group"),
             (self.drrs_max_subscales_per_task >= 1, "drrs_max_subscales_per_task must be >= 1"),
             (self.warm_standby_tasks >= 0, "warm_standby_tasks must be >= 0"),
+            (self.warm_standby_refill_s >= 0, "warm_standby_refill_s must be >= 0"),
             (self.rescale_timeout_s > 0, "rescale_timeout_s must be > 0"),
             (self.batched_step_size >= 1, "batched_step_size must be >= 1 key group"),
             (self.step_gap_ms >= 0, "step_gap_ms must be >= 0"),

@@ -575,7 +575,7 @@ class Ack:
 class JobStatus:
     """``state`` is one of created, running, finished, failed, stopped. On failure,
     ``error`` says what failed; ``operator``/``task_index``/``record`` are set when a user
-    function raised on a record."""
+    function raised on a record. ``standby``: warm standby task actors ready now."""
 
     job: str
     state: str
@@ -585,3 +585,4 @@ class JobStatus:
     record: str = ""
     cause: str = ""
     metrics_url: str = ""
+    standby: int = 0

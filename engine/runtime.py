@@ -441,7 +441,6 @@ class JobMaster:
             handle = self._standby.pop()
             self._configuring[name] = handle.configure.remote(spec)
             self.handles[name] = handle
-            self._fill_standby()
             return
         me = ray.get_runtime_context().current_actor
         self.handles[name] = RemoteTask.options(
@@ -449,7 +448,17 @@ class JobMaster:
             max_concurrency=10_000,
         ).remote(spec, me)
 
+    def _refill_standby_later(self) -> None:
+        """After a rescale: top the pool up ``warm_standby_refill_s`` later. Starting an
+        actor costs a few CPU-seconds; doing it during the rescale that drew on the pool
+        would slow the very migration the pool is there to speed up."""
+        if len(self._standby) < self.config.warm_standby_tasks:
+            asyncio.get_running_loop().call_later(self.config.warm_standby_refill_s,
+                                                  self._fill_standby)
+
     def _fill_standby(self) -> None:
+        if self.state not in _ACTIVE:
+            return
         me = ray.get_runtime_context().current_actor
         while len(self._standby) < self.config.warm_standby_tasks:
             self._standby.append(RemoteTask.options(
@@ -650,6 +659,7 @@ class JobMaster:
             self.job_id, self.state, self.error,
             f.operator if f else "", f.task_index if f else -1, f.record if f else "",
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
+            len(self._standby),
         ))
 
     async def wait(self, timeout: float | None) -> bytes:
@@ -752,6 +762,7 @@ class JobMaster:
                                    planning))
                 finally:
                     self._drrs_running -= 1
+                    self._refill_standby_later()
                     await self._maybe_finish()
                 return encode_message(report)
         async with self._rescale_lock:
@@ -765,6 +776,7 @@ class JobMaster:
                     self._stop_restart(vertex, parallelism, assignment))
             finally:
                 self._stop_restart_running = False
+                self._refill_standby_later()
                 await self._maybe_finish()
             return encode_message(report)
 

@@ -101,3 +101,26 @@ def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_clust
         assert errors and "rescale of 'sum'" in str(errors[0])
     finally:
         h.stop()
+
+
+def test_warm_standby_actors_become_the_new_tasks_and_the_pool_refills_after(ray_cluster):
+    rng = random.Random(9)
+    records = [(rng.randrange(80), rng.randrange(10)) for _ in range(30000)]  # 10 s
+    sink = TestingSink()
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, warm_standby_tasks=2,
+                    warm_standby_refill_s=2.0)
+    h = running_sum_job(records, 2, sink, rate=3000, config=cfg).run()
+    try:
+        assert h.status().standby == 2
+        report = h.rescale("sum", 4, protocol="drrs")
+        assert (report.old_parallelism, report.new_parallelism) == (2, 4)
+        assert h.status().standby == 0  # taken by the rescale, not refilled during it
+        deadline = time.monotonic() + 60
+        while h.status().standby < 2 and time.monotonic() < deadline:
+            assert h.status().state == "running", "the job ended before the pool refilled"
+            time.sleep(0.2)
+        assert h.status().standby == 2
+        h.wait(120)
+    finally:
+        h.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))

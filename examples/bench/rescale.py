@@ -729,7 +729,13 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     ap.add_argument("--tolerance", type=float, default=1.10, help="stable: mean <= this x baseline")
     ap.add_argument("--slack-ms", type=float, default=5.0,
                     help="added to the stability limit (absorbs per-second jitter; 0: strict)")
-    ap.add_argument("--warm-standby", type=int, default=0, help="JobConfig(warm_standby_tasks=n)")
+    ap.add_argument("--warm-standby", type=int, default=0,
+                    help="JobConfig(warm_standby_tasks=n): new tasks come from n idle actors "
+                         "started with the job (the pool is not refilled within a run)")
+    ap.add_argument("--set-aside-cap", type=int, default=200,
+                    help="JobConfig(drrs_set_aside_cap=n): records a task sets aside")
+    ap.add_argument("--max-subscales", type=int, default=2,
+                    help="JobConfig(drrs_max_subscales_per_task=n)")
     ap.add_argument("--overhead", dest="overhead", action="store_true", default=None,
                     help="measure the steady-state overhead (default: on)")
     ap.add_argument("--no-overhead", dest="overhead", action="store_false")
@@ -770,7 +776,9 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     t_all = time.monotonic()
     sc = Scenario(args)
     os.makedirs(args.out, exist_ok=True)
-    config = JobConfig(warm_standby_tasks=args.warm_standby)
+    config = JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
+                       drrs_set_aside_cap=args.set_aside_cap,
+                       drrs_max_subscales_per_task=args.max_subscales)
     names = ([] if args.no_baseline_run else [NONE]) + args.protocols
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
     print(f"runs: {', '.join(names)}; per run build {args.build:g} s, baseline "

@@ -629,8 +629,9 @@ class TaskCore:
     def _confirm_at_old_owner(self, sid: int, direct_channel: int, channel: int) -> None:
         out = self.old_role.subscales.get(sid)
         if out is not None and out.aligned:
-            self._trigger_at.setdefault(sid, self.clock.now())
-            self._freeze_leaving(sid)
+            if sid not in self._trigger_at:  # the subscale's first barrier here
+                self._trigger_at[sid] = self.clock.now()
+                self._freeze_leaving(sid)
             if self.old_role.on_confirm(sid, direct_channel):
                 self._ship_aligned(sid)
             elif out.block:

@@ -17,7 +17,11 @@ class JobConfig:
     task holds at most ``credits`` frames per input channel. ``metrics_port``: 0 picks a free
     port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
     (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
-    task (records), subscale size (key groups) and subscales per task at once.
+    task (records), subscale size (key groups) and subscales per task at once;
+    ``drrs_subscale_bytes``: a subscale also holds at most this much state (estimated per
+    group when the rescale is planned; a larger group moves alone; None: no budget). A
+    subscale's groups are sent one after another and records of all of them wait at the
+    new owner from the start, so the budget bounds the wait of its last group.
     ``warm_standby_tasks``: idle task actors kept ready for scale-out; a rescale that takes
     some leaves the pool short until ``warm_standby_refill_s`` after it ended (starting
     actors costs CPU, which the rescale should not compete with).
@@ -47,6 +51,7 @@ class JobConfig:
     timer_check_interval_ms: float = 10.0
     drrs_set_aside_cap: int = 200
     drrs_subscale_size: int = 4
+    drrs_subscale_bytes: int | None = 1_000_000
     drrs_max_subscales_per_task: int = 2
     warm_standby_tasks: int = 0
     warm_standby_refill_s: float = 10.0
@@ -72,6 +77,8 @@ class JobConfig:
             (self.timer_check_interval_ms > 0, "timer_check_interval_ms must be > 0"),
             (self.drrs_set_aside_cap >= 1, "drrs_set_aside_cap must be >= 1 record"),
             (self.drrs_subscale_size >= 1, "drrs_subscale_size must be >= 1 key group"),
+            (self.drrs_subscale_bytes is None or self.drrs_subscale_bytes >= 1,
+             "drrs_subscale_bytes must be >= 1 byte or None (no byte budget)"),
             (self.drrs_max_subscales_per_task >= 1, "drrs_max_subscales_per_task must be >= 1"),
             (self.warm_standby_tasks >= 0, "warm_standby_tasks must be >= 0"),
             (self.warm_standby_refill_s >= 0, "warm_standby_refill_s must be >= 0"),

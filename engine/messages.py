@@ -465,10 +465,13 @@ class ExpectIncoming:
 @dataclass(frozen=True, slots=True)
 class SubscaleTriggered:
     """DRRS, priority, old owner → new owner: the subscale's first barrier arrived; pull
-    its groups (``sizes``: estimated state bytes per group) one at a time."""
+    its groups (``sizes``: estimated state bytes per group) one at a time. ``pushed``: a
+    group the old owner sends at once, unasked (its ``MigrateState`` follows this message;
+    -1: none), so the first group costs no pull round trip."""
 
     subscale: int
     sizes: tuple[tuple[int, int], ...]
+    pushed: int = -1
 
 
 @wire

@@ -831,7 +831,8 @@ class JobMaster:
         planning needs them (non-disruptive's adaptive default, load or state orders)."""
         cfg = self.config
         profiles: dict[int, Any] = {}
-        if planning is not None or proto.name == "non-disruptive":
+        if (planning is not None or proto.name == "non-disruptive"
+                or (proto.name == "drrs" and cfg.drrs_subscale_bytes is not None)):
             profiles = await self._group_profiles(vertex)
         if planning is None and proto.name == "non-disruptive":
             moved = moved_key_groups(old_assign, new_assign)
@@ -842,7 +843,8 @@ class JobMaster:
         else:
             adaptive = ""
         plan = plan_live(proto.name, vertex, old_assign, new_assign, old_p, final_p,
-                         subscale_size=cfg.drrs_subscale_size, batch=cfg.batched_step_size,
+                         subscale_size=cfg.drrs_subscale_size,
+                         subscale_bytes=cfg.drrs_subscale_bytes, batch=cfg.batched_step_size,
                          matching=cfg.batched_matching, planning=planning, profiles=profiles,
                          first_id=self._next_subscale)
         if adaptive:
@@ -931,12 +933,17 @@ class JobMaster:
             batch = sched.next_batch()
             if batch and not proto.concurrent and cfg.step_gap_ms > 0 and sched.done:
                 await asyncio.sleep(cfg.step_gap_ms / 1000.0)
+            now = clock.now()
             for sub in batch:
-                now = clock.now()
                 first_start = first_start if first_start is not None else now
                 started_at[sub.subscale_id] = now
-                injected_at[sub.subscale_id] = await self._start_subscale(
-                    sub, names, in_edges, work_dep, proto, vertex)
+            # a batch's subscales are independent: start them together (one at a time, each
+            # start's three calls would delay the last by the whole batch's round trips)
+            injected = await asyncio.gather(*(
+                self._start_subscale(sub, names, in_edges, work_dep, proto, vertex)
+                for sub in batch))
+            for sub, at in zip(batch, injected, strict=True):
+                injected_at[sub.subscale_id] = at
             if not sched.running:
                 break
             try:

@@ -547,8 +547,10 @@ class TaskCore:
         b = self.backend
         assert b is not None
         sizes = tuple((kg, _estimated_group_bytes(b, kg)) for kg in out.key_groups)
-        self.priority_out.append((out.new_owner, SubscaleTriggered(sid, sizes)))
+        first = self.old_role.first_push(sid, dict(sizes))
+        self.priority_out.append((out.new_owner, SubscaleTriggered(sid, sizes, first)))
         self._state_sent[sid] = 0
+        self._on_pull(sid, first)  # two hops sooner than a pull; the priority path keeps order
 
     def _on_pull(self, sid: int, kg: int) -> None:
         """Old owner: the new owner pulls one group; from now on its records found in the
@@ -870,9 +872,9 @@ class TaskCore:
             case MigrateState():
                 self._install_incoming(msg)
                 return Ack()
-            case SubscaleTriggered(subscale=sid, sizes=sizes):
+            case SubscaleTriggered(subscale=sid, sizes=sizes, pushed=pushed):
                 if sid in self.new_role.subscales:
-                    self.new_role.on_triggered(sid, dict(sizes))
+                    self.new_role.on_triggered(sid, dict(sizes), pushed)
                     self._pull_next(sid)
                 return Ack()
             case PullState(subscale=sid, key_group=kg):

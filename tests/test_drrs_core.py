@@ -71,7 +71,7 @@ from engine.state import EVENT_TIME
 from engine.task import TaskCore, TaskSpec
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
-from migration.planning import Planning
+from migration.planning import GroupProfile, Planning
 from migration.protocols import LIVE, plan_live
 from migration.protocols.drrs import (
     REROUTE_PORT,
@@ -80,6 +80,7 @@ from migration.protocols.drrs import (
     OldOwnerRole,
     Subscale,
     SubscaleScheduler,
+    chunk_groups,
     plan_subscales,
 )
 from migration.protocols.live import LivePlan, StepScheduler
@@ -488,6 +489,40 @@ def test_plan_subscales_groups_by_pair_with_a_size_cap():
     assert plan_subscales("sum", old, old, 2, 2).subscales == ()
     with pytest.raises(ValueError, match="subscale_size"):
         plan_subscales("sum", old, new, 2, 3, subscale_size=0)
+
+
+def test_chunk_groups_closes_at_the_group_count_or_before_the_byte_budget():
+    sizes = {0: 400, 1: 400, 2: 300, 3: 1500, 4: 10, 5: 10, 6: 10}
+    groups = [0, 1, 2, 3, 4, 5, 6]
+    assert chunk_groups(groups, 4) == [(0, 1, 2, 3), (4, 5, 6)]
+    # 400 + 400 fits 1000, + 300 would not; 1500 is larger than the budget: alone
+    assert chunk_groups(groups, 4, sizes, 1000) == [(0, 1), (2,), (3,), (4, 5, 6)]
+    assert chunk_groups(groups, 2, sizes, 1000) == [(0, 1), (2,), (3,), (4, 5), (6,)]
+    assert chunk_groups(groups, None, sizes, 1) == [(g,) for g in groups]
+    assert chunk_groups([7, 8], 4, sizes, 1000) == [(7, 8)]  # unknown sizes count as 0
+    assert chunk_groups([], 4, sizes, 1000) == []
+
+
+def test_plan_subscales_with_a_byte_budget_moves_large_groups_alone():
+    old, new = uniform_assignment(N, 2), uniform_assignment(N, 3)
+    big = {kg: 2_000_000 for kg in range(N)}
+    plan = plan_subscales("sum", old, new, 2, 3, 4, sizes=big, subscale_bytes=1_000_000)
+    assert [s.key_groups for s in plan.subscales] == [(g,) for g in plan.moved]
+    small = {kg: 1000 for kg in range(N)}
+    plan = plan_subscales("sum", old, new, 2, 3, 4, sizes=small, subscale_bytes=1_000_000)
+    assert [s.key_groups for s in plan.subscales] == [(6, 7), (11, 12, 13, 14), (15,)]
+    with pytest.raises(ValueError, match="subscale_bytes"):
+        plan_subscales("sum", old, new, 2, 3, 4, sizes=small, subscale_bytes=0)
+    # through plan_live: sizes come from the groups' profiles, and the reason says so
+    profiles = {kg: GroupProfile(kg, 1.0, 2_000_000 if kg == 11 else 1000) for kg in range(N)}
+    lp = plan_live("drrs", "sum", old, new, 2, 3, subscale_size=4, subscale_bytes=1_000_000,
+                   profiles=profiles)
+    assert [s.key_groups for s in lp.steps[0]] == [(6, 7), (11,), (12, 13, 14, 15)]
+    assert "1 MB of state" in lp.reason and "3 subscales" in lp.reason
+    # without profiles there is no budget to apply
+    lp = plan_live("drrs", "sum", old, new, 2, 3, subscale_size=4, subscale_bytes=1_000_000)
+    assert [s.key_groups for s in lp.steps[0]] == [(6, 7), (11, 12, 13, 14), (15,)]
+    assert "MB" not in lp.reason
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -1081,8 +1116,12 @@ def test_timers_of_a_group_not_pulled_yet_do_not_fire_at_the_old_owner(clock, si
     src.poll_source(1)                 # a1 at s, its timer 50
     net.pump()
     assert s.backend.timers[A] == {(50, a, EVENT_TIME)}
-    net.start_subscale(S0)
-    net.deliver_prio(TriggerBarrier)   # s got the barrier; the group is not pulled yet
+    empty = 6  # no state: s sends it at once on the trigger; A waits for d's pull
+    net.start_subscale(Subscale(0, 0, 1, (A, empty)))
+    net.deliver_prio(TriggerBarrier)   # s got the barrier; A is not pulled yet
+    pushed = net.take_prio(MigrateState)
+    assert [m.key_group for _, m in pushed] == [empty]
+    net.prio.extend(pushed)
     src.poll_source(1)                 # a2 (45) goes to d and waits there
     src.router.broadcast(Watermark(60))
     net.deliver()
@@ -1306,36 +1345,41 @@ def test_a_stale_replica_is_never_used_without_its_delta(clock, sink):
 
 
 def test_new_owner_pulls_groups_one_at_a_time_those_with_waiting_records_first(clock, sink):
-    k2, k3, k4 = key_in(2), key_in(3), key_in(4)
-    first = [(k2, 1), (k3, 1), (k4, 1)]
+    k2, k3, k4, k5 = key_in(2), key_in(3), key_in(4), key_in(5)
+    first = [(k2, 1), (k3, 1), (k4, 1), (k5, 1), (key_in(5, 1), 1)]
     later = [(k4, 10), (k4, 20), (k3, 30)]
     net = DNet(drrs_job(first + later, sink), clock)
     net.auto_pull = False
     src, s, d = net["src/0"], net["sum/0"], net["sum/1"]
-    src.poll_source(3)
+    src.poll_source(5)
     net.pump()
-    net.start_subscale(Subscale(0, 0, 1, (2, 3, 4)), trigger=False)
+    net.start_subscale(Subscale(0, 0, 1, (5, 3, 4, 2)), trigger=False)
     src.poll_source(3)                       # straight to d, which must set them aside
     net.deliver()
     net.run("sum/1")
     assert d.new_role.aside_count == 3
     net.deliver_prio(TriggerBarrier)
     [(_, triggered)] = net.take_prio(SubscaleTriggered)
-    assert sorted(kg for kg, _ in triggered.sizes) == [2, 3, 4]
-    assert s.backend.owned() == [0, 1, 2, 3, 4, 5, 6, 7]   # nothing left yet
+    assert sorted(kg for kg, _ in triggered.sizes) == [2, 3, 4, 5]
+    # the smallest group (then the subscale's order) goes at once, unasked
+    assert triggered.pushed == 3
+    [(_, pushed)] = net.take_prio(MigrateState)
+    assert pushed.key_group == 3 and 3 not in s.backend.groups
     assert d.handle(triggered) == Ack()
+    assert net.take_prio(PullState) == []                    # one group at a time
+    assert d.handle(pushed) == Ack()
     [(to, pull)] = net.take_prio(PullState)
     assert (to, pull) == (s.name, PullState(0, 4))          # two records wait for group 4
     assert s.handle(pull) == Ack()
-    assert 4 not in s.backend.groups and 3 in s.backend.groups
+    assert 4 not in s.backend.groups and 2 in s.backend.groups
     assert net.take_prio(PullState) == []                    # one pull at a time
     net.deliver_prio(MigrateState)
     [(_, pull)] = net.take_prio(PullState)
-    assert pull == PullState(0, 3)                           # then group 3 (one record)
+    assert pull == PullState(0, 2)                           # smaller than group 5 (two keys)
     assert s.handle(pull) == Ack()
     net.deliver_prio(MigrateState)
     [(_, pull)] = net.take_prio(PullState)
-    assert pull == PullState(0, 2)
+    assert pull == PullState(0, 5)
     net.prio.append((s.name, pull))
     net.pump()
     assert set(net.subscale_reports()[0]) == {"old", "new"}
@@ -1355,12 +1399,13 @@ def test_a_group_not_pulled_yet_is_still_processed_by_the_old_owner(clock, sink)
     net.deliver()
     net.start_subscale(Subscale(0, 0, 1, (2, 3)))
     net.deliver_prio(SubscaleTriggered)
-    [(_, pull)] = net.take_prio(PullState)
-    assert pull == PullState(0, 2)
-    s.handle(pull)                           # group 2 leaves; group 3 stays for now
+    [(to, pushed)] = net.take_prio(MigrateState)
+    assert pushed.key_group == 2             # group 2 left unasked; group 3 stays for now
+    assert net.take_prio(PullState) == []    # d waits for group 2 before pulling group 3
     net.run("sum/0")
     assert s.router.rerouted == 1            # (k2, 5) re-routed, (k3, 7) processed here
     assert (k3, 8) in sink.results()
+    net.prio.append((to, pushed))
     net.pump()
     net.run_sources()
     assert per_key(sink.results()) == per_key(running_sum_reference(recs))

@@ -110,17 +110,31 @@ RESCALE_GUESS_S = 8.0  # for the progress estimate only
 
 
 class PaddedCount(KeyedProcessFunction):
-    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record)."""
+    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record).
+
+    ``service_us``: each record also costs this much time, spent sleeping (one sleep once a
+    millisecond is owed), so a task serves at most 1e6 / ``service_us`` records/s without
+    using a core: the papers' one core per task, on a machine whose two cores all the
+    tasks share."""
+
+    def __init__(self, service_us: float = 0.0) -> None:
+        self.service_s = service_us / 1e6
 
     def open(self, ctx: Any) -> None:
         self.pad = ctx.value_state("pad", None)
         self.n = ctx.value_state("n", 0)
+        self.busy_until = 0.0
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         if self.pad.value() is None:
             self.pad.update(bytes(value[2]))
         n = self.n.value() + 1
         self.n.update(n)
+        if self.service_s:
+            now = time.monotonic()
+            self.busy_until = max(self.busy_until, now) + self.service_s
+            if self.busy_until - now >= 0.001:
+                time.sleep(self.busy_until - now)
         yield (ctx.key, n)
 
 
@@ -284,7 +298,7 @@ class Scenario:
                               state_bytes_per_key=a.state_bytes, seed=SEED)
         (job.source(src, name="gen", parallelism=1)
             .key_by(key_of)
-            .process(PaddedCount(), name="agg", parallelism=a.from_p)
+            .process(PaddedCount(a.service_us), name="agg", parallelism=a.from_p)
             .sink(sink, name="sink"))
         return job
 
@@ -718,6 +732,9 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     ap.add_argument("--skew", help="micro/skew: 'uniform' or a Zipf exponent")
     ap.add_argument("--state-bytes", type=int, default=10_000, help="padding bytes per key")
     ap.add_argument("--key-groups", type=int, default=128)
+    ap.add_argument("--service-us", type=float, default=0.0,
+                    help="micro/skew: per-record service time of each aggregator task, "
+                         "slept (a task serves at most 1e6/n records/s without using a core)")
     ap.add_argument("--from", dest="from_p", type=int, help="start parallelism")
     ap.add_argument("--to", dest="to_p", type=int, help="target parallelism")
     ap.add_argument("--size-ms", type=int, default=2000, help="q7/q8 window size")
@@ -736,6 +753,8 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
                     help="JobConfig(drrs_set_aside_cap=n): records a task sets aside")
     ap.add_argument("--max-subscales", type=int, default=2,
                     help="JobConfig(drrs_max_subscales_per_task=n)")
+    ap.add_argument("--subscale-size", type=int, default=4,
+                    help="JobConfig(drrs_subscale_size=n): key groups per subscale")
     ap.add_argument("--overhead", dest="overhead", action="store_true", default=None,
                     help="measure the steady-state overhead (default: on)")
     ap.add_argument("--no-overhead", dest="overhead", action="store_false")
@@ -778,7 +797,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     os.makedirs(args.out, exist_ok=True)
     config = JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
                        drrs_set_aside_cap=args.set_aside_cap,
-                       drrs_max_subscales_per_task=args.max_subscales)
+                       drrs_max_subscales_per_task=args.max_subscales,
+                       drrs_subscale_size=args.subscale_size)
     names = ([] if args.no_baseline_run else [NONE]) + args.protocols
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
     print(f"runs: {', '.join(names)}; per run build {args.build:g} s, baseline "

@@ -22,12 +22,14 @@ PROTOCOLS = ("drrs", "stop-restart", "pause-resume", "fluid", "batched", "non-di
 
 
 def plan_live(protocol: str, operator: str, old: Sequence[int], new: Sequence[int],
-              old_p: int, new_p: int, *, subscale_size: int = 4, batch: int = 4,
+              old_p: int, new_p: int, *, subscale_size: int = 4,
+              subscale_bytes: int | None = None, batch: int = 4,
               matching: bool = False, planning: Any = None,
               profiles: Mapping[int, Any] | None = None, first_id: int = 0) -> LivePlan:
     """The plan of a live rescale. ``planning`` (a ``migration.planning.Planning``) orders
     the moving groups for every protocol and chunks them for ``non-disruptive`` (which
-    needs one); ``profiles`` are per-group ``GroupProfile`` values."""
+    needs one); ``profiles`` are per-group ``GroupProfile`` values (their ``state_bytes``
+    size drrs subscales against ``subscale_bytes``)."""
     profiles = profiles or {}
     order = None
     if planning is not None:
@@ -35,15 +37,22 @@ def plan_live(protocol: str, operator: str, old: Sequence[int], new: Sequence[in
 
         order = order_groups(moved_key_groups(old, new), profiles, planning)
     if protocol == "drrs":
+        sizes = {kg: p.state_bytes for kg, p in profiles.items()}
+        budget = subscale_bytes if sizes else None
         if order is None:
-            p = plan_subscales(operator, old, new, old_p, new_p, subscale_size, first_id)
+            p = plan_subscales(operator, old, new, old_p, new_p, subscale_size, first_id,
+                               sizes, budget)
             subs, reason = p.subscales, "subscales by (old, new) pair"
         else:
-            subs, reason = split_by_pair(order, old, new, first_id, subscale_size), (
+            subs, reason = split_by_pair(order, old, new, first_id, subscale_size, sizes,
+                                         budget), (
                 "subscales by (old, new) pair in planning order")
+        limit = f"{subscale_size} groups" + (
+            f" and {budget / 1e6:g} MB of state" if budget is not None else "")
         return LivePlan(operator, protocol, old_p, new_p, tuple(old), tuple(new),
                         (subs,) if subs else (),
-                        f"{reason}, at most {subscale_size} groups each")
+                        f"{reason}, at most {limit} each (a larger group alone): "
+                        f"{len(subs)} subscales")
     if protocol == "pause-resume":
         return plan_pause_resume(operator, old, new, old_p, new_p, first_id)
     if protocol == "fluid":

@@ -5,9 +5,9 @@ For one *subscale* S (key groups K moving from old owner s to new owner d):
 1. Every predecessor u switches its routing for K to d, moves its unsent records of K to its
    buffer for d, puts ``ConfirmBarrier(S, c_ud)`` on its data channel to s (``c_ud`` is u's
    channel to d), and sends ``TriggerBarrier(S)`` to s on the priority path.
-2. s, on the first trigger (or confirm) of S, tells d (``SubscaleTriggered``); d pulls K's
-   groups one at a time (``PullState``), those its waiting records need first; per pulled
-   group s snapshots, removes, marks it *migrated out* and sends ``MigrateState`` (priority
+2. s, on the first trigger (or confirm) of S, tells d (``SubscaleTriggered``) and sends it
+   the group with the smallest state at once; d pulls the rest of K one at a time
+   (``PullState``), those its waiting records need first; per sent group s snapshots, removes, marks it *migrated out* and sends ``MigrateState`` (priority
    path). Records of migrated-out groups that s still finds in its input are re-routed to
    d, in order, on the re-route channel s→d; each confirm barrier s meets is forwarded on
    the same path after them. A group not pulled yet is still s's: s processes its records.
@@ -25,7 +25,7 @@ core (``engine.task``) drives them and the JobMaster executes the plan.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,21 +66,50 @@ class DrrsPlan:
         return tuple(kg for s in self.subscales for kg in s.key_groups)
 
 
+def chunk_groups(key_groups: Sequence[int], max_groups: int | None = None,
+                 sizes: Mapping[int, int] | None = None,
+                 max_bytes: int | None = None) -> list[tuple[int, ...]]:
+    """Consecutive chunks of ``key_groups`` in their order: a chunk closes at ``max_groups``
+    groups, or before a group that would take its ``sizes`` total past ``max_bytes`` (a
+    group larger than that travels alone). Unknown sizes count as 0."""
+    chunks: list[tuple[int, ...]] = []
+    cur: list[int] = []
+    total = 0
+    for kg in key_groups:
+        size = (sizes or {}).get(kg, 0)
+        full = (max_groups is not None and len(cur) >= max_groups) or (
+            max_bytes is not None and cur and total + size > max_bytes)
+        if full:
+            chunks.append(tuple(cur))
+            cur, total = [], 0
+        cur.append(kg)
+        total += size
+    if cur:
+        chunks.append(tuple(cur))
+    return chunks
+
+
 def plan_subscales(
     operator: str, old_assignment: Sequence[int], new_assignment: Sequence[int],
     old_parallelism: int, new_parallelism: int, subscale_size: int = 4, first_id: int = 0,
+    sizes: Mapping[int, int] | None = None, subscale_bytes: int | None = None,
 ) -> DrrsPlan:
     """Group the moving key groups by (old owner, new owner) into subscales of at most
-    ``subscale_size`` groups (DRRS groups by pair; small subscales let new tasks start early)."""
+    ``subscale_size`` groups and, given the groups' state ``sizes``, at most
+    ``subscale_bytes`` bytes (a larger group travels alone). DRRS groups by pair; small
+    subscales let new tasks start early, and a byte budget bounds how long the records of
+    a subscale's last group wait at the new owner (its groups are sent one at a time)."""
     if subscale_size < 1:
         raise ValueError("subscale_size must be >= 1")
+    if subscale_bytes is not None and subscale_bytes < 1:
+        raise ValueError("subscale_bytes must be >= 1 or None")
     pairs: dict[tuple[int, int], list[int]] = {}
     for kg in moved_key_groups(old_assignment, new_assignment):
         pairs.setdefault((old_assignment[kg], new_assignment[kg]), []).append(kg)
     subs: list[Subscale] = []
     for (o, n), kgs in sorted(pairs.items()):
-        for i in range(0, len(kgs), subscale_size):
-            subs.append(Subscale(first_id + len(subs), o, n, tuple(kgs[i:i + subscale_size])))
+        for chunk in chunk_groups(kgs, subscale_size, sizes, subscale_bytes):
+            subs.append(Subscale(first_id + len(subs), o, n, chunk))
     return DrrsPlan(operator, old_parallelism, new_parallelism, tuple(old_assignment),
                     tuple(new_assignment), tuple(subs))
 
@@ -190,6 +219,12 @@ class OldOwnerRole:
         out.confirms.add(direct_channel)
         return len(out.confirms) >= out.predecessors
 
+    def first_push(self, subscale_id: int, sizes: dict[int, int]) -> int:
+        """The group to send unasked on the trigger: the smallest state, then the subscale's
+        order (the new owner's own order when no records wait yet)."""
+        kgs = self.subscales[subscale_id].key_groups
+        return min(kgs, key=lambda kg: (sizes.get(kg, 0), kgs.index(kg)))
+
     def can_pull(self, subscale_id: int, key_group: int) -> bool:
         out = self.subscales.get(subscale_id)
         return (out is not None and out.migrated and key_group in out.key_groups
@@ -261,10 +296,12 @@ class NewOwnerRole:
         for kg in key_groups:
             self.group_subscale[kg] = subscale_id
 
-    def on_triggered(self, subscale_id: int, sizes: dict[int, int]) -> None:
+    def on_triggered(self, subscale_id: int, sizes: dict[int, int], pushed: int = -1) -> None:
+        """The old owner was triggered; ``pushed``: a group it sends unasked (counts as
+        pulled, so the next pull waits for it)."""
         inc = self.subscales[subscale_id]
         if inc.requested is None:
-            inc.requested = set()
+            inc.requested = {pushed} if pushed in inc.key_groups else set()
             inc.sizes = dict(sizes)
 
     def next_pull(self, subscale_id: int) -> int | None:

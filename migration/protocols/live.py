@@ -25,10 +25,10 @@ owner sets aside records of a group whose state has not arrived (bounded, per ch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from migration.protocols.drrs import Subscale
+from migration.protocols.drrs import Subscale, chunk_groups
 
 
 @dataclass(frozen=True)
@@ -90,17 +90,19 @@ class LivePlan:
 
 
 def split_by_pair(groups: Sequence[int], old: Sequence[int], new: Sequence[int],
-                  first_id: int, max_size: int | None = None) -> tuple[Subscale, ...]:
+                  first_id: int, max_size: int | None = None,
+                  sizes: Mapping[int, int] | None = None,
+                  max_bytes: int | None = None) -> tuple[Subscale, ...]:
     """One step's groups as subscales by (old owner, new owner) pair, in the order the
-    pairs first appear, at most ``max_size`` groups each; ids from ``first_id``."""
+    pairs first appear, at most ``max_size`` groups and ``max_bytes`` of state ``sizes``
+    each (``chunk_groups``); ids from ``first_id``."""
     pairs: dict[tuple[int, int], list[int]] = {}
     for kg in groups:
         pairs.setdefault((old[kg], new[kg]), []).append(kg)
     subs: list[Subscale] = []
     for (o, n), kgs in pairs.items():
-        size = max_size or len(kgs)
-        for i in range(0, len(kgs), size):
-            subs.append(Subscale(first_id + len(subs), o, n, tuple(kgs[i:i + size])))
+        for chunk in chunk_groups(kgs, max_size, sizes, max_bytes):
+            subs.append(Subscale(first_id + len(subs), o, n, chunk))
     return tuple(subs)
 
 

@@ -755,6 +755,8 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
                     help="JobConfig(drrs_max_subscales_per_task=n)")
     ap.add_argument("--subscale-size", type=int, default=4,
                     help="JobConfig(drrs_subscale_size=n): key groups per subscale")
+    ap.add_argument("--subscale-bytes", type=int, default=JobConfig.drrs_subscale_bytes,
+                    help="JobConfig(drrs_subscale_bytes=n): state per subscale (0: no budget)")
     ap.add_argument("--overhead", dest="overhead", action="store_true", default=None,
                     help="measure the steady-state overhead (default: on)")
     ap.add_argument("--no-overhead", dest="overhead", action="store_false")
@@ -798,7 +800,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     config = JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
                        drrs_set_aside_cap=args.set_aside_cap,
                        drrs_max_subscales_per_task=args.max_subscales,
-                       drrs_subscale_size=args.subscale_size)
+                       drrs_subscale_size=args.subscale_size,
+                       drrs_subscale_bytes=args.subscale_bytes or None)
     names = ([] if args.no_baseline_run else [NONE]) + args.protocols
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
     print(f"runs: {', '.join(names)}; per run build {args.build:g} s, baseline "

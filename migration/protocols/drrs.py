@@ -7,10 +7,11 @@ For one *subscale* S (key groups K moving from old owner s to new owner d):
    channel to d), and sends ``TriggerBarrier(S)`` to s on the priority path.
 2. s, on the first trigger (or confirm) of S, tells d (``SubscaleTriggered``) and sends it
    the group with the smallest state at once; d pulls the rest of K one at a time
-   (``PullState``), those its waiting records need first; per sent group s snapshots, removes, marks it *migrated out* and sends ``MigrateState`` (priority
-   path). Records of migrated-out groups that s still finds in its input are re-routed to
-   d, in order, on the re-route channel s→d; each confirm barrier s meets is forwarded on
-   the same path after them. A group not pulled yet is still s's: s processes its records.
+   (``PullState``), those its waiting records need first; per sent group s snapshots,
+   removes, marks it *migrated out* and sends ``MigrateState`` (priority path). Records
+   of migrated-out groups that s still finds in its input are re-routed to d, in order,
+   on the re-route channel s→d; each confirm barrier s meets is forwarded on the same
+   path after them. A group not pulled yet is still s's: s processes its records.
 3. d installs arriving state. For a group g of S: re-routed records are processable once g's
    state is in; records straight from u once, in addition, u's confirm came back through s.
    Records that cannot be processed yet are set aside per (channel, key group), up to a

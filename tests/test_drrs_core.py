@@ -501,6 +501,8 @@ def test_chunk_groups_closes_at_the_group_count_or_before_the_byte_budget():
     assert chunk_groups(groups, None, sizes, 1) == [(g,) for g in groups]
     assert chunk_groups([7, 8], 4, sizes, 1000) == [(7, 8)]  # unknown sizes count as 0
     assert chunk_groups([], 4, sizes, 1000) == []
+    # a chunk already past the budget takes nothing more, not even an empty group
+    assert chunk_groups([0, 1, 2, 3], 4, {0: 0, 1: 0, 2: 5, 3: 0}, 1) == [(0, 1), (2,), (3,)]
 
 
 def test_plan_subscales_with_a_byte_budget_moves_large_groups_alone():

@@ -12,7 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import JobConfig
 from engine.errors import RescaleRefused
+from engine.keygroups import key_group_of, uniform_assignment
 from engine.testing import TestingSink
+from migration.protocols.drrs import plan_subscales
 from tests.jobs import per_key, running_sum_job, running_sum_reference
 
 pytestmark = pytest.mark.ray
@@ -104,16 +106,28 @@ def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_clust
 
 
 def test_warm_standby_actors_become_the_new_tasks_and_the_pool_refills_after(ray_cluster):
+    """Also: drrs subscales respect the byte budget, with sizes asked from the tasks."""
     rng = random.Random(9)
-    records = [(rng.randrange(80), rng.randrange(10)) for _ in range(30000)]  # 10 s
+    records = [(i % 80, rng.randrange(10)) for i in range(30000)]  # 10 s
     sink = TestingSink()
     cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, warm_standby_tasks=2,
-                    warm_standby_refill_s=2.0)
+                    warm_standby_refill_s=2.0, drrs_subscale_bytes=1)
     h = running_sum_job(records, 2, sink, rate=3000, config=cfg).run()
     try:
         assert h.status().standby == 2
+        deadline = time.monotonic() + 60
+        while len({r[0] for r in sink.results()}) < 80 and time.monotonic() < deadline:
+            time.sleep(0.1)  # every key (so every group that will have state) has state
         report = h.rescale("sum", 4, protocol="drrs")
         assert (report.old_parallelism, report.new_parallelism) == (2, 4)
+        # a 1-byte budget: every group moves alone, but empty groups after an empty one
+        # share its subscale
+        old, new = uniform_assignment(32, 2), uniform_assignment(32, 4)
+        sizes = {key_group_of(k, 32): 1000 for k in range(80)}
+        plan = plan_subscales("sum", old, new, 2, 4, 4, sizes=sizes, subscale_bytes=1)
+        assert len(report.subscales) == len(plan.subscales) > len(
+            plan_subscales("sum", old, new, 2, 4, 4).subscales)
+        assert "MB of state" in report.planning_reason
         assert h.status().standby == 0  # taken by the rescale, not refilled during it
         deadline = time.monotonic() + 60
         while h.status().standby < 2 and time.monotonic() < deadline:

@@ -62,7 +62,6 @@ import math
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -75,6 +74,7 @@ if ROOT not in sys.path:
 
 from engine import KeyedProcessFunction  # noqa: E402
 from examples.bench import timeline as tl  # noqa: E402
+from examples.bench.provenance import code_state  # noqa: E402
 from migration.planning import Planning  # noqa: E402
 
 SEED = 0
@@ -696,21 +696,6 @@ def prepare_phase(phase: Phase, args: argparse.Namespace) -> dict[str, Any]:
     return ctx
 
 
-def _code() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": git("rev-parse", "HEAD"),
-            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration"))}
-
-
-# ------------------------------------------------------------------------------ main
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -807,7 +792,7 @@ def main(argv: list[str] | None = None) -> int:
                               "+ slack_ms; capped at the end of the run",
             "meets_target": "adaptive / best fixed <= target_ratio on spike or on completion",
         },
-        "code": _code(),
+        "code": code_state(ROOT),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "phases": [],

@@ -60,7 +60,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import threading
 import time
@@ -80,6 +79,7 @@ from engine.latency import LatencyHistogram  # noqa: E402
 from engine.sinks import LatencySink  # noqa: E402
 from engine.sources import _GEN_CHUNK, GeneratorSource  # noqa: E402
 from examples.bench import timeline as tl  # noqa: E402
+from examples.bench.provenance import code_state  # noqa: E402
 from migration.protocols import PROTOCOLS  # noqa: E402
 
 SEED = 0
@@ -704,21 +704,6 @@ def plot(results: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def _code() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    return {"commit": git("rev-parse", "HEAD"),
-            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration"))}
-
-
-# ------------------------------------------------------------------------------ main
-
-
 def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -838,7 +823,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "no_rescale_mean": "the `none` run's mean latency from its (virtual) request to "
                                "its end",
         },
-        "code": _code(),
+        "code": code_state(ROOT),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "protocols_available": list(PROTOCOLS),

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from typing import Any
@@ -53,6 +52,7 @@ from engine.latency import LatencyHistogram  # noqa: E402
 from engine.sinks import LatencySink  # noqa: E402
 from engine.sources import _GEN_CHUNK, GeneratorSource  # noqa: E402
 from examples.bench import timeline as tl  # noqa: E402
+from examples.bench.provenance import code_state  # noqa: E402
 
 SEED = 0
 NUM_KEY_GROUPS = 128
@@ -366,33 +366,6 @@ def plot(results: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def _git() -> dict[str, Any]:
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    import hashlib
-
-    h = hashlib.sha256()
-    for d in ("engine", "migration"):
-        for base, _, files in sorted(os.walk(os.path.join(ROOT, d))):
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(base, name)
-                    h.update(path.encode())
-                    with open(path, "rb") as f:
-                        h.update(f.read())
-    return {"commit": git("rev-parse", "HEAD"),
-            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration")),
-            "engine_sha256": h.hexdigest()[:16]}
-
-
-# ------------------------------------------------------------------------------ main
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=None, help="records/s (default 5000; quick 2000)")
@@ -449,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             "peak_max_ms": "max latency of any record arriving in the scaling period",
             "peak_p99_ms": "highest per-second p99 in the scaling period",
         },
-        "code": _git(),
+        "code": code_state(ROOT, files_hash=True),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "runs": [],
@@ -462,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     results["total_seconds"] = time.monotonic() - t_all
-    results["code_at_end"] = _git()
+    results["code_at_end"] = code_state(ROOT, files_hash=True)
     if results["code_at_end"]["engine_sha256"] != results["code"]["engine_sha256"]:
         print("WARNING: engine/ or migration/ changed during the run; figures mix versions")
     results["machine"]["loadavg_at_end"] = os.getloadavg()

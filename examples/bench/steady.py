@@ -56,6 +56,7 @@ from engine.clock import SystemClock  # noqa: E402
 from engine.latency import LatencyHistogram  # noqa: E402
 from engine.sinks import LatencySink  # noqa: E402
 from engine.sources import GeneratorSource  # noqa: E402
+from examples.bench.provenance import code_state  # noqa: E402
 
 NUM_KEYS = 100_000
 SKEW = "zipf"
@@ -701,32 +702,6 @@ def plot(results: dict[str, Any], path: str) -> None:
 # ------------------------------------------------------------------------------ main
 
 
-def _git_state() -> dict[str, Any]:
-    """The commit measured, whether engine/ or migration/ differ from it, and a hash of
-    their files (others may edit them while a run goes on; compare start and end)."""
-    import hashlib
-
-    def git(*a: str) -> str:
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    h = hashlib.sha256()
-    for d in ("engine", "migration"):
-        for base, _, files in sorted(os.walk(os.path.join(ROOT, d))):
-            for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(base, name)
-                    h.update(path.encode())
-                    with open(path, "rb") as f:
-                        h.update(f.read())
-    return {"commit": git("rev-parse", "HEAD"),
-            "engine_dirty": bool(git("status", "--porcelain", "--", "engine", "migration")),
-            "engine_sha256": h.hexdigest()[:16]}
-
-
 def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str, Any]) -> int:
     p = args.parallelism[0]
     ray.init(namespace="reflow", log_to_driver=True, configure_logging=False)
@@ -737,7 +712,7 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
         ray.shutdown()
     print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s (with py-spy attached)")
     results["full_speed_profiled"] = {k: v for k, v in full.items() if k != "profiles"}
-    results["code_at_end"] = _git_state()
+    results["code_at_end"] = code_state(ROOT, files_hash=True)
     results["profiles"] = full["profiles"]
     with open(os.path.join(args.out, f"profile{'-gil' if args.profile_gil else ''}.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
@@ -802,7 +777,7 @@ def main(argv: list[str] | None = None) -> int:
             "pipeline": "GeneratorSource -> map (k,seq)->(k,1) [chained] -> key_by k -> "
                         "reduce (a,b)->(a0,a1+b1) -> LatencySink [chained]",
         },
-        "code": _git_state(),
+        "code": code_state(ROOT, files_hash=True),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                     "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "definitions": {
@@ -860,7 +835,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     results["total_seconds"] = time.monotonic() - t_all
-    results["code_at_end"] = _git_state()
+    results["code_at_end"] = code_state(ROOT, files_hash=True)
     if results["code_at_end"]["engine_sha256"] != results["code"]["engine_sha256"]:
         print("WARNING: engine/ or migration/ changed during the run; figures mix versions")
     results["machine"]["loadavg_at_end"] = os.getloadavg()

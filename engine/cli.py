@@ -51,12 +51,15 @@ def _metrics(url: str) -> int:
     return 0
 
 
+_HELPERS = ("timeline.py", "provenance.py")  # bench modules that are not benches
+
+
 def _script(kind: str, name: str, rest: list[str]) -> int:
     folder = "examples" if kind == "example" else os.path.join("examples", "bench")
     path = os.path.join(ROOT, folder, f"{name}.py")
     if not os.path.exists(path):
         found = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, folder))
-                       if f.endswith(".py") and f != "timeline.py")  # timeline: helpers
+                       if f.endswith(".py") and f not in _HELPERS)
         print(f"reflow {kind}: no {kind} {name!r}; available: {', '.join(found)}", file=sys.stderr)
         return 2
     sys.argv = [path, *rest]

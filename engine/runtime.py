@@ -910,9 +910,15 @@ class JobMaster:
         in_edges = work_dep.plan.inputs_of(vertex)
         current = list(old_assign)
         owned = {i: current.count(i) for i in range(work_p)}
-        sched: SubscaleScheduler | StepScheduler = (
-            SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task) if proto.concurrent
-            else StepScheduler(plan.steps))
+        reason = plan.reason
+        sched: SubscaleScheduler | StepScheduler
+        if proto.concurrent:
+            at_once = self._max_subscales()
+            sched = SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task, at_once)
+            reason += (f"; at most {at_once} at once and {cfg.drrs_max_subscales_per_task} "
+                       "per task")
+        else:
+            sched = StepScheduler(plan.steps)
         timings: list[tuple[int, float, float]] = []
         first_start: float | None = None
         started_at: dict[int, float] = {}
@@ -998,7 +1004,14 @@ class JobMaster:
             vertex, proto.name, old_p, len(self.dep.tasks[vertex]), requested, done, done - requested,
             stats["moved"], stats["bytes"], (), (), first_start or done,
             rerouted, suspended, (sum(delays) / len(delays)) if delays else 0.0,
-            tuple(timings), superseded, plan.reason, len(plan.steps) if not proto.concurrent else 1)
+            tuple(timings), superseded, reason, len(plan.steps) if not proto.concurrent else 1)
+
+    def _max_subscales(self) -> int:
+        """Subscales of one operator at once: the configured number, else twice the
+        cluster's CPUs."""
+        if self.config.drrs_max_subscales is not None:
+            return self.config.drrs_max_subscales
+        return max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
 
     async def _describe_tasks(self, names: set[str]) -> str:
         """Each task's own account of its migrations (a stuck rescale's error message)."""

@@ -230,4 +230,6 @@ def test_quick_benchmark_end_to_end(tmp_path) -> None:
     assert runs["none"]["status"] == "ok" and runs["drrs"]["status"] == "ok"
     assert runs["no-such-protocol"]["status"] == "skipped"
     assert runs["drrs"]["report"]["key_groups_moved"] > 0
+    assert res["config"]["linger_ms"] == rescale.LINGER_MS
+    assert "at once" in runs["drrs"]["report"]["planning_reason"]
     assert (tmp_path / "summary.md").exists() and (tmp_path / "timeline.png").exists()

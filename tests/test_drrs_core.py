@@ -598,6 +598,56 @@ def test_scheduler_never_puts_a_task_in_more_subscales_than_the_limit():
     assert sched.owned == {i: new.count(i) for i in range(5)}
 
 
+def test_scheduler_operator_wide_limit():
+    rng = random.Random(5)
+    old = [rng.randrange(4) for _ in range(N)]
+    new = [rng.randrange(6) for _ in range(N)]
+    plan = plan_subscales("op", old, new, 4, 6, subscale_size=1)
+    sched = SubscaleScheduler(plan, {i: old.count(i) for i in range(6)}, max_per_task=2,
+                              max_running=3)
+    first = sched.next_batch()
+    assert len(first) == 3 and len(sched.running) == 3
+    assert sched.next_batch() == []  # the per-task limit alone would start more
+    started = [s.subscale_id for s in first]
+    while not sched.finished:
+        sched.complete(rng.choice(sorted(sched.running)))
+        batch = sched.next_batch()
+        assert len(batch) <= 1 and len(sched.running) <= 3
+        started += [s.subscale_id for s in batch]
+    assert sorted(started) == [s.subscale_id for s in plan.subscales]
+    with pytest.raises(ValueError, match="max_running"):
+        SubscaleScheduler(plan, {}, max_running=0)
+
+
+def test_scheduler_never_overloads_a_task_that_also_gives_groups_away():
+    # task 1 holds 4 groups, ends with 3: it gets 2 from task 0 and gives 3 to task 2
+    subs = [Subscale(0, 0, 1, (0, 1)), Subscale(1, 1, 2, (4,)), Subscale(2, 1, 2, (5,)),
+            Subscale(3, 1, 2, (6,))]
+    sched = SubscaleScheduler(_plan(subs), {0: 4, 1: 4, 2: 0}, max_per_task=3)
+    assert sched.bound == {0: 4, 1: 4, 2: 3}
+    # 0 -> 1 would make task 1 hold 6 > 4: only task 1's sends start
+    assert [s.subscale_id for s in sched.next_batch()] == [1, 2, 3]
+    sched.complete(1)
+    assert sched.next_batch() == []  # 3 held + 2 arriving > 4
+    sched.complete(2)
+    assert [s.subscale_id for s in sched.next_batch()] == [0]  # 2 held + 2 arriving
+    sched.complete(3)
+    sched.complete(0)
+    assert sched.finished and sched.owned == {0: 2, 1: 3, 2: 3}
+
+
+def test_scheduler_swap_between_full_tasks_still_runs():
+    subs = [Subscale(0, 0, 1, (0,)), Subscale(1, 1, 0, (5,))]
+    sched = SubscaleScheduler(_plan(subs), {0: 4, 1: 4}, max_per_task=2)
+    # either move alone overloads its destination by one group: nothing runs, so one starts
+    assert [s.subscale_id for s in sched.next_batch()] == [0]
+    assert sched.next_batch() == []  # task 0 counts as holding 4 until subscale 0 completes
+    sched.complete(0)
+    assert [s.subscale_id for s in sched.next_batch()] == [1]
+    sched.complete(1)
+    assert sched.finished and sched.owned == {0: 4, 1: 4}
+
+
 def test_scheduler_supersede_clears_pending_and_keeps_running():
     subs = [Subscale(i, 0, 1, (i,)) for i in range(5)]
     sched = SubscaleScheduler(_plan(subs), {0: 5, 1: 0}, max_per_task=2)

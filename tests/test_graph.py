@@ -506,6 +506,8 @@ def test_job_config_defaults_are_valid():
         ("task_num_cpus", -0.5),
         ("source_poll_records", 0),
         ("timer_check_interval_ms", 0),
+        ("drrs_max_subscales_per_task", 0),
+        ("drrs_max_subscales", 0),
     ],
 )
 def test_job_config_validation(field, value):
@@ -524,6 +526,8 @@ def test_job_config_validation(field, value):
         dict(metrics_port=0),
         dict(task_num_cpus=0),
         dict(task_num_cpus=0.25),
+        dict(drrs_max_subscales=1),
+        dict(drrs_max_subscales=None),
     ],
 )
 def test_job_config_edge_values_accepted(kwargs):

@@ -106,12 +106,13 @@ def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_clust
 
 
 def test_warm_standby_actors_become_the_new_tasks_and_the_pool_refills_after(ray_cluster):
-    """Also: drrs subscales respect the byte budget, with sizes asked from the tasks."""
+    """Also: drrs subscales respect the byte budget, with sizes asked from the tasks, and
+    the operator-wide limit (one at a time here)."""
     rng = random.Random(9)
     records = [(i % 80, rng.randrange(10)) for i in range(30000)]  # 10 s
     sink = TestingSink()
     cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, warm_standby_tasks=2,
-                    warm_standby_refill_s=2.0, drrs_subscale_bytes=1)
+                    warm_standby_refill_s=2.0, drrs_subscale_bytes=1, drrs_max_subscales=1)
     h = running_sum_job(records, 2, sink, rate=3000, config=cfg).run()
     try:
         assert h.status().standby == 2
@@ -128,6 +129,9 @@ def test_warm_standby_actors_become_the_new_tasks_and_the_pool_refills_after(ray
         assert len(report.subscales) == len(plan.subscales) > len(
             plan_subscales("sum", old, new, 2, 4, 4).subscales)
         assert "MB of state" in report.planning_reason
+        assert "at most 1 at once" in report.planning_reason
+        spans = sorted((start, start + dur) for _, start, dur in report.subscales)
+        assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False)), spans
         assert h.status().standby == 0  # taken by the rescale, not refilled during it
         deadline = time.monotonic() + 60
         while h.status().standby < 2 and time.monotonic() < deadline:

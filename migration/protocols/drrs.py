@@ -117,37 +117,61 @@ def plan_subscales(
 
 class SubscaleScheduler:
     """Which subscales to start next: no task in more than ``max_per_task`` running
-    subscales; among the startable ones, prefer the destination holding the fewest groups
-    (so new tasks start working early), then the lowest id. Pure: the caller reports
-    starts and completions."""
+    subscales and, with ``max_running``, no more than that many in all; no task made to
+    hold more key groups than the larger of what it held at the start and what it will
+    hold at the end (counting groups on their way to it), unless nothing runs and nothing
+    else can start (a swap of groups between two full tasks); among the startable ones,
+    prefer the destination holding the fewest groups (so new tasks start working early),
+    then the lowest id. Pure: the caller reports starts and completions.
 
-    def __init__(self, plan: Any, owned: dict[int, int], max_per_task: int = 2) -> None:
+    The bound matters when ranges shift (uniform 8 -> 12 moves groups between old tasks
+    too): a task that received its new groups before giving away its old ones would serve
+    the load of both for a while."""
+
+    def __init__(self, plan: Any, owned: dict[int, int], max_per_task: int = 2,
+                 max_running: int | None = None) -> None:
         """``plan``: anything with ``subscales`` (a ``DrrsPlan`` or a ``LivePlan``), in
         priority order."""
         if max_per_task < 1:
             raise ValueError("max_per_task must be >= 1")
+        if max_running is not None and max_running < 1:
+            raise ValueError("max_running must be >= 1 or None")
+        self.max_running = max_running
         self.pending = list(plan.subscales)
         self._rank = {s.subscale_id: i for i, s in enumerate(self.pending)}
         self.running: dict[int, Subscale] = {}
         self.done: list[int] = []
         self.owned = dict(owned)  # task index -> key groups it holds now
         self.max_per_task = max_per_task
+        final = dict(owned)
+        for sub in self.pending:
+            final[sub.old] = final.get(sub.old, 0) - len(sub.key_groups)
+            final[sub.new] = final.get(sub.new, 0) + len(sub.key_groups)
+        self.bound = {t: max(owned.get(t, 0), final.get(t, 0)) for t in set(owned) | set(final)}
 
     def _load(self, task: int) -> int:
         return sum(1 for s in self.running.values() if task in (s.old, s.new))
 
+    def _arriving(self, task: int) -> int:
+        return sum(len(s.key_groups) for s in self.running.values() if s.new == task)
+
     def next_batch(self) -> list[Subscale]:
         """Subscales to start now (possibly none); marks them running."""
         started: list[Subscale] = []
-        while True:
+        while self.max_running is None or len(self.running) < self.max_running:
             ok = [s for s in self.pending
                   if self._load(s.old) < self.max_per_task and self._load(s.new) < self.max_per_task]
+            fits = [s for s in ok if self.owned.get(s.new, 0) + self._arriving(s.new)
+                    + len(s.key_groups) <= self.bound.get(s.new, 0)]
+            if fits or self.running:
+                ok = fits
             if not ok:
                 return started
             best = min(ok, key=lambda s: (self.owned.get(s.new, 0), self._rank[s.subscale_id]))
             self.pending.remove(best)
             self.running[best.subscale_id] = best
             started.append(best)
+        return started
 
     def complete(self, subscale_id: int) -> None:
         s = self.running.pop(subscale_id)

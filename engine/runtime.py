@@ -54,6 +54,7 @@ from engine.messages import (
     KeyGroupSnapshot,
     OutputChannel,
     PauseSource,
+    PriorityBatch,
     RefreshReplicas,
     RemoveOutputChannels,
     ReplicasRefreshed,
@@ -172,10 +173,17 @@ class TaskActor:
         return dataclasses.replace(reply, dropped=dropped)
 
     def _send_priority(self) -> None:
-        """Priority messages (DRRS triggers, state) jump every data queue: control calls."""
+        """Priority messages (DRRS triggers, state) jump every data queue: control calls,
+        one per receiver, several messages batched in order."""
         out = self.core.priority_out
-        while out:
-            target, msg = out.pop(0)
+        if not out:
+            return
+        by_target: dict[str, list[Any]] = {}
+        for target, msg in out:
+            by_target.setdefault(target, []).append(msg)
+        out.clear()
+        for target, msgs in by_target.items():
+            msg = msgs[0] if len(msgs) == 1 else PriorityBatch(tuple(msgs))
             self.handles[target].control.remote(encode_message(msg))
 
     async def metrics(self) -> bytes:
@@ -1056,17 +1064,21 @@ class JobMaster:
         s_name, d_name = names[sub.old], names[sub.new]
         rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
         direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges for u in dep.tasks[e.src])
-        await self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
-                                                proto.trigger, s_name),
-                         {s_name: self.handles[s_name]})
         held = self._replicas.get(vertex, {})
         replicas = tuple((kg, held[kg][1]) for kg in sub.key_groups
                          if kg in held and held[kg][0] == d_name)
-        await self._call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
-                                                OutputChannel(rcid, d_name, REROUTE_PORT),
-                                                len(direct), proto.aligned, proto.block_aligned,
-                                                replicas),
-                         {d_name: self.handles[d_name]})
+        # both owners know the subscale before any predecessor acts on it; neither needs
+        # the other's expectation first (the old owner only talks to the new one once
+        # triggered), so the two calls go out together
+        await asyncio.gather(
+            self._call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
+                                              proto.trigger, s_name),
+                       {s_name: self.handles[s_name]}),
+            self._call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
+                                              OutputChannel(rcid, d_name, REROUTE_PORT),
+                                              len(direct), proto.aligned, proto.block_aligned,
+                                              replicas),
+                       {d_name: self.handles[d_name]}))
         at = self.clock.now()
         await asyncio.gather(*(
             self._call(u, InjectSubscale(sub.subscale_id, e.edge_id, sub.key_groups, sub.new,

@@ -47,6 +47,7 @@ from engine.messages import (
     OutputChannel,
     PauseBarrier,
     PauseSource,
+    PriorityBatch,
     PullState,
     RefreshReplicas,
     RemoveOutputChannels,
@@ -879,6 +880,12 @@ class TaskCore:
                 return Ack()
             case PullState(subscale=sid, key_group=kg):
                 self._on_pull(sid, kg)
+                return Ack()
+            case PriorityBatch(messages=msgs):
+                for m in msgs:
+                    if isinstance(m, PriorityBatch):
+                        raise ValueError(f"task {self.name}: a PriorityBatch inside a PriorityBatch")
+                    self.handle(m)
                 return Ack()
             case _:
                 raise ValueError(f"task {self.name}: unknown control message {msg!r}")

@@ -49,6 +49,7 @@ from engine.messages import (
     MigrateState,
     OutputChannel,
     OutputEdge,
+    PriorityBatch,
     PullState,
     RefreshReplicas,
     RemoveOutputChannels,
@@ -1432,6 +1433,38 @@ def test_new_owner_pulls_groups_one_at_a_time_those_with_waiting_records_first(c
     net.deliver_prio(MigrateState)
     [(_, pull)] = net.take_prio(PullState)
     assert pull == PullState(0, 5)
+    net.prio.append((s.name, pull))
+    net.pump()
+    assert set(net.subscale_reports()[0]) == {"old", "new"}
+    net.run_sources()
+    assert per_key(sink.results()) == per_key(running_sum_reference(first + later))
+
+
+def test_the_notice_and_the_pushed_group_in_one_priority_batch(clock, sink):
+    """The actor shell sends a task's priority messages for one receiver as one
+    PriorityBatch: handled in order, it does what the messages one by one do."""
+    k2, k3 = key_in(2), key_in(3)
+    first = [(k2, 1), (k3, 1), (key_in(3, 1), 1)]
+    later = [(k3, 10), (k2, 20)]
+    net = DNet(drrs_job(first + later, sink), clock)
+    net.auto_pull = False
+    src, s, d = net["src/0"], net["sum/0"], net["sum/1"]
+    src.poll_source(3)
+    net.pump()
+    net.start_subscale(Subscale(0, 0, 1, (3, 2)), trigger=False)
+    src.poll_source(2)
+    net.deliver()
+    net.run("sum/1")
+    net.deliver_prio(TriggerBarrier)
+    [(to, triggered)] = net.take_prio(SubscaleTriggered)
+    [(_, pushed)] = net.take_prio(MigrateState)
+    assert pushed.key_group == triggered.pushed == 2  # the smaller group
+    assert d.handle(wire(PriorityBatch((triggered, pushed)))) == Ack()
+    assert 2 in d.backend.groups
+    [(_, pull)] = net.take_prio(PullState)
+    assert pull == PullState(0, 3)  # the pushed group counted as asked for
+    with pytest.raises(ValueError, match="inside a PriorityBatch"):
+        d.handle(PriorityBatch((PriorityBatch((pull,)),)))
     net.prio.append((s.name, pull))
     net.pump()
     assert set(net.subscale_reports()[0]) == {"old", "new"}

@@ -114,6 +114,8 @@ NESTED_CONTROL_MESSAGES = [
     m.OutputEdge(2, "keyed", (CH0, CH1), (0, 1, 1, 0)),
     m.AddOutputChannels(0, (CH0, CH1)),
     m.ExpectOutgoing(2, (5, 6), CH1, 3),
+    m.PriorityBatch((m.SubscaleTriggered(3, ((5, 100), (6, 0)), 6),
+                     m.MigrateState(3, 6, b"\x00state", 42), m.PullState(3, 5))),
     m.Connect(((1, 0),), (m.OutputEdge(0, "keyed", (CH0, CH1), (1, 0)),)),
 ]
 
@@ -142,6 +144,13 @@ def test_nested_wire_messages_keep_their_types():
     assert type(out.outputs[0].channels[1]) is m.OutputChannel
     assert out.outputs[0].channels[1] == CH1
     assert type(out.inputs[0]) is tuple
+
+
+def test_priority_batch_keeps_each_message_and_its_order():
+    batch = next(x for x in NESTED_CONTROL_MESSAGES if isinstance(x, m.PriorityBatch))
+    out = m.decode_message(m.encode_message(batch))
+    assert [type(x) for x in out.messages] == [m.SubscaleTriggered, m.MigrateState, m.PullState]
+    assert type(out.messages[1].state) is bytes and out.messages == batch.messages
 
 
 def test_tags_are_class_names():

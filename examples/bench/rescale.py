@@ -768,6 +768,9 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
                     help="JobConfig(drrs_set_aside_cap=n): records a task sets aside")
     ap.add_argument("--max-subscales", type=int, default=2,
                     help="JobConfig(drrs_max_subscales_per_task=n)")
+    ap.add_argument("--max-subscales-total", type=int,
+                    help="JobConfig(drrs_max_subscales=n): subscales of the operator at once "
+                         "(default: twice the cluster's CPUs)")
     ap.add_argument("--subscale-size", type=int, default=4,
                     help="JobConfig(drrs_subscale_size=n): key groups per subscale")
     ap.add_argument("--subscale-bytes", type=int, default=JobConfig.drrs_subscale_bytes,
@@ -820,6 +823,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                        linger_ms=args.linger_ms,
                        drrs_set_aside_cap=args.set_aside_cap,
                        drrs_max_subscales_per_task=args.max_subscales,
+                       drrs_max_subscales=args.max_subscales_total,
                        drrs_subscale_size=args.subscale_size,
                        drrs_subscale_bytes=args.subscale_bytes or None)
     names = ([] if args.no_baseline_run else [NONE]) + args.protocols

@@ -333,7 +333,8 @@ class DNet:
                               self.dep.generation)
 
     def drrs(self, vertex: str, new_assign: tuple[int, ...], rng: random.Random, *,
-             size: int = 2, limit: int = 2, keep_source_back: int = 12,
+             size: int = 2, limit: int = 2, at_once: int | None = None,
+             keep_source_back: int = 12,
              max_rounds: int = 5000, protocol: str = "drrs",
              ) -> tuple[LivePlan, dict[int, dict[str, SubscaleDone]]]:
         """JobMaster._drrs with random interleavings of everything that may interleave:
@@ -351,7 +352,8 @@ class DNet:
         if work_p > old_p:
             self.add_tasks(vertex, work_p)
         current = list(old_assign)
-        sched: Any = (SubscaleScheduler(plan, {i: current.count(i) for i in range(work_p)}, limit)
+        sched: Any = (SubscaleScheduler(plan, {i: current.count(i) for i in range(work_p)}, limit,
+                                        at_once)
                       if LIVE[protocol].concurrent else StepScheduler(plan.steps))
         reports: dict[int, dict[str, SubscaleDone]] = {}
         while not sched.finished:
@@ -1632,7 +1634,7 @@ def test_running_sums_with_a_live_rescale_in_the_middle_equal_the_reference(
                     for kg, t in enumerate(uniform_assignment(N, 2)))
     old = net.dep.assignments["sum"]
     plan, reports = net.drrs("sum", new, rng, size=2, limit=rng.choice([1, 2]),
-                             protocol=protocol)
+                             at_once=rng.choice([None, 1, 2]), protocol=protocol)
     assert sorted(reports) == [s.subscale_id for s in plan.subscales]
     assert sorted(plan.moved) == moved_key_groups(old, new)
     assert all(r["old"].bytes == r["new"].bytes > 0 for r in reports.values())

@@ -218,6 +218,24 @@ def test_group_and_task_loads() -> None:
 
 @pytest.mark.slow
 @pytest.mark.ray
+def test_summary_ratios_against_the_none_run_and_the_runs_own_baseline() -> None:
+    from examples.bench import rescale
+
+    results = {"runs": [
+        {"protocol": "none", "status": "ok", "post_request": {"mean_ms": 40.0},
+         "period": {"mean_ms": 41.0}, "baseline": {"mean_ms": 39.0}},
+        {"protocol": "drrs", "status": "ok", "period": {"mean_ms": 60.0},
+         "baseline": {"mean_ms": 30.0}},
+        {"protocol": "fluid", "status": "failed"},
+    ]}
+    rescale.summarise(results)
+    r = results["ratios"]
+    assert r["drrs scaling-period mean / no-rescale mean"] == pytest.approx(1.5)
+    assert r["drrs scaling-period mean / its own baseline mean"] == pytest.approx(2.0)
+    assert results["no_rescale_mean_ms"] == 40.0
+    assert not any(k.startswith(("none ", "fluid ")) for k in r)
+
+
 def test_quick_benchmark_end_to_end(tmp_path) -> None:
     import json
 

@@ -587,6 +587,10 @@ def summarise(results: dict[str, Any]) -> None:
             continue
         ref = none_mean if none_mean is not None else r["baseline"]["mean_ms"]
         ratios[f"{p} scaling-period mean / no-rescale mean"] = tl.ratio(r["period"]["mean_ms"], ref)
+        # the same run before its request: immune to the drift between runs on a shared
+        # machine, but it compares against the old parallelism's latency
+        ratios[f"{p} scaling-period mean / its own baseline mean"] = tl.ratio(
+            r["period"]["mean_ms"], r["baseline"]["mean_ms"])
     d = ok.get("drrs")
     if d:
         for p, r in ok.items():

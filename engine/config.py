@@ -18,9 +18,10 @@ class JobConfig:
     port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
     (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
     task (records), subscale size (key groups) and subscales per task at once;
-    ``drrs_max_subscales``: subscales of the operator at once (None: twice the CPUs of the
-    Ray cluster when the rescale starts; a migration is CPU work, and beyond that more
-    subscales at once only stretch each one, so more records wait longer);
+    ``drrs_max_subscales``: subscales of the operator at once (None: as many as the CPUs
+    of the Ray cluster when the rescale starts; a migration is CPU work that competes
+    with the processing, and more subscales at once stretch each one, so more records wait
+    longer);
     ``drrs_subscale_bytes``: a subscale also holds at most this much state (estimated per
     group when the rescale is planned; a larger group moves alone; None: no budget). A
     subscale's groups are sent one after another and records of all of them wait at the
@@ -85,7 +86,7 @@ class JobConfig:
              "drrs_subscale_bytes must be >= 1 byte or None (no byte budget)"),
             (self.drrs_max_subscales_per_task >= 1, "drrs_max_subscales_per_task must be >= 1"),
             (self.drrs_max_subscales is None or self.drrs_max_subscales >= 1,
-             "drrs_max_subscales must be >= 1 or None (twice the cluster's CPUs)"),
+             "drrs_max_subscales must be >= 1 or None (as many as the cluster's CPUs)"),
             (self.warm_standby_tasks >= 0, "warm_standby_tasks must be >= 0"),
             (self.warm_standby_refill_s >= 0, "warm_standby_refill_s must be >= 0"),
             (self.rescale_timeout_s > 0, "rescale_timeout_s must be > 0"),

@@ -1015,11 +1015,11 @@ class JobMaster:
             tuple(timings), superseded, reason, len(plan.steps) if not proto.concurrent else 1)
 
     def _max_subscales(self) -> int:
-        """Subscales of one operator at once: the configured number, else twice the
+        """Subscales of one operator at once: the configured number, else as many as the
         cluster's CPUs."""
         if self.config.drrs_max_subscales is not None:
             return self.config.drrs_max_subscales
-        return max(1, 2 * int(ray.cluster_resources().get("CPU", 1)))
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     async def _describe_tasks(self, names: set[str]) -> str:
         """Each task's own account of its migrations (a stuck rescale's error message)."""

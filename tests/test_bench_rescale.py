@@ -236,6 +236,54 @@ def test_summary_ratios_against_the_none_run_and_the_runs_own_baseline() -> None
     assert not any(k.startswith(("none ", "fluid ")) for k in r)
 
 
+class _FakeTime:
+    """A clock whose sleeps overrun by ``overrun`` seconds (a busy machine waking late)."""
+
+    def __init__(self, overrun: float) -> None:
+        self.now, self.overrun, self.requested = 0.0, overrun, []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, d: float) -> None:
+        self.requested.append(d)
+        self.now += d + self.overrun
+
+
+class _State:
+    def __init__(self, default) -> None:
+        self.v = default
+
+    def value(self):
+        return self.v
+
+    def update(self, v) -> None:
+        self.v = v
+
+
+class _Ctx:
+    key = 7
+
+    def value_state(self, name, default):
+        return _State(default)
+
+
+@pytest.mark.parametrize("overrun", [0.0, 0.0003, 0.003])
+def test_padded_count_service_time_does_not_grow_with_late_wakeups(monkeypatch, overrun) -> None:
+    from examples.bench import rescale
+
+    clock = _FakeTime(overrun)
+    monkeypatch.setattr(rescale, "time", clock)
+    f = rescale.PaddedCount(service_us=1000)
+    f.open(_Ctx())
+    outs = [next(iter(f.process_element((7, 0, 16), _Ctx()))) for _ in range(1000)]
+    assert outs[-1] == (7, 1000)
+    # 1000 records at 1 ms each: 1 s of wall time, whatever the overrun (within the credit
+    # cap and one record), where sleeping 1 ms per record would take 1000 * (1 ms + overrun)
+    assert clock.now == pytest.approx(1.0, abs=rescale.PaddedCount.MAX_CREDIT_S + 0.001)
+    assert all(d >= 0.001 for d in clock.requested)
+
+
 def test_quick_benchmark_end_to_end(tmp_path) -> None:
     import json
 

@@ -457,8 +457,11 @@ def adaptive_planning(profile: WorkloadProfile,
     """Spacker's default planning strategy (Mao, Zhang, Ma, "Spacker", §IV-C), in our words:
 
     * Prioritisation: hot-first when the input rate *and* the skew are both high (moving the
-      hot groups first relieves the overloaded task and its backlog sooner, §V-C3); random
-      otherwise (when skew is low the order hardly matters and random costs nothing).
+      hot groups first relieves the overloaded task and its backlog sooner, §V-C3) and the
+      migration takes more than one step; random otherwise (when skew is low the order
+      hardly matters and random costs nothing; all-at-once moves every group in the same
+      step, so there is nothing to move first, and the adaptive plan is then the fixed
+      all-at-once plan).
     * Progressiveness: small state -> all-at-once (finishes fastest at little cost); large
       state and few groups to move -> more progressive (one group per step: lowest spike,
       and with few groups the completion time stays competitive); large state and many
@@ -476,24 +479,6 @@ def adaptive_planning(profile: WorkloadProfile,
     """
     t = thresholds or AdaptiveThresholds()
     p = profile
-    # prioritisation
-    if p.capacity_rate is not None:
-        rate_high = p.input_rate >= t.high_load_fraction * p.capacity_rate
-        rate_text = (f"input rate {p.input_rate:.0f} rec/s is "
-                     f"{p.input_rate / p.capacity_rate:.0%} of capacity")
-    else:
-        rate_high = p.input_rate >= t.high_input_rate
-        rate_text = f"input rate {p.input_rate:.0f} rec/s"
-    skew_high = p.skew >= t.high_skew
-    if rate_high and skew_high:
-        prio = "hot-first"
-        prio_why = f"high {rate_text} and high skew ({p.skew:.1f}): hot-first"
-    elif skew_high:
-        prio = "random"
-        prio_why = f"skewed ({p.skew:.1f}) but low {rate_text}: random"
-    else:
-        prio = "random"
-        prio_why = f"low skew ({p.skew:.1f}): random"
     # progressiveness
     size_text = (f"{_fmt_bytes(p.state_bytes_per_group)}/group, "
                  f"{_fmt_bytes(p.total_bytes)} ~ {p.transfer_seconds:.2g} s in total")
@@ -512,6 +497,28 @@ def adaptive_planning(profile: WorkloadProfile,
         chunk_seconds = t.less_progressive_chunk_s
         prog_why = (f"large state ({size_text}) and many groups to move ({p.groups_to_move}): "
                     f"equal-transfer-time chunks of ~{chunk_seconds:g} s (less progressive)")
+    # prioritisation
+    if p.capacity_rate is not None:
+        rate_high = p.input_rate >= t.high_load_fraction * p.capacity_rate
+        rate_text = (f"input rate {p.input_rate:.0f} rec/s is "
+                     f"{p.input_rate / p.capacity_rate:.0%} of capacity")
+    else:
+        rate_high = p.input_rate >= t.high_input_rate
+        rate_text = f"input rate {p.input_rate:.0f} rec/s"
+    skew_high = p.skew >= t.high_skew
+    if rate_high and skew_high and prog == "all-at-once":
+        prio = "random"
+        prio_why = (f"high {rate_text} and high skew ({p.skew:.1f}), but every group moves in "
+                    "one step: random")
+    elif rate_high and skew_high:
+        prio = "hot-first"
+        prio_why = f"high {rate_text} and high skew ({p.skew:.1f}): hot-first"
+    elif skew_high:
+        prio = "random"
+        prio_why = f"skewed ({p.skew:.1f}) but low {rate_text}: random"
+    else:
+        prio = "random"
+        prio_why = f"low skew ({p.skew:.1f}): random"
     # replication
     access = f"state access {p.state_access_ratio:.0%}"
     if large and p.state_access_ratio < t.low_state_access:

@@ -448,21 +448,31 @@ def test_adaptive_replication_depends_on_state_access():
 
 
 def test_adaptive_skew_and_rate():
-    hot = adaptive_planning(wp(input_rate=50_000.0, skew=5.0))
+    big = 2 * MB  # large state: a progressive plan, where the order of the steps matters
+    hot = adaptive_planning(wp(input_rate=50_000.0, skew=5.0, state_bytes_per_group=big))
     assert hot.planning.prioritisation == "hot-first"
     assert "high input rate" in hot.reason and "high skew" in hot.reason
-    slow = adaptive_planning(wp(input_rate=500.0, skew=5.0))
+    slow = adaptive_planning(wp(input_rate=500.0, skew=5.0, state_bytes_per_group=big))
     assert slow.planning.prioritisation == "random" and "skewed" in slow.reason
     assert "low input rate" in slow.reason
-    flat = adaptive_planning(wp(input_rate=50_000.0, skew=1.2))
+    flat = adaptive_planning(wp(input_rate=50_000.0, skew=1.2, state_bytes_per_group=big))
     assert flat.planning.prioritisation == "random" and "low skew" in flat.reason
+
+
+def test_adaptive_one_step_has_nothing_to_prioritise():
+    d = adaptive_planning(wp(input_rate=50_000.0, skew=5.0, state_bytes_per_group=2000.0))
+    assert d.planning.progressiveness == "all-at-once"
+    assert d.planning.prioritisation == "random"
+    assert "high skew" in d.reason and "one step: random" in d.reason
 
 
 def test_adaptive_rate_relative_to_capacity():
     # 4000 rec/s is low in absolute terms but 80% of a 5000 rec/s operator
-    d = adaptive_planning(wp(input_rate=4000.0, skew=3.0, capacity_rate=5000.0))
+    d = adaptive_planning(wp(input_rate=4000.0, skew=3.0, capacity_rate=5000.0,
+                             state_bytes_per_group=2 * MB))
     assert d.planning.prioritisation == "hot-first" and "of capacity" in d.reason
-    d = adaptive_planning(wp(input_rate=40_000.0, skew=3.0, capacity_rate=100_000.0))
+    d = adaptive_planning(wp(input_rate=40_000.0, skew=3.0, capacity_rate=100_000.0,
+                             state_bytes_per_group=2 * MB))
     assert d.planning.prioritisation == "random"
 
 

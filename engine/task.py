@@ -123,6 +123,16 @@ def _estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
     return total
 
 
+def _waits_for_aside(event: Any) -> bool:
+    """Whether a channel's event must wait until the records the channel had set aside
+    before it are processed. Watermarks, barriers and end of input must (they order what
+    follows them); a latency marker carries no obligation and passes: otherwise a marker
+    (every 100 ms by default) would stop the channel for as long as an incoming group
+    waits for its state and confirm, the sender would run out of credit on it, and every
+    key the sender feeds would wait."""
+    return event is not None and not isinstance(event, LatencyMarker)
+
+
 class _Head:
     """A frame taken from a channel but not fully processed (records waiting for their
     group's state, or an event waiting behind set-aside records)."""
@@ -255,12 +265,13 @@ class TaskCore:
 
     def _head_can_progress(self, cid: int, head: _Head) -> bool:
         """A partly processed frame can go on unless its next record must wait and cannot be
-        set aside, or only its event is left while the channel has records set aside."""
+        set aside, or only its event is left, it must wait for the channel's records set
+        aside, and the channel has some."""
         nr = self.new_role
         if head.pos < len(head.values):
             kg = head.kgs[head.pos] if head.kgs is not None else -1
             return not (nr.incoming(kg) and not nr.ready(cid, kg) and not nr.can_set_aside())
-        return not nr.has_aside(cid)
+        return not (_waits_for_aside(head.event) and nr.has_aside(cid))
 
     def _next_channel(self, peek: bool = False) -> InputChannel | None:
         order = self._order
@@ -338,7 +349,7 @@ class TaskCore:
             pos += 1
         head.pos = pos
         self._run_records(ready)
-        if pos < n or (head.event is not None and nr.has_aside(cid)):
+        if pos < n or (_waits_for_aside(head.event) and nr.has_aside(cid)):
             self._heads[cid] = head
             return
         if head.event is not None and self.status == RUNNING:

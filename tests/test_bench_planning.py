@@ -189,7 +189,7 @@ def test_phase_summary_best_fixed_and_ratios() -> None:
     assert ad["chose"] == "hot-first, all-at-once"
     assert ad["inputs"]["input_rate"] == 14366 and ad["inputs"]["skew"] == 7.1
     assert ad["inputs"]["state_per_group"] == "80 KB"
-    assert ad["same_plan_as"] is None  # random vs hot-first order
+    assert ad["same_plan_as"] == []  # random vs hot-first order: not the same plan
 
 
 def test_phase_summary_misses_target_and_uses_medians_of_repeats() -> None:
@@ -221,10 +221,39 @@ def test_adaptive_text_parsing() -> None:
                                      "state_per_group": "144 KB", "state_total": "13.6 MB"}
     assert pb.adaptive_inputs("skewed (3.5) but low input rate 800 rec/s: random")["skew"] == 3.5
     assert pb.adaptive_choice("") == ""
-    fixed = {"all-at-once": {"planning_reason": "agg: 95 key groups move in 1 steps (6 "
-                                                "subscales); random, all-at-once", "steps": 1}}
-    assert pb.same_plan(r, 1, fixed) == "all-at-once"
-    assert pb.same_plan(r, 2, fixed) is None
+    assert pb.plan_key(r) == "1 steps (6 subscales); random"
+    one_chunk = ("agg: 95 key groups move in 1 steps (6 subscales); random, "
+                 "equal-transfer-time chunks of ~0.5 s at 36 MB/s")
+    assert pb.plan_key(one_chunk) == pb.plan_key(r)  # everything in one step: the same plan
+    assert pb.plan_key("agg: 9 key groups move in 3 steps (5 subscales); hot-first, chunks "
+                       "of 4") == "3 steps (5 subscales); hot-first, chunks of 4"
+    assert pb.plan_key("agg: 9 key groups move in 1 steps (3 subscales); hot-first, "
+                       "all-at-once") != pb.plan_key(r)
+    assert pb.plan_key("no plan here") is None
+
+
+def test_settings_that_ran_the_same_plan_are_compared_as_one() -> None:
+    one = "agg: 9 key groups move in 1 steps (3 subscales); random, all-at-once"
+    one_chunk = ("agg: 9 key groups move in 1 steps (3 subscales); random, "
+                 "equal-transfer-time chunks of ~0.5 s at 36 MB/s")
+    runs = [run("all-at-once", 20.0, 0.30, reason=one),
+            run("equal-time", 18.0, 0.20, reason=one_chunk),  # the same plan, a quiet moment
+            run("one-by-one", 5.0, 2.0, steps=9,
+                reason="agg: 9 key groups move in 9 steps (9 subscales); random, one-by-one"),
+            run(pb.ADAPTIVE, 22.0, 0.26, reason="adaptive: low skew (1.2): random; ...; " + one)]
+    s = pb.phase_summary(runs)
+    plan = s["plans"][pb.ADAPTIVE]
+    assert plan["settings"] == [pb.ADAPTIVE, "all-at-once", "equal-time"]
+    assert plan["completion_s"] == pytest.approx(0.26) and plan["spike"] == pytest.approx(20.0)
+    assert s["plans"]["one-by-one"]["settings"] == ["one-by-one"]
+    # by plan: adaptive is the best completion's own plan; by setting alone it loses to
+    # the luckier equal-time run of that plan
+    assert s["completion_ratio"] == pytest.approx(1.0)
+    assert s["raw_completion_ratio"] == pytest.approx(0.26 / 0.20)
+    assert s["spike_ratio"] == pytest.approx(20.0 / 5.0)
+    assert s["adaptive"]["same_plan_as"] == ["all-at-once", "equal-time"]
+    assert s["adaptive"]["own_completion_s"] == pytest.approx(0.26)
+    assert s["meets_target"] is True
 
 
 def fake_results() -> dict:

@@ -46,6 +46,7 @@ from engine.messages import (
     ExpectOutgoing,
     HoldFinish,
     InjectSubscale,
+    LatencyMarker,
     MigrateState,
     OutputChannel,
     OutputEdge,
@@ -1092,6 +1093,32 @@ def test_watermark_behind_set_aside_records_waits_for_them(clock, sink):
     src.router.broadcast(Watermark(100))
     net.pump()
     assert sink.results()[4:] == [("rec", a, 7, 50), ("fire", a, 7, 70)]
+
+
+def test_latency_marker_passes_set_aside_records_and_the_channel_goes_on(clock, sink):
+    # a marker carries no ordering obligation: were it to wait like a watermark, the channel
+    # would stop until the group is active and the sender would run out of credit on it
+    recs = [(a, 1), (a, 2), (dk, 10), (a, 4)]
+    net = DNet(drrs_job(recs, sink), clock)
+    src, d = net["src/0"], net["sum/1"]
+    net.start_subscale(S0)
+    [state] = net.take_prio(MigrateState)
+    src.poll_source(2)
+    src.router.broadcast(LatencyMarker(clock.now(), 0))
+    src.poll_source(2)
+    net.deliver()
+    c_ud = net.cid("src/0", "sum/1")
+    net.run("sum/1")
+    assert c_ud not in d._heads and not d.inputs[c_ud].queue  # the whole channel was read
+    assert d.latency.count == 1  # the marker reached the (chained) sink
+    assert sink.results() == [(dk, 10)]  # behind the marker, a ready key went on
+    assert [v for v, *_ in d.new_role.aside[(c_ud, A)]] == [(a, 1), (a, 2), (a, 4)]
+    net.prio.append(state)
+    net.deliver_prio(MigrateState)
+    net.run("sum/0")
+    net.deliver()
+    net.run("sum/1")
+    assert per_key(sink.results()) == per_key(running_sum_reference(recs))
 
 
 def test_current_watermark_of_an_incoming_group_is_capped_by_the_old_owners(clock, sink):

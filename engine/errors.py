@@ -8,7 +8,10 @@ Hierarchy::
     ├── RescaleRefused          a rescale request is invalid; the job is untouched
     ├── JobFailedError          the running job failed (user function error, task died, ...)
     │   └── UserFunctionError   a user function raised; names operator, task and record
-    └── JobNotRunningError      the call needs a running job
+    ├── JobNotRunningError      the call needs a running job
+    └── DataChannelError        a task's direct data connection failed (caught by the task
+        ├── ConnectionLost      shell, which fails the job naming the receiver): the
+        └── FrameRefused        receiver died, or refused a frame (e.g. unknown channel)
 """
 
 from __future__ import annotations
@@ -53,3 +56,15 @@ class UserFunctionError(JobFailedError):
 
 class JobNotRunningError(ReflowError):
     """The call needs a running job, and this one has finished, failed or been stopped."""
+
+
+class DataChannelError(ReflowError):
+    """A direct data connection between two tasks failed (``engine.transport``)."""
+
+
+class ConnectionLost(DataChannelError):
+    """The connection to a receiving task closed with frames unacknowledged."""
+
+
+class FrameRefused(DataChannelError):
+    """The receiving task refused a frame (e.g. a channel it does not have)."""

@@ -3,8 +3,10 @@
 This is the only module that applies Ray. Logic lives in pure classes (``TaskCore``,
 ``Deployment``, the migration plans); the shells move bytes and wait.
 
-Data frames are msgpack bytes passed as actor-call arguments; control messages are
-declared wire dataclasses encoded with msgpack (``engine.messages``). Task specs and the job
+Data frames are msgpack bytes sent over a direct socket between task actors
+(``engine.transport``; ``JobConfig(transport="ray")``: as actor-call arguments); control
+messages are declared wire dataclasses encoded with msgpack (``engine.messages``) and travel
+as actor calls. Task specs and the job
 graph hold user code and travel once, at deployment, through Ray's own serialisation.
 """
 
@@ -33,6 +35,7 @@ from engine.deployment import (
     task_name,
 )
 from engine.errors import (
+    DataChannelError,
     JobFailedError,
     RescaleRefused,
     UserFunctionError,
@@ -74,6 +77,7 @@ from engine.messages import (
 from engine.metrics import JobCollector, JobMetrics, MetricsEndpoint, RescaleProgress, TaskMetrics
 from engine.physical import PhysicalPlan, plan_physical
 from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
+from engine.transport import DataClient, DataServer, ServerConnection
 from migration.planning import (
     Planning,
     adaptive_planning,
@@ -104,7 +108,12 @@ class TaskActor:
         if spec is not None:
             self.configure(spec)
         self.in_flight: dict[int, deque[Any]] = {}
-        self.acks: dict[tuple[int, int], asyncio.Future[None]] = {}
+        # frame (channel, seq) -> how to acknowledge it once taken for processing: the
+        # pending actor call's future (transport "ray") or the data connection ("tcp")
+        self.acks: dict[tuple[int, int], asyncio.Future[None] | ServerConnection] = {}
+        self._server: DataServer | None = None
+        self._clients: dict[str, DataClient] = {}
+        self._connecting: dict[str, asyncio.Future[DataClient]] = {}
         self.core: TaskCore
         self._wake: asyncio.Event | None = None
         self._send_lock: asyncio.Lock | None = None
@@ -123,8 +132,76 @@ class TaskActor:
             self._kick = asyncio.Event()
         return self._wake
 
+    async def data_address(self) -> tuple[str, int, bytes]:
+        """Where and with which token to open a data connection to this task (its server
+        starts on the first ask)."""
+        cfg = self.core.spec.config
+        if self._server is None:
+            self._server = DataServer(self._on_frame)
+        port = await self._server.start(cfg.data_host)
+        host = cfg.data_host
+        if host in ("0.0.0.0", "::"):
+            host = ray.util.get_node_ip_address()
+        return host, port, self._server.token
+
+    def _on_frame(self, channel_id: int, seq: int, payload: bytes, conn: ServerConnection) -> None:
+        """A data frame from the socket: as ``push``, acknowledged through ``conn``."""
+        core = self.core
+        if core.status not in _ACTIVE:
+            conn.ack(channel_id, seq)
+            return
+        try:
+            core.receive(channel_id, seq, payload)
+        except Exception as exc:  # the sender fails the job naming this task
+            conn.nack(channel_id, seq, f"{type(exc).__name__}: {exc}")
+            return
+        self.acks[(channel_id, seq)] = conn
+        self._event().set()
+
+    async def _client(self, target: str) -> DataClient:
+        """The data connection to ``target``, opened on first use (one at a time)."""
+        client = self._clients.get(target)
+        if client is not None and not client.closed:
+            return client
+        pending = self._connecting.get(target)
+        if pending is None:
+            pending = asyncio.ensure_future(self._open_client(target))
+            self._connecting[target] = pending
+            pending.add_done_callback(lambda _f: self._connecting.pop(target, None))
+        return await asyncio.shield(pending)
+
+    async def _open_client(self, target: str) -> DataClient:
+        try:
+            host, port, token = await self.handles[target].data_address.remote()
+            client = await DataClient.connect(host, port, token, target)
+        except (RayActorError, OSError) as exc:
+            raise _DownstreamDied(f"cannot open a data connection to task {target}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        old = self._clients.get(target)
+        if old is not None:
+            old.close()
+        self._clients[target] = client
+        return client
+
+    def _new_handles(self, handles: dict[str, Any]) -> None:
+        """Take the handles a control call brings. A name that now stands for another
+        actor (a task removed, a new one made under its name) drops the old connection;
+        connections to new receivers open in the background, ahead of the first frame."""
+        for name, h in handles.items():
+            old = self.handles.get(name)
+            if old is not None and old._actor_id != h._actor_id:
+                client = self._clients.pop(name, None)
+                if client is not None:
+                    client.close()
+            self.handles[name] = h
+        if self.core.spec.config.transport == "tcp":
+            for name in handles:
+                if name not in self._clients and name not in self._connecting:
+                    asyncio.ensure_future(self._client(name)).add_done_callback(_quiet)
+
     async def push(self, channel_id: int, seq: int, payload: bytes) -> None:
-        """A data frame; returns once the task has taken it for processing (the ack)."""
+        """A data frame (transport "ray"); returns once the task has taken it for
+        processing (the ack)."""
         core = self.core
         if core.status not in _ACTIVE:
             return
@@ -136,9 +213,9 @@ class TaskActor:
 
     async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
         msg = decode_message(payload)
-        if handles:
-            self.handles.update(handles)
         wake = self._event()
+        if handles:
+            self._new_handles(handles)
         reply = self.core.handle(msg)
         if isinstance(msg, RefreshReplicas):
             reply = await self._send_replicas(reply)
@@ -195,15 +272,14 @@ class TaskActor:
             return
         acks = self.acks
         for key in consumed:
-            fut = acks.pop(key, None)
-            if fut is not None and not fut.done():
-                fut.set_result(None)
+            ack = acks.pop(key, None)
+            if ack is not None:
+                _acknowledge(key, ack)
         consumed.clear()
 
     def _release_all_acks(self) -> None:
-        for fut in self.acks.values():
-            if not fut.done():
-                fut.set_result(None)
+        for key, ack in self.acks.items():
+            _acknowledge(key, ack)
         self.acks.clear()
 
     def _send_reports(self) -> None:
@@ -220,10 +296,20 @@ class TaskActor:
         if not block and self._send_lock.locked():
             self._kick.set()  # the loop is sending: it re-scans the outbox
             return
+        tcp = self.core.spec.config.transport == "tcp"
         async with self._send_lock:
             outbox = self.core.router.outbox
             gate = self.gate
             while outbox:
+                # connect first: the loop below must not await (a control call may add
+                # frames to the outbox meanwhile, and the loop rewrites it)
+                while tcp:
+                    missing = {f.target for f in outbox
+                               if f.target not in self._clients or self._clients[f.target].closed}
+                    if not missing:
+                        break
+                    for target in missing:
+                        await self._client(target)
                 self._kick.clear()
                 self._reap_acks()
                 blocked: set[int] = set()
@@ -234,8 +320,12 @@ class TaskActor:
                         blocked.add(cid)
                         keep.append(f)
                         continue
-                    ref = self.handles[f.target].push.remote(cid, f.seq, f.payload)
-                    self.in_flight.setdefault(cid, deque()).append(asyncio.ensure_future(ref))
+                    if tcp:
+                        fut = self._clients[f.target].send(cid, f.seq, f.payload)
+                    else:
+                        fut = asyncio.ensure_future(
+                            self.handles[f.target].push.remote(cid, f.seq, f.payload))
+                    self.in_flight.setdefault(cid, deque()).append(fut)
                     gate.on_send(cid)
                 outbox.clear()
                 outbox.extend(keep)
@@ -251,7 +341,7 @@ class TaskActor:
     async def _await_ack(self, fut: Any) -> None:
         try:
             await fut
-        except RayActorError as exc:
+        except (RayActorError, DataChannelError) as exc:
             raise _DownstreamDied(str(exc)) from exc
 
     def _reap_acks(self) -> None:
@@ -357,6 +447,20 @@ class TaskActor:
 
 class _DownstreamDied(Exception):
     pass
+
+
+def _acknowledge(key: tuple[int, int], ack: asyncio.Future[None] | ServerConnection) -> None:
+    if isinstance(ack, ServerConnection):
+        ack.ack(*key)
+    elif not ack.done():
+        ack.set_result(None)
+
+
+def _quiet(fut: asyncio.Future[Any]) -> None:
+    """A background connection attempt that failed: the next send tries again and fails
+    the task with the reason."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 RemoteTask = ray.remote(max_restarts=0, max_task_retries=0)(TaskActor)

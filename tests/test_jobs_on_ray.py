@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 import urllib.request
@@ -217,6 +218,23 @@ def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
     assert held == {0: 20, 1: 4, 2: 4, 3: 4}
     down = h.rescale("sum", 1, protocol="stop-restart")
     assert down.new_parallelism == 1
+    h.wait(120)
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+@pytest.mark.parametrize("transport", ["tcp", "ray"])
+def test_both_data_transports_keep_results_across_live_rescales(ray_cluster, transport):
+    # 2 -> 4 -> 2 -> 4: the last scale-out makes new actors under the names of the tasks
+    # the scale-in removed, so a sender's connection to the old actor must not be reused
+    rng = random.Random(11)
+    records = [(rng.randrange(50), rng.randrange(10)) for _ in range(8000)]
+    sink = TestingSink()
+    cfg = dataclasses.replace(SMALL, transport=transport)
+    h = running_sum_job(records, 2, sink, rate=4000, config=cfg).run()
+    time.sleep(0.3)
+    for p in (4, 2, 4):
+        assert h.rescale("sum", p).new_parallelism == p
+    assert len(h.metrics().operator("sum")) == 4
     h.wait(120)
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 

@@ -548,7 +548,8 @@ def overhead(sc: Scenario, progress: Progress) -> dict[str, Any]:
             progress.step(f"overhead {rep + 1}/{a.overhead_repeats}: live_rescaling={live}",
                           4.0 + a.overhead_records / 150_000)
             sink = LatencySink()
-            job = sc.build(sink, JobConfig(live_rescaling=live), full_speed=True,
+            job = sc.build(sink, JobConfig(live_rescaling=live, transport=a.transport),
+                           full_speed=True,
                            num_records=a.overhead_records)
             handle = job.run()
             t0 = time.time()
@@ -754,6 +755,9 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
                     help="JobConfig(linger_ms=n): how long a channel holds records before "
                          f"sending a frame ({LINGER_MS:g}; the engine's default is "
                          f"{JobConfig().linger_ms:g}: see the module docstring)")
+    ap.add_argument("--transport", choices=("tcp", "ray"), default=JobConfig.transport,
+                    help="JobConfig(transport=...): data frames over direct sockets (tcp, "
+                         "the default) or as one Ray actor call each (ray)")
     ap.add_argument("--service-us", type=float,
                     help="micro/skew: per-record service time of each aggregator task, "
                          "slept (a task serves at most 1e6/n records/s without using a "
@@ -830,7 +834,7 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     sc = Scenario(args)
     os.makedirs(args.out, exist_ok=True)
     config = JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
-                       linger_ms=args.linger_ms,
+                       linger_ms=args.linger_ms, transport=args.transport,
                        drrs_set_aside_cap=args.set_aside_cap,
                        drrs_max_subscales_per_task=args.max_subscales,
                        drrs_max_subscales=args.max_subscales_total,

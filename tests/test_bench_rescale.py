@@ -290,7 +290,9 @@ def test_quick_benchmark_end_to_end(tmp_path) -> None:
     from examples.bench import rescale
 
     assert rescale.main(["--quick", "--protocols", "drrs,no-such-protocol", "--no-overhead",
-                         "--out", str(tmp_path)]) == 0
+                         "--from", "2", "--to", "3",  # a replica needs a task besides the owner
+                         "--replication-cost", "--replication-seconds", "3",
+                         "--replication-period", "1", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "results.json").read_text())
     runs = {r["protocol"]: r for r in res["runs"]}
     assert runs["none"]["status"] == "ok" and runs["drrs"]["status"] == "ok"
@@ -298,4 +300,10 @@ def test_quick_benchmark_end_to_end(tmp_path) -> None:
     assert runs["drrs"]["report"]["key_groups_moved"] > 0
     assert res["config"]["linger_ms"] == rescale.LINGER_MS
     assert "at once" in runs["drrs"]["report"]["planning_reason"]
+    # replication cost: read from the job's Prometheus endpoint, nothing copied without it
+    rc = {r["policy"]: r for r in res["replication_cost"]["runs"]}
+    assert set(rc) == set(rescale.REPLICATION_POLICIES)
+    assert rc["none"]["replication_bytes"] == 0
+    assert rc["all"]["replication_bytes"] > rc["hot"]["replication_bytes"] > 0
+    assert "Replication cost in steady state" in (tmp_path / "summary.md").read_text()
     assert (tmp_path / "summary.md").exists() and (tmp_path / "timeline.png").exists()

@@ -55,13 +55,12 @@ steady-state cost of rescaling support: the micro job at full speed over ``--ove
 records with ``JobConfig(live_rescaling=False)`` vs the default, alternated.
 
 Frames: every run uses ``JobConfig(linger_ms=--linger-ms)``, 15 ms by default rather than
-the engine's 5 ms. Each frame is a Ray actor call costing ~1.3 ms of CPU over both ends on
-this machine, and at 5,000 records/s over 8-12 channels a channel sends one frame per linger,
-so the frame rate grows with the parallelism, not the load: at 5 ms, 8 tasks keep 1.8 of the
-2 cores busy and 12 tasks saturate them (steady latency about 2.4x the 8-task level, so no
-scale-out can end within 110 % of the baseline); at 15 ms, 8 tasks use ~1.3 cores and
-12 tasks' steady latency is ~1.2-1.4x the 8-task level. ``--linger-ms 5`` gives the
-engine default.
+the engine's 5 ms, and ``--transport`` (the engine's default, tcp). A channel sends one frame
+per linger at 5,000 records/s over 8-12 channels, so the frame rate grows with the
+parallelism, not the load. With ``--transport ray`` each frame is an actor call costing
+~1.3 ms of CPU over both ends on this machine: at 5 ms, 8 tasks then keep 1.8 of the 2 cores
+busy and 12 tasks saturate them; at 15 ms 8 tasks use ~1.3 cores. Over the TCP transport
+the same 8-task job at 15 ms uses 0.6-0.7 cores. ``--linger-ms 5`` gives the engine default.
 
 Writes ``examples/bench/out/rescale/<scenario>/results.json``, ``summary.md`` (also printed)
 and ``timeline.png``. The machine is shared and noisy: compare ratios within one run.
@@ -77,6 +76,7 @@ import platform
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -117,11 +117,13 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
     "q8": {"rate": (20_000.0, 10_000.0), "from_p": (4, 1), "to_p": (6, 2)},
 }
 TIMING = {"build": (12.0, 2.0), "baseline": (8.0, 3.0), "after": (12.0, 5.0),
-          "stable": (5, 2), "overhead_records": (600_000, 300_000), "overhead_repeats": (2, 1)}
+          "stable": (5, 2), "overhead_records": (600_000, 300_000), "overhead_repeats": (2, 1),
+          "replication_seconds": (15.0, 5.0)}
+REPLICATION_POLICIES = ("none", "hot", "all")
 RESCALE_GUESS_S = 8.0  # for the progress estimate only
-# every frame is a Ray actor call (~1.3 ms of CPU over both ends here) and a channel sends one
-# per linger when its records are few: at the engine's 5 ms, 12 aggregator tasks' frames
-# alone keep both cores busy (see the module docstring)
+# a channel sends one frame per linger when its records are few: as Ray actor calls (~1.3 ms
+# of CPU over both ends here), at the engine's 5 ms 12 aggregator tasks' frames alone kept
+# both cores busy (see the module docstring)
 LINGER_MS = 15.0
 
 
@@ -575,6 +577,53 @@ def overhead(sc: Scenario, progress: Progress) -> dict[str, Any]:
             "overhead_pct": None if not off or on is None else 100.0 * (1.0 - on / off)}
 
 
+def replication_cost(sc: Scenario, progress: Progress) -> dict[str, Any]:
+    """Steady-state cost of keeping replicas (Spacker's replication knob): the micro job at
+    its rate, once per ``JobConfig(replication=...)`` policy for the same time; bytes copied
+    and the owners' CPU seconds spent on refreshes, read from the job's Prometheus
+    endpoint, and the sink's mean latency against the run without replicas."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    a = sc.args
+    if sc.nexmark:
+        return {"skipped": "measured on the micro job only"}
+    if a.from_p < 2:
+        return {"skipped": "a replica lives on a task other than the owner: --from must be >= 2"}
+    secs = a.replication_seconds
+    rows: list[dict[str, Any]] = []
+    for policy in REPLICATION_POLICIES:
+        progress.step(f"replication cost: {policy}, {secs:g} s", secs + 5.0)
+        sink = LatencySink()
+        cfg = JobConfig(replication=policy, replication_period_s=a.replication_period,
+                        linger_ms=a.linger_ms, transport=a.transport)
+        handle = sc.build(sink, cfg).run()
+        try:
+            time.sleep(secs)
+            text = urllib.request.urlopen(handle.metrics_url, timeout=10).read().decode()
+            st = handle.status()
+        finally:
+            handle.stop()
+        if st.state not in ("created", "running"):
+            return {"skipped": f"the job ended {st.state}: {st.error}"}
+        got = {"reflow_replication_bytes_total": 0.0,
+               "reflow_replication_cpu_seconds_total": 0.0}
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.name in got:
+                    got[smp.name] += smp.value
+        summ = sink.summary()
+        rows.append({"policy": policy, "seconds": secs,
+                     "replication_bytes": got["reflow_replication_bytes_total"],
+                     "replication_cpu_s": got["reflow_replication_cpu_seconds_total"],
+                     "mb_per_s": got["reflow_replication_bytes_total"] / 1e6 / secs,
+                     "cpu_fraction": got["reflow_replication_cpu_seconds_total"] / secs,
+                     "mean_ms": summ["mean_ms"], "records_at_sink": summ["count"]})
+    base = rows[0]["mean_ms"]
+    for r in rows:
+        r["mean_over_none"] = tl.ratio(r["mean_ms"], base)
+    return {"period_s": a.replication_period, "seconds": secs, "runs": rows}
+
+
 # ------------------------------------------------------------------------------ summary
 
 
@@ -683,6 +732,19 @@ def markdown(results: dict[str, Any]) -> str:
                 f"live rescaling vs {_f(o['records_per_s_without'], ',.0f')} without "
                 f"(`live_rescaling=False`): ratio {_f(o['ratio_live_over_without'], '.3f')}, "
                 f"overhead {_f(o['overhead_pct'], '.1f')} %.")
+    rc = results.get("replication_cost")
+    if rc:
+        lines.append("")
+        if "skipped" in rc:
+            lines.append(f"Replication cost: skipped ({rc['skipped']}).")
+        else:
+            parts = [f"`{r['policy']}` {_f(r['mb_per_s'], ',.1f')} MB/s copied, "
+                     f"{_f(100.0 * r['cpu_fraction'], '.1f')} % of a core, mean latency "
+                     f"{_f(r['mean_ms'])} ms ({_f(r['mean_over_none'], '.2f')}x)"
+                     for r in rc["runs"]]
+            lines.append(f"Replication cost in steady state (micro job at its rate, "
+                         f"{rc['seconds']:g} s per policy, refreshed every "
+                         f"{rc['period_s']:g} s): " + "; ".join(parts) + ".")
     lines += ["", f"Columns: latency in ms at the sink; *base*: median per-second mean before "
               f"the request; *scaling period*: until the per-second mean stays within "
               f"{c['tolerance']:g} x base + {c['slack_ms']:g} ms for {c['stable_s']} s ('+': "
@@ -792,6 +854,14 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
     ap.add_argument("--overhead", dest="overhead", action="store_true", default=None,
                     help="measure the steady-state overhead (default: on)")
     ap.add_argument("--no-overhead", dest="overhead", action="store_false")
+    ap.add_argument("--replication-cost", dest="replication_cost", action="store_true",
+                    default=None, help="measure what keeping replicas costs in steady state "
+                                       "(default: on; micro jobs only)")
+    ap.add_argument("--no-replication-cost", dest="replication_cost", action="store_false")
+    ap.add_argument("--replication-seconds", type=float,
+                    help="seconds per replication policy (15; quick 5)")
+    ap.add_argument("--replication-period", type=float, default=JobConfig.replication_period_s,
+                    help="JobConfig(replication_period_s=...) for that measurement")
     ap.add_argument("--overhead-records", type=int)
     ap.add_argument("--overhead-repeats", type=int)
     ap.add_argument("--quick", action="store_true", help="small, short smoke run (~1-2 min)")
@@ -816,6 +886,8 @@ def parse_args(argv: list[str] | None, prog: str | None = None) -> argparse.Name
         args.warm_standby = max(0, args.to_p - args.from_p)
     if args.overhead is None:
         args.overhead = True
+    if args.replication_cost is None:
+        args.replication_cost = not args.quick
     args.protocols = ([p.strip() for p in args.protocols.split(",") if p.strip()]
                       if args.protocols else list(PROTOCOLS))
     if NONE in args.protocols:
@@ -849,6 +921,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                   for p in names if p == NONE or p in PROTOCOLS)
     if args.overhead and not sc.nexmark:
         planned += 2 * args.overhead_repeats * (4.0 + args.overhead_records / 150_000)
+    if args.replication_cost and not sc.nexmark:
+        planned += len(REPLICATION_POLICIES) * (args.replication_seconds + 5.0)
     results: dict[str, Any] = {
         "command": "python examples/bench/rescale.py " + " ".join(
             sys.argv[1:] if argv is None else argv),
@@ -897,6 +971,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 print(f"\n{p}: {r['status']}: {r.get('reason')}", file=sys.stderr, flush=True)
         if args.overhead:
             results["overhead"] = overhead(sc, progress)
+        if args.replication_cost:
+            results["replication_cost"] = replication_cost(sc, progress)
     finally:
         progress.close()
         ray.shutdown()

@@ -227,14 +227,16 @@ def test_both_data_transports_keep_results_across_live_rescales(ray_cluster, tra
     # 2 -> 4 -> 2 -> 4: the last scale-out makes new actors under the names of the tasks
     # the scale-in removed, so a sender's connection to the old actor must not be reused
     rng = random.Random(11)
-    records = [(rng.randrange(50), rng.randrange(10)) for _ in range(8000)]
+    records = [(rng.randrange(50), rng.randrange(10)) for _ in range(12_000)]
     sink = TestingSink()
     cfg = dataclasses.replace(SMALL, transport=transport)
-    h = running_sum_job(records, 2, sink, rate=4000, config=cfg).run()
+    h = running_sum_job(records, 2, sink, rate=1000, config=cfg).run()  # runs ~12 s
     time.sleep(0.3)
     for p in (4, 2, 4):
         assert h.rescale("sum", p).new_parallelism == p
-    assert len(h.metrics().operator("sum")) == 4
+    m = h.metrics()
+    assert m.status == "running", "the input ended before the rescales: slow the source"
+    assert len(m.operator("sum")) == 4
     h.wait(120)
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 

@@ -171,12 +171,18 @@ class TaskActor:
         return await asyncio.shield(pending)
 
     async def _open_client(self, target: str) -> DataClient:
+        handle = self.handles[target]
         try:
-            host, port, token = await self.handles[target].data_address.remote()
+            host, port, token = await handle.data_address.remote()
             client = await DataClient.connect(host, port, token, target)
         except (RayActorError, OSError) as exc:
+            if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
+                return await self._open_client(target)
             raise _DownstreamDied(f"cannot open a data connection to task {target}: "
                                   f"{type(exc).__name__}: {exc}") from exc
+        if self.handles.get(target) is not handle:  # the name now stands for a new actor
+            client.close()
+            return await self._open_client(target)
         old = self._clients.get(target)
         if old is not None:
             old.close()

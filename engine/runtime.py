@@ -158,10 +158,15 @@ class TaskActor:
         self.acks[(channel_id, seq)] = conn
         self._event().set()
 
+    def _connected(self, target: str) -> DataClient | None:
+        """The data connection to ``target`` if one is open."""
+        client = self._clients.get(target)
+        return client if client is not None and not client.closed else None
+
     async def _client(self, target: str) -> DataClient:
         """The data connection to ``target``, opened on first use (one at a time)."""
-        client = self._clients.get(target)
-        if client is not None and not client.closed:
+        client = self._connected(target)
+        if client is not None:
             return client
         pending = self._connecting.get(target)
         if pending is None:
@@ -310,8 +315,7 @@ class TaskActor:
                 # connect first: the loop below must not await (a control call may add
                 # frames to the outbox meanwhile, and the loop rewrites it)
                 while tcp:
-                    missing = {f.target for f in outbox
-                               if f.target not in self._clients or self._clients[f.target].closed}
+                    missing = {f.target for f in outbox if self._connected(f.target) is None}
                     if not missing:
                         break
                     for target in missing:

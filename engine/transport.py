@@ -42,7 +42,6 @@ NACK = 2
 _FRAME = struct.Struct("!IQI")
 _ACK = struct.Struct("!BIQ")
 _LEN = struct.Struct("!I")
-MAX_PAYLOAD = 1 << 31  # a frame is at most batch_size records; this only guards the reader
 
 
 FrameHandler = Callable[[int, int, bytes, "ServerConnection"], None]
@@ -149,7 +148,7 @@ class DataClient:
         return fut
 
     async def _read_acks(self, reader: asyncio.StreamReader) -> None:
-        reason: BaseException = ConnectionLost(f"task {self.peer} closed its data connection")
+        reason: ConnectionLost
         try:
             while True:
                 kind, cid, seq = _ACK.unpack(await reader.readexactly(_ACK.size))

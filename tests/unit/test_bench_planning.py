@@ -18,7 +18,7 @@ from examples.bench import planning as pb
 from examples.bench import timeline as tl
 from migration.planning import Planning, plan_steps
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ------------------------------------------------------------------------------ settings

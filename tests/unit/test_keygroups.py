@@ -22,7 +22,7 @@ from engine.keygroups import (
     validate_assignment,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # Keys whose hashes must not depend on the process (str is salted by Python's hash()).
 CROSS_PROCESS_KEYS = [

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.ray
 
-SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multinode_job.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "multinode_job.py")
 
 
 @pytest.mark.parametrize("data_host", ["127.0.0.1", "0.0.0.0"])

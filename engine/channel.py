@@ -24,6 +24,11 @@ from engine.messages import (
     encode_frame,
 )
 
+# The input port of a re-route channel (old owner -> new owner during a live migration): its
+# frames carry each record's original port, and it is no input for watermarks or the end of
+# input. A constant of the engine core because the core tells these channels apart.
+REROUTE_PORT = -1
+
 
 class InputChannel:
     """One input channel: a reorder buffer in front of a FIFO of encoded frames."""

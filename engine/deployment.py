@@ -59,6 +59,20 @@ class Deployment:
         a = self.assignments.get(vertex)
         return () if a is None else tuple(key_groups_of_task(a, index))
 
+    def with_vertex(self, vertex: str, tasks: tuple[str, ...],
+                    assignment: tuple[int, ...] | None = None,
+                    generation: int | None = None) -> Deployment:
+        """This deployment with ``vertex`` run by ``tasks`` (its parallelism follows) and,
+        for a keyed vertex, owning key groups by ``assignment`` (unchanged when None)."""
+        plan = self.plan
+        if plan.vertex(vertex).parallelism != len(tasks):
+            plan = plan.rescaled(vertex, len(tasks))
+        assignments = dict(self.assignments)
+        if assignment is not None:
+            assignments[vertex] = tuple(assignment)
+        return Deployment(plan, self.job_id, {**self.tasks, vertex: tuple(tasks)}, assignments,
+                          self.generation if generation is None else generation)
+
 
 def task_name(job_id: str, vertex: str, index: int, generation: int) -> str:
     return f"{job_id}/{vertex}/{index}/g{generation}"

@@ -1,10 +1,26 @@
 """The task core: input queues, scheduling, operator calls and control handling (pure).
 
-``TaskCore`` is stepped by its actor shell (``engine.runtime``): ``receive`` frames,
-``step``/``poll_source``/``fire_timers`` to do work, ``handle`` control messages. What it
-produces waits in ``router.outbox`` (frames), ``reports`` (messages for the JobMaster) and
-``consumed`` (frames taken for processing, to acknowledge). No Ray, no threads, no sleeping:
-tests step it by hand.
+Why a core apart from its actor: ``TaskCore`` is stepped by its actor shell
+(``engine.runtime``) and, in tests, by hand. ``receive`` frames, ``step``/``poll_source``/
+``fire_timers`` to do work, ``handle`` control messages. No Ray, no threads, no sleeping.
+
+Why migration is not in here: the per-task actions of the live rescaling protocols (old and
+new owner, alignment, set-aside, re-route, replicas) are a *participant*
+(``migration.participant``) the core calls through ``MigrationHooks``; it acts on the core
+only through the core's host methods (``TaskHost`` there). The core never imports
+``migration``: the layering is engine core -> ``engine.task`` -> ``migration`` -> runtime.
+A core with no participant attached (``NoMigration``) supports stop-restart only;
+``migration.participant.new_task_core`` builds a core with its participant.
+
+Format of what a core produces, waiting to be taken by its shell: ``router.outbox``
+(encoded frames), ``reports`` (messages for the JobMaster), ``priority_out`` ((target task,
+message) for the priority path) and ``consumed`` ((channel, seq) of frames taken, to
+acknowledge).
+
+Guarantees: each channel's frames are processed in sequence order; a frame the participant
+could not finish (``PartialFrame``: records that must wait, or an event behind them) is
+continued before anything else of its channel. While no migration runs, a frame without
+per-record ports costs one check (``migration.active``) on top of its processing.
 """
 
 from __future__ import annotations
@@ -13,62 +29,47 @@ import itertools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from engine import graph as g
-from engine.channel import InputChannel, KeyFunctionError, OutputRouter
+from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputRouter
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
 from engine.config import JobConfig
-from engine.errors import UserFunctionError
+from engine.errors import ReflowError, UserFunctionError
 from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
     AddInputs,
     AddOutputChannels,
     ChannelIdle,
-    ConfirmBarrier,
     Connect,
     DescribeTask,
     DrainBarrier,
     Drained,
-    DropReplicas,
     EndOfStream,
-    ExpectIncoming,
-    ExpectOutgoing,
     GroupStats,
     GroupStatsRequest,
     HoldFinish,
-    InjectSubscale,
     InstallKeyGroups,
     KeyGroupSnapshot,
     LatencyMarker,
-    MigrateState,
-    OutputChannel,
-    PauseBarrier,
     PauseSource,
     PriorityBatch,
-    PullState,
-    RefreshReplicas,
     RemoveOutputChannels,
-    ReplicaAck,
-    ReplicasRefreshed,
-    ReplicaUpdate,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
     Start,
     StopTask,
-    SubscaleDone,
-    SubscaleTriggered,
     TaskFailed,
     TaskFinished,
     TaskState,
-    TriggerBarrier,
     Watermark,
     decode_frame,
 )
 from engine.metrics import TaskMetrics
+from engine.names import NameEnum
 from engine.operators import (
     ErrorPolicy,
     KeyedRunner,
@@ -80,16 +81,29 @@ from engine.sinks import SinkWriter
 from engine.sources import SourceReader
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
-from migration.protocols.drrs import REROUTE_PORT, NewOwnerRole, OldOwnerRole
-from migration.replication import (
-    ReplicaStore,
-    ReplicationStats,
-    StaleReplicaError,
-    migration_payload,
-    refresh_replica,
-)
 
-CREATED, RUNNING, FINISHED, FAILED, STOPPED = "created", "running", "finished", "failed", "stopped"
+
+class TaskStatus(NameEnum):
+    """Where a task is in its life (``TaskState.status``, ``TaskMetrics.status``)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+CREATED, RUNNING, FINISHED, FAILED, STOPPED = (
+    TaskStatus.CREATED, TaskStatus.RUNNING, TaskStatus.FINISHED, TaskStatus.FAILED,
+    TaskStatus.STOPPED)
+
+# (value, timestamp, key, key group, input port); key None and key group -1 when not keyed
+Record = tuple[Any, int, Any, int, int]
+
+
+class TaskControlError(ReflowError, ValueError):
+    """A task was given a message, frame or channel event it cannot take (unknown, or not
+    for a task of its kind). An engine bug or a mis-wired job: the message names the task."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,7 @@ class TaskSpec:
     key_groups: tuple[int, ...] = ()
 
 
-def _estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
+def estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
     """Cheap estimate of a key group's encoded size (a sample of each table stands for
     the rest), for planning; a migration ships and counts the exact bytes."""
     total = 0
@@ -123,19 +137,9 @@ def _estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
     return total
 
 
-def _waits_for_aside(event: Any) -> bool:
-    """Whether a channel's event must wait until the records the channel had set aside
-    before it are processed. Watermarks, barriers and end of input must (they order what
-    follows them); a latency marker carries no obligation and passes: otherwise a marker
-    (every 100 ms by default) would stop the channel for as long as an incoming group
-    waits for its state and confirm, the sender would run out of credit on it, and every
-    key the sender feeds would wait."""
-    return event is not None and not isinstance(event, LatencyMarker)
-
-
-class _Head:
+class PartialFrame:
     """A frame taken from a channel but not fully processed (records waiting for their
-    group's state, or an event waiting behind set-aside records)."""
+    group's state, or an event waiting behind set-aside records); ``pos``: the next record."""
 
     __slots__ = ("values", "timestamps", "keys", "kgs", "ports", "event", "pos")
 
@@ -149,7 +153,73 @@ class _Head:
         self.pos = 0
 
 
+class MigrationHooks(Protocol):
+    """What the core asks of its migration participant, and all it asks. ``step_frame`` is
+    called only while ``active`` or for a frame with per-record ports, ``can_progress`` only
+    for a frame ``step_frame`` left waiting, ``handle``/``on_event`` only for messages and
+    events the core does not know itself."""
+
+    @property
+    def active(self) -> bool:
+        """A migration runs through the task: frames take ``step_frame``; it may not finish."""
+
+    def handle(self, msg: Any) -> Any:
+        """Carry out a control message, return the reply (``TaskControlError`` if unknown)."""
+
+    def on_event(self, ch: InputChannel, event: Any) -> None:
+        """A channel event the core does not know (migration barriers)."""
+
+    def step_frame(self, ch: InputChannel, frame: PartialFrame) -> bool:
+        """Process what may be processed of the frame now (advancing ``frame.pos``); True
+        when its event may follow at once, False when it must wait (the core parks it)."""
+
+    def can_progress(self, channel_id: int, frame: PartialFrame) -> bool:
+        """Whether a parked frame of ``channel_id`` can go on now."""
+
+    def user_watermark(self, watermark: int) -> int:
+        """The watermark user code sees for the current key group, given the task's."""
+
+    def describe(self) -> list[str]:
+        """Where this task's migrations stand, for a stuck rescale's error."""
+
+
+class NoMigration:
+    """The hooks of a core with no participant: no migration ever runs through it, so it
+    takes stop-restart only and refuses every migration message."""
+
+    active = False
+
+    def __init__(self, task_name: str) -> None:
+        self.task_name = task_name
+
+    def _refuse(self, what: str) -> TaskControlError:
+        return TaskControlError(
+            f"task {self.task_name}: {what}; this task has no migration participant and "
+            "supports stop-restart only (build it with migration.participant.new_task_core)")
+
+    def handle(self, msg: Any) -> Any:
+        raise self._refuse(f"unknown control message {msg!r}")
+
+    def on_event(self, ch: InputChannel, event: Any) -> None:
+        raise self._refuse(f"unsupported channel event {event!r} on channel {ch.channel_id}")
+
+    def step_frame(self, ch: InputChannel, frame: PartialFrame) -> bool:
+        raise self._refuse(f"a re-routed frame (per-record ports) on channel {ch.channel_id}")
+
+    def can_progress(self, channel_id: int, frame: PartialFrame) -> bool:
+        return True
+
+    def user_watermark(self, watermark: int) -> int:
+        return watermark
+
+    def describe(self) -> list[str]:
+        return []
+
+
 class TaskCore:
+    """One task's processing. Its host methods (section "host", ``migration.participant.
+    TaskHost``) are what a migration participant may use of it."""
+
     def __init__(self, spec: TaskSpec, clock: Clock) -> None:
         self.spec = spec
         self.clock = clock
@@ -163,8 +233,10 @@ class TaskCore:
         self._rr = 0
         self.consumed: list[tuple[int, int]] = []
         self.reports: list[Any] = []
+        self.priority_out: list[tuple[str, Any]] = []  # (target task, message), priority path
         self.status = CREATED
         self.failure: TaskFailed | None = None
+        self.migration: MigrationHooks = NoMigration(spec.task_name)
 
         head = spec.operators[0]
         self.is_source = head.kind == g.SOURCE
@@ -203,30 +275,16 @@ class TaskCore:
         self._last_emit = clock.monotonic()
         self._idle = False
 
-        # DRRS roles and bookkeeping
-        self.old_role = OldOwnerRole()
-        self.new_role = NewOwnerRole(cfg.drrs_set_aside_cap)
-        self.priority_out: list[tuple[str, Any]] = []  # (target task, message), priority path
-        self._heads: dict[int, _Head] = {}
-        # channels not read until the subscales holding them finish (alignment, pause)
+        self._heads: dict[int, PartialFrame] = {}
+        # channels not read until every token blocking them is lifted (migration alignment)
         self._step_blocked: dict[int, set[int]] = {}
-        self._reroute_channels: dict[int, OutputChannel] = {}
-        self._state_sent: dict[int, int] = {}
-        self._replicas_at_new: dict[int, dict[int, int]] = {}  # subscale -> kg -> version
-        self.replicas = ReplicaStore()  # replicas this task holds for other owners
-        self.replication_stats = ReplicationStats()  # replicas of this task's groups
-        self._trigger_at: dict[int, float] = {}
         self._suspended_since: float | None = None
+        self.suspended_s = 0.0  # parked frames or blocked channels, and nothing processable
         self._end_pending = False  # input ended; finishing waits for a rescale
         self.hold_finish = False
-        self.suspended_s = 0.0
         self._live = cfg.live_rescaling
         self.group_records: Counter[int] = Counter()  # records per key group (planning)
         self._stats_since = clock.monotonic()
-        # old owner: groups of a triggered subscale -> the watermark at its first barrier
-        self._leaving: dict[int, int] = {}
-        if self.keyed is not None and self._live:
-            self.keyed.hold = self._holds_timers
 
         # metrics
         self.records_in = 0
@@ -235,6 +293,25 @@ class TaskCore:
         self.idle_s = 0.0
         self.backpressured_s = 0.0
         self.latency = LatencyHistogram()
+
+    def attach(self, migration: MigrationHooks) -> None:
+        """Attach the migration participant: once, before the task starts."""
+        if not isinstance(self.migration, NoMigration) or self.status != CREATED:
+            raise TaskControlError(f"task {self.name}: a migration participant is attached "
+                                   "once, before Start; build a new core instead")
+        self.migration = migration
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for attributes the core lacks: the participant's bookkeeping (roles, replicas)
+        # reads through, for tests and debugging; the core never relies on it.
+        migration = self.__dict__.get("migration")
+        if migration is None or name.startswith("__"):
+            raise AttributeError(name)
+        try:
+            return getattr(migration, name)
+        except AttributeError:
+            raise AttributeError(f"task core {self.__dict__.get('name')!r} and its migration "
+                                 f"participant have no attribute {name!r}") from None
 
     def _policy(self, op: g.OperatorDef) -> ErrorPolicy:
         writer = None
@@ -248,7 +325,8 @@ class TaskCore:
     def receive(self, channel_id: int, seq: int, payload: bytes) -> None:
         ch = self.inputs.get(channel_id)
         if ch is None:
-            raise KeyError(f"task {self.name} has no input channel {channel_id}")
+            raise TaskControlError(f"task {self.name} has no input channel {channel_id}; the "
+                                   "sender's outputs and this task's inputs disagree")
         ch.offer(seq, payload)
         self.bytes_in += len(payload)
 
@@ -260,18 +338,8 @@ class TaskCore:
             return False
         return self._next_channel(peek=True) is not None
 
-    def _migrating(self) -> bool:
-        return self.old_role.active or self.new_role.active
-
-    def _head_can_progress(self, cid: int, head: _Head) -> bool:
-        """A partly processed frame can go on unless its next record must wait and cannot be
-        set aside, or only its event is left, it must wait for the channel's records set
-        aside, and the channel has some."""
-        nr = self.new_role
-        if head.pos < len(head.values):
-            kg = head.kgs[head.pos] if head.kgs is not None else -1
-            return not (nr.incoming(kg) and not nr.ready(cid, kg) and not nr.can_set_aside())
-        return not (_waits_for_aside(head.event) and nr.has_aside(cid))
+    def _head_can_progress(self, cid: int, head: PartialFrame) -> bool:
+        return self.migration.can_progress(cid, head)
 
     def _next_channel(self, peek: bool = False) -> InputChannel | None:
         order = self._order
@@ -310,68 +378,25 @@ class TaskCore:
             self.consumed.append((cid, seq))
             frame = decode_frame(payload)
             self.records_in += len(frame.values)
-            if not self._live or (not self._migrating() and frame.ports is None):
+            if frame.ports is None and not self.migration.active:
                 if frame.values:
-                    self._guarded(self._run, list(frame.values), list(frame.timestamps),
-                                  frame.keys, frame.key_groups, ch.port)
+                    self.guarded(self._run, list(frame.values), list(frame.timestamps),
+                                 frame.keys, frame.key_groups, ch.port)
                 if frame.event is not None and self.status == RUNNING:
-                    self._guarded(self._on_event, ch, frame.event)
+                    self.guarded(self._on_event, ch, frame.event)
                 return True
-            head = _Head(frame)
-        self._guarded(self._step_head, ch, head)
+            head = PartialFrame(frame)
+        self.guarded(self._step_partial, ch, head)
         return True
 
-    def _step_head(self, ch: InputChannel, head: _Head) -> None:
-        """Migration-aware processing of a frame: re-route records of migrated-out groups,
-        set aside records of incoming groups that are not ready, process the rest."""
-        cid = ch.channel_id
-        old, nr = self.old_role, self.new_role
-        values, tss, keys, kgs, ports = head.values, head.timestamps, head.keys, head.kgs, head.ports
-        n = len(values)
-        ready: list[tuple[Any, int, Any, int, int]] = []
-        pos = head.pos
-        while pos < n:
-            if kgs is None:  # not a keyed input: nothing migrates
-                ready.extend((values[j], tss[j], None, -1, ch.port) for j in range(pos, n))
-                pos = n
-                break
-            kg = kgs[pos]
-            port = ports[pos] if ports is not None else ch.port
-            rc = old.migrated_out.get(kg)
-            if rc is not None:
-                self.router.reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
-            elif nr.incoming(kg) and not nr.ready(cid, kg):
-                if not nr.can_set_aside():
-                    break
-                nr.set_aside(cid, kg, values[pos], tss[pos], keys[pos], port)
-            else:
-                ready.append((values[pos], tss[pos], keys[pos], kg, port))
-            pos += 1
-        head.pos = pos
-        self._run_records(ready)
-        if pos < n or (_waits_for_aside(head.event) and nr.has_aside(cid)):
-            self._heads[cid] = head
-            return
-        if head.event is not None and self.status == RUNNING:
+    def _step_partial(self, ch: InputChannel, head: PartialFrame) -> None:
+        if not self.migration.step_frame(ch, head):
+            self._heads[ch.channel_id] = head
+        elif head.event is not None and self.status == RUNNING:
             self._on_event(ch, head.event)
 
-    def _run_records(self, records: list[tuple[Any, int, Any, int, int]]) -> None:
-        """Process (value, timestamp, key, key group, port) records, in order, in runs of
-        the same port."""
-        i, n = 0, len(records)
-        while i < n:
-            port = records[i][4]
-            j = i
-            while j < n and records[j][4] == port:
-                j += 1
-            run = records[i:j]
-            keyed = run[0][3] >= 0
-            self._run([r[0] for r in run], [r[1] for r in run],
-                      [r[2] for r in run] if keyed else None,
-                      [r[3] for r in run] if keyed else None, port)
-            i = j
-
-    def _guarded(self, fn: Callable[..., None], *args: Any) -> None:
+    def guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn``; a user function's or key function's error fails the task."""
         try:
             fn(*args)
         except UserFunctionError as exc:
@@ -400,6 +425,87 @@ class TaskCore:
             values, timestamps = r.process(values, timestamps)
         self.router.emit(values, timestamps)
 
+    # ------------------------------------------------------------ host (for a participant)
+    @property
+    def config(self) -> JobConfig:
+        return self.spec.config
+
+    def run_records(self, records: list[Record]) -> None:
+        """Process records in order, in runs of the same port."""
+        i, n = 0, len(records)
+        while i < n:
+            port = records[i][4]
+            j = i
+            while j < n and records[j][4] == port:
+                j += 1
+            run = records[i:j]
+            keyed = run[0][3] >= 0
+            self._run([r[0] for r in run], [r[1] for r in run],
+                      [r[2] for r in run] if keyed else None,
+                      [r[3] for r in run] if keyed else None, port)
+            i = j
+
+    def add_input(self, channel_id: int, port: int) -> None:
+        """Open an input channel (nothing if it is open); no input for watermarks when
+        ``port`` is ``REROUTE_PORT``."""
+        if channel_id not in self.inputs:
+            self.inputs[channel_id] = InputChannel(channel_id, port)
+            self._order = sorted(self.inputs)
+
+    def remove_input_if_idle(self, channel_id: int) -> bool:
+        """Close an input channel with nothing queued, pending or parked; False otherwise."""
+        ch = self.inputs.get(channel_id)
+        if ch is None or ch.queue or ch.pending or channel_id in self._heads:
+            return False
+        del self.inputs[channel_id]
+        self._order = sorted(self.inputs)
+        self._rr = 0
+        return True
+
+    def block_channel(self, channel_id: int, token: int) -> None:
+        """Stop reading ``channel_id`` until ``token`` (e.g. a subscale) is lifted."""
+        self._step_blocked.setdefault(channel_id, set()).add(token)
+
+    def unblock_channels(self, token: int) -> None:
+        """Lift ``token`` from every channel; a channel is read again once none is left."""
+        for cid in [c for c, tokens in self._step_blocked.items() if token in tokens]:
+            tokens = self._step_blocked[cid]
+            tokens.discard(token)
+            if not tokens:
+                del self._step_blocked[cid]
+
+    def report(self, msg: Any) -> None:
+        self.reports.append(msg)
+
+    def send_priority(self, target: str, msg: Any) -> None:
+        """Send ``msg`` to task ``target`` on the priority path (in order per target)."""
+        self.priority_out.append((target, msg))
+
+    def check_finish(self) -> None:
+        """A migration ended: finish if the input ended meanwhile (``_finish_if_ended``)."""
+        self._finish_if_ended()
+
+    def hold_timers(self, held: Callable[[int], bool]) -> None:
+        """Timers of key groups for which ``held`` is true wait instead of firing."""
+        if self.keyed is not None:
+            self.keyed.hold = held
+
+    def release_timers(self, key_group: int) -> None:
+        """The group's held timers may fire again."""
+        if self.keyed is not None:
+            self.keyed.release_held(key_group)
+
+    def drop_held_timers(self, key_group: int) -> None:
+        """Forget the group's held timers (they left with its state)."""
+        if self.keyed is not None:
+            self.keyed.held.pop(key_group, None)
+
+    def fire_event_timers(self) -> None:
+        """Fire the event-time timers due at the task's watermark and process their output."""
+        if self.keyed is not None:
+            values, timestamps = self.keyed.fire_timers(self.watermark, EVENT_TIME)
+            self._run_rest(values, timestamps)
+
     # ------------------------------------------------------------ events
     def _live_inputs(self) -> list[int]:
         return [cid for cid, c in self.inputs.items() if not c.ended and c.port != REROUTE_PORT]
@@ -414,14 +520,6 @@ class TaskCore:
                 self._on_watermark(self.tracker.update(ch.channel_id, ts))
             case ChannelIdle():
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
-            case ConfirmBarrier(subscale=sid, direct_channel=dc):
-                if ch.port == REROUTE_PORT:
-                    self._confirm_at_new_owner(sid, dc)
-                else:
-                    self._confirm_at_old_owner(sid, dc, ch.channel_id)
-            case PauseBarrier(subscale=sid):
-                if sid in self.new_role.subscales:  # not yet installed: pause the channel
-                    self._step_blocked.setdefault(ch.channel_id, set()).add(sid)
             case DrainBarrier(epoch=epoch):
                 self._drain_epoch = epoch
                 self._blocked.add(ch.channel_id)
@@ -436,7 +534,7 @@ class TaskCore:
                     self._check_drained()
                     self._on_watermark(advanced)
             case _:
-                raise ValueError(f"task {self.name}: unsupported channel event {event!r}")
+                self.migration.on_event(ch, event)
 
     def _on_watermark(self, wm: int | None) -> None:
         """The task's watermark advanced to ``wm``: fire event-time timers up to it, then
@@ -448,6 +546,10 @@ class TaskCore:
             values, timestamps = self.keyed.fire_timers(wm, EVENT_TIME)
             self._run_rest(values, timestamps)
         self.router.broadcast(Watermark(wm))
+
+    def _current_watermark(self) -> int:
+        """The watermark user code sees (capped per group while a migration runs)."""
+        return self.migration.user_watermark(self.watermark)
 
     def _check_drained(self) -> None:
         if self._drain_epoch is None:
@@ -472,7 +574,7 @@ class TaskCore:
         """Finish once the input has ended, unless a rescale holds the task or key groups
         are still on their way in or out (their barriers must still be processed)."""
         if (self._end_pending and self.status == RUNNING and not self.hold_finish
-                and not self._migrating() and not self._live_inputs()):
+                and not self.migration.active and not self._live_inputs()):
             self._end_pending = False
             self._finish()
 
@@ -499,204 +601,14 @@ class TaskCore:
         self.failure = TaskFailed(self.name, operator, self.spec.task_index, record, cause)
         self.reports.append(self.failure)
 
-    # ------------------------------------------------------------ DRRS
-    def _current_watermark(self) -> int:
-        """The watermark user code sees: for a group still arriving, no later than the old
-        owner's watermark when the group left it."""
-        b = self.backend
-        if b is not None and self.new_role.group_watermark:
-            wm = self.new_role.group_watermark.get(b.current_group)
-            if wm is not None:
-                return min(wm, self.watermark)
-        return self.watermark
-
-    def _holds_timers(self, kg: int) -> bool:
-        """Timers of a group on its way in wait for it to become active; those of a group on
-        its way out never fire here: records of it behind the subscale's barrier went to the
-        new owner, so a timer firing here would miss them. Held timers travel with the state."""
-        return kg in self._leaving or self.new_role.incoming(kg)
-
-    def _freeze_leaving(self, sid: int) -> None:
-        for kg in self.old_role.subscales[sid].key_groups:
-            self._leaving.setdefault(kg, self.watermark)
-
     def _describe(self) -> str:
         """Where this task's migrations and inputs stand (a stuck rescale's error)."""
-        parts = []
-        for sid, out in self.old_role.subscales.items():
-            parts.append(f"out {sid} groups {list(out.key_groups)} confirms "
-                         f"{len(out.confirms)}/{out.predecessors} triggered {out.migrated} "
-                         f"pulled {sorted(out.pulled)}")
-        for sid, inc in self.new_role.subscales.items():
-            parts.append(f"in {sid} groups {list(inc.key_groups)} state in {sorted(inc.state_in)} "
-                         f"confirms {len(inc.confirms)}/{len(inc.direct_channels)}"
-                         f"{'' if inc.confirm_needed else ' (not needed)'}")
-        if self.new_role.aside_count:
-            parts.append(f"{self.new_role.aside_count} records set aside")
+        parts = self.migration.describe()
         chans = [f"{cid}:{len(c.queue)}q{'/ended' if c.ended else ''}"
                  f"{'/blocked' if cid in self._step_blocked or cid in self._blocked else ''}"
                  f"{'/head' if cid in self._heads else ''}" for cid, c in self.inputs.items()]
         parts.append("inputs " + " ".join(chans))
         return "; ".join(parts)
-
-    def _inject(self, msg: InjectSubscale) -> None:
-        """Predecessor: re-route the subscale's groups, confirm on the old channels, trigger."""
-        edge = next(e for e in self.router.edges if e.edge_id == msg.edge_id)
-        direct = edge.channels[msg.new_index]
-        for oc in self.router.redirect(msg.edge_id, msg.key_groups, msg.new_index):
-            self.router.send_event_to({oc.channel_id}, ConfirmBarrier(msg.subscale, direct.channel_id))
-            if msg.trigger:
-                self.priority_out.append((oc.target, TriggerBarrier(msg.subscale)))
-        if msg.pause_new:
-            self.router.send_event_to({direct.channel_id}, PauseBarrier(msg.subscale))
-
-    def _migrate_out(self, sid: int) -> None:
-        """Old owner, first barrier of the subscale: the new owner may pull the groups."""
-        out = self.old_role.subscales[sid]
-        self._trigger_at[sid] = self.clock.now()
-        self._freeze_leaving(sid)
-        self.router.open_reroute(self._reroute_channels[sid])
-        b = self.backend
-        assert b is not None
-        sizes = tuple((kg, _estimated_group_bytes(b, kg)) for kg in out.key_groups)
-        first = self.old_role.first_push(sid, dict(sizes))
-        self.priority_out.append((out.new_owner, SubscaleTriggered(sid, sizes, first)))
-        self._state_sent[sid] = 0
-        self._on_pull(sid, first)  # two hops sooner than a pull; the priority path keeps order
-
-    def _on_pull(self, sid: int, kg: int) -> None:
-        """Old owner: the new owner pulls one group; from now on its records found in the
-        input are re-routed."""
-        if not self.old_role.can_pull(sid, kg):
-            return
-        out = self.old_role.subscales[sid]
-        self.router.flush_all()  # this task's earlier outputs of the group go first
-        msg = self._take_group(sid, kg)
-        out.pulled.add(kg)
-        self.old_role.mark_migrated(sid, kg)
-        self.priority_out.append((out.new_owner, msg))
-        self._state_sent[sid] += len(msg.state)
-        self._finish_outgoing(sid)
-
-    def _finish_outgoing(self, sid: int) -> None:
-        """Old owner (drrs): every confirm forwarded and every group pulled."""
-        if not self.old_role.done(sid):
-            return
-        out = self.old_role.subscales[sid]
-        self.router.close_reroute(out.reroute_channel)
-        self.old_role.finish(sid)
-        self._reroute_channels.pop(sid, None)
-        self._replicas_at_new.pop(sid, None)
-        self.reports.append(SubscaleDone(
-            self.name, sid, "old", self._state_sent.pop(sid, 0),
-            self.router.rerouted_by.pop(out.reroute_channel, 0),
-            self._trigger_at.pop(sid, 0.0), self.suspended_s))
-        self._finish_if_ended()
-
-    def _pull_next(self, sid: int) -> None:
-        """New owner: ask for the next group of the subscale (one at a time)."""
-        kg = self.new_role.next_pull(sid)
-        if kg is not None:
-            self.priority_out.append((self.new_role.subscales[sid].old_owner, PullState(sid, kg)))
-
-    def _unblock(self, sid: int) -> None:
-        for cid in [c for c, sids in self._step_blocked.items() if sid in sids]:
-            sids = self._step_blocked[cid]
-            sids.discard(sid)
-            if not sids:
-                del self._step_blocked[cid]
-
-    def _ship_aligned(self, sid: int) -> None:
-        """Old owner, every confirm of the subscale in (no record of its groups can arrive
-        any more): ship the groups' state, finish, read the held channels again."""
-        self.router.flush_all()  # this task's earlier outputs of the groups go first
-        out = self.old_role.finish(sid)
-        b = self.backend
-        assert b is not None
-        sent = 0
-        for kg in out.key_groups:
-            msg = self._take_group(sid, kg)
-            self.priority_out.append((out.new_owner, msg))
-            sent += len(msg.state)
-        self._reroute_channels.pop(sid, None)
-        self._replicas_at_new.pop(sid, None)
-        self._unblock(sid)
-        self.reports.append(SubscaleDone(self.name, sid, "old", sent, 0,
-                                         self._trigger_at.pop(sid, 0.0), self.suspended_s))
-        self._finish_if_ended()
-
-    def _take_group(self, sid: int, kg: int) -> MigrateState:
-        """Snapshot and remove a group for its new owner: only the changes since the
-        replica there when it holds one at the group's last replicated version."""
-        b = self.backend
-        assert b is not None
-        kind, data = migration_payload(b, kg, self._replicas_at_new.get(sid, {}).get(kg))
-        b.remove(kg)
-        b.untrack(kg)
-        if self.keyed is not None:
-            self.keyed.held.pop(kg, None)  # they are in the state just taken
-        # the new owner shows records set aside there no later watermark than the one
-        # they followed: the watermark here when the subscale's first barrier came
-        wm = self._leaving.pop(kg, self.watermark)
-        return MigrateState(sid, kg, data, wm, kind)
-
-    def _confirm_at_old_owner(self, sid: int, direct_channel: int, channel: int) -> None:
-        out = self.old_role.subscales.get(sid)
-        if out is not None and out.aligned:
-            if sid not in self._trigger_at:  # the subscale's first barrier here
-                self._trigger_at[sid] = self.clock.now()
-                self._freeze_leaving(sid)
-            if self.old_role.on_confirm(sid, direct_channel):
-                self._ship_aligned(sid)
-            elif out.block:
-                self._step_blocked.setdefault(channel, set()).add(sid)
-            return
-        if self.old_role.should_migrate(sid):
-            self._migrate_out(sid)
-        out = self.old_role.subscales[sid]
-        self.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, direct_channel))
-        self.old_role.on_confirm(sid, direct_channel)
-        self._finish_outgoing(sid)
-
-    def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:
-        self.new_role.on_confirm(sid, direct_channel)
-        self._release_and_activate(sid)
-
-    def _install_incoming(self, msg: MigrateState) -> None:
-        assert self.backend is not None
-        if msg.kind == "delta":
-            data = self.replicas.reload(msg.key_group, "delta", msg.state)
-        else:
-            self.replicas.drop(msg.key_group)
-            data = msg.state
-        self.backend.install(msg.key_group, data)
-        self.new_role.on_state(msg.subscale, msg.key_group, len(msg.state), msg.watermark)
-        self._guarded(self._release_and_activate, msg.subscale)
-        self._pull_next(msg.subscale)
-
-    def _release_and_activate(self, sid: int) -> None:
-        nr = self.new_role
-        for c, kg in nr.releasable():
-            self._run_records([(v, ts, k, kg, port) for v, ts, k, port in nr.release(c, kg)])
-        activated = nr.activatable(sid)
-        for kg in activated:
-            nr.activate(kg)
-            if self.keyed is not None:
-                self.keyed.release_held(kg)
-        if activated and self.keyed is not None:
-            values, timestamps = self.keyed.fire_timers(self.watermark, EVENT_TIME)
-            self._run_rest(values, timestamps)
-        if nr.subscale_done(sid):
-            inc = nr.finish(sid)
-            self._unblock(sid)
-            ch = self.inputs.get(inc.reroute_channel)
-            if ch is not None and not ch.queue and not ch.pending and inc.reroute_channel not in self._heads:
-                del self.inputs[inc.reroute_channel]
-                self._order = sorted(self.inputs)
-                self._rr = 0
-            self.reports.append(SubscaleDone(self.name, sid, "new", inc.bytes_in, 0, 0.0,
-                                             self.suspended_s))
-            self._finish_if_ended()
 
     # ------------------------------------------------------------ sources and timers
     def poll_source(self, max_records: int) -> bool:
@@ -720,7 +632,7 @@ class TaskCore:
                 self._max_ts = m
             self._last_emit = self.clock.monotonic()
             self._idle = False
-        self._guarded(self._run_rest, batch.values, batch.timestamps)
+        self.guarded(self._run_rest, batch.values, batch.timestamps)
         return True
 
     def emit_watermark(self) -> None:
@@ -762,12 +674,13 @@ class TaskCore:
             values, timestamps = self.keyed.fire_timers(now)  # type: ignore[union-attr]
             self._run_rest(values, timestamps)
 
-        self._guarded(run)
+        self.guarded(run)
         return True
 
     # ------------------------------------------------------------ control
     def handle(self, msg: Any) -> Any:
-        """Carry out one control message; returns the reply message."""
+        """Carry out one control message; returns the reply message. Messages the core does
+        not know go to its migration participant."""
         match msg:
             case Connect(inputs=inputs, outputs=outputs):
                 self._connect(inputs, outputs)
@@ -800,7 +713,8 @@ class TaskCore:
                 return KeyGroupSnapshot(groups)
             case InstallKeyGroups(groups=groups):
                 if self.backend is None:
-                    raise ValueError(f"task {self.name} is not keyed; it holds no key groups")
+                    raise TaskControlError(f"task {self.name} is not keyed; it holds no key "
+                                           "groups (install them at the keyed vertex's tasks)")
                 for kg, data in groups:
                     self.backend.install(kg, data)
                 return Ack()
@@ -825,98 +739,35 @@ class TaskCore:
                 return Ack()
             case AddInputs(inputs=inputs):
                 for cid, port in inputs:
-                    if cid not in self.inputs:
-                        self.inputs[cid] = InputChannel(cid, port)
+                    self.add_input(cid, port)
                 self._order = sorted(self.inputs)
                 self._on_watermark(self.tracker.set_channels(self._live_inputs()))
                 return Ack()
             case DescribeTask():
-                return TaskState(self.name, self.status,
+                return TaskState(self.name, self.status.value,
                                  self._end_pending or self.status == FINISHED, self._describe())
             case HoldFinish(hold=hold):
                 self.hold_finish = hold
                 if not hold:
                     self._finish_if_ended()
-                return TaskState(self.name, self.status,
+                return TaskState(self.name, self.status.value,
                                  self._end_pending or self.status == FINISHED)
             case GroupStatsRequest():
                 now, b, counts = self.clock.monotonic(), self.backend, self.group_records
                 groups = () if b is None else tuple(
-                    (kg, counts.get(kg, 0), _estimated_group_bytes(b, kg)) for kg in b.owned())
+                    (kg, counts.get(kg, 0), estimated_group_bytes(b, kg)) for kg in b.owned())
                 reply = GroupStats(self.name, groups, now - self._stats_since)
                 self.group_records, self._stats_since = Counter(), now
                 return reply
-            case RefreshReplicas(targets=targets):
-                return self._refresh_replicas(targets)
-            case ReplicaUpdate(key_group=kg, version=v, data=data, is_delta=is_delta):
-                try:
-                    self.replicas.update(kg, v, data, is_delta, self.clock.now())
-                except StaleReplicaError:
-                    self.replicas.drop(kg)
-                    return ReplicaAck(kg, False)
-                return ReplicaAck(kg, True)
-            case DropReplicas(key_groups=kgs):
-                for kg in kgs:
-                    self.replicas.drop(kg)
-                return Ack()
-            case InjectSubscale():
-                self._inject(msg)
-                return Ack()
-            case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n,
-                                aligned=aligned, block=block, replicas=replicas):
-                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block)
-                if replicas:
-                    self._replicas_at_new[sid] = dict(replicas)
-                self._reroute_channels[sid] = rc
-                return Ack()
-            case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
-                                reroute_channel=rcid, confirm_needed=confirm_needed,
-                                old_owner=old_owner):
-                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner)
-                if confirm_needed and rcid not in self.inputs:
-                    self.inputs[rcid] = InputChannel(rcid, REROUTE_PORT)
-                    self._order = sorted(self.inputs)
-                return Ack()
-            case TriggerBarrier(subscale=sid):
-                if self.old_role.should_migrate(sid):
-                    self._migrate_out(sid)
-                return Ack()
-            case MigrateState():
-                self._install_incoming(msg)
-                return Ack()
-            case SubscaleTriggered(subscale=sid, sizes=sizes, pushed=pushed):
-                if sid in self.new_role.subscales:
-                    self.new_role.on_triggered(sid, dict(sizes), pushed)
-                    self._pull_next(sid)
-                return Ack()
-            case PullState(subscale=sid, key_group=kg):
-                self._on_pull(sid, kg)
-                return Ack()
             case PriorityBatch(messages=msgs):
                 for m in msgs:
                     if isinstance(m, PriorityBatch):
-                        raise ValueError(f"task {self.name}: a PriorityBatch inside a PriorityBatch")
+                        raise TaskControlError(f"task {self.name}: a PriorityBatch inside a "
+                                               "PriorityBatch; the sender must flatten them")
                     self.handle(m)
                 return Ack()
             case _:
-                raise ValueError(f"task {self.name}: unknown control message {msg!r}")
-
-    def _refresh_replicas(self, targets: tuple[tuple[int, str, int], ...]) -> ReplicasRefreshed:
-        """Owner: the next refresh of each replicated group goes to its holder (priority
-        path; the shell awaits the holders' acks before replying)."""
-        b = self.backend
-        stats = self.replication_stats
-        before_bytes, before_cpu = stats.bytes_copied, stats.encode_cpu_s
-        versions = []
-        for kg, holder, held in targets:
-            if b is None or kg not in b.groups:
-                continue
-            full = not (held >= 0 and b.is_tracked(kg) and held == b.version(kg))
-            r = refresh_replica(b, kg, self.clock.monotonic, stats, full=full)
-            self.priority_out.append((holder, ReplicaUpdate(kg, r.version, r.data, r.is_delta)))
-            versions.append((kg, r.version))
-        return ReplicasRefreshed(tuple(versions), (), stats.bytes_copied - before_bytes,
-                                 stats.encode_cpu_s - before_cpu)
+                return self.migration.handle(msg)
 
     def _connect(self, inputs: tuple[tuple[int, int], ...] | tuple[int, ...], outputs: Any) -> None:
         wanted: dict[int, int] = {}
@@ -926,7 +777,8 @@ class TaskCore:
         for cid in list(self.inputs):
             if cid not in wanted:
                 if self.inputs[cid].queue or self.inputs[cid].pending:
-                    raise RuntimeError(f"task {self.name}: removing input {cid} with queued frames")
+                    raise TaskControlError(f"task {self.name}: removing input {cid} with queued "
+                                           "frames; drain the channel before reconnecting")
                 del self.inputs[cid]
         for cid, port in wanted.items():
             if cid not in self.inputs:
@@ -949,7 +801,7 @@ class TaskCore:
             task=self.name,
             vertex=self.spec.vertex,
             task_index=self.spec.task_index,
-            status=self.status,
+            status=self.status.value,
             records_in=self.records_in,
             records_out=self.router.records_out,
             bytes_in=self.bytes_in,

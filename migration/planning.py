@@ -4,8 +4,8 @@ Pure functions and values, no Ray and no I/O. A :class:`Planning` holds Spacker'
 knobs: *prioritisation* (the order of the moving key groups), *progressiveness* (how the
 ordered groups are cut into sequential steps) and *replication* (plain knobs here; the
 mechanics live elsewhere). :func:`plan_steps` turns a rescale (old and new assignment) into
-a :class:`StepPlan`: steps run one after another, each step a tuple of DRRS
-:class:`~migration.protocols.drrs.Subscale` values, one per (old owner, new owner) pair.
+a :class:`~migration.plan.MigrationPlan`: steps run one after another, each step a tuple of
+:class:`~migration.plan.Subscale` values, one per (old owner, new owner) pair.
 :func:`matching_steps` is Megaphone's matching-based batching (every task sends and
 receives at most one group per step) and :func:`adaptive_planning` Spacker's default
 strategy (§IV-C), choosing the knobs from a :class:`WorkloadProfile`.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from engine.keygroups import moved_key_groups
-from migration.protocols.drrs import Subscale
+from migration.plan import MigrationPlan, steps_from_chunks
 
 PRIORITISATIONS = ("random", "hot-first", "arrival-order", "smallest-state-first")
 PROGRESSIVENESS = ("all-at-once", "chunks", "one-by-one", "equal-transfer-time")
@@ -129,28 +129,6 @@ class Planning:
         return f"{_prio_name(self)}, {prog}"
 
 
-@dataclass(frozen=True)
-class StepPlan:
-    """The steps of one rescale, run one after another; subscales of a step run at once.
-
-    Invariant: every moved key group is in exactly one subscale, no unmoved group is in any;
-    subscale ids are consecutive in step order; ``order`` is the prioritised moved groups.
-    """
-
-    steps: tuple[tuple[Subscale, ...], ...]
-    order: tuple[int, ...]
-    reason: str
-
-    @property
-    def subscales(self) -> tuple[Subscale, ...]:
-        return tuple(s for step in self.steps for s in step)
-
-    @property
-    def moved(self) -> tuple[int, ...]:
-        """Moved key groups in step order."""
-        return tuple(kg for s in self.subscales for kg in s.key_groups)
-
-
 # ---------------------------------------------------------------------- ordering
 
 
@@ -211,7 +189,7 @@ def order_groups(groups: Sequence[int], profiles: Mapping[int, GroupProfile] | N
     return tuple(g.key_group for g in sorted(filled, key=key))
 
 
-def chunk_groups(ordered: Sequence[int], profiles: Mapping[int, GroupProfile] | None,
+def progressive_chunks(ordered: Sequence[int], profiles: Mapping[int, GroupProfile] | None,
                  planning: Planning) -> tuple[tuple[int, ...], ...]:
     """Cut ``ordered`` into consecutive non-empty chunks by ``planning.progressiveness``,
     keeping the order (the concatenation of the chunks is ``ordered``).
@@ -334,9 +312,11 @@ def matching_steps(moves: Mapping[int, tuple[int, int]]) -> tuple[tuple[int, ...
 
 def plan_steps(operator: str, old_assignment: Sequence[int], new_assignment: Sequence[int],
                planning: Planning, profiles: Mapping[int, GroupProfile] | None = None, *,
-               first_id: int = 0, matching: bool = False) -> StepPlan:
+               first_id: int = 0, matching: bool = False,
+               old_parallelism: int | None = None, new_parallelism: int | None = None,
+               protocol: str = "non-disruptive") -> MigrationPlan:
     """Plan a rescale of ``operator``: the groups whose owner changes, ordered by
-    ``order_groups`` and cut into steps by ``chunk_groups`` (or, with ``matching=True``, by
+    ``order_groups`` and cut into steps by ``progressive_chunks`` (or, with ``matching=True``, by
     ``matching_steps`` over that order, so every task sends and receives at most one group
     per step). Each step is split into one ``Subscale`` per (old, new) pair, pairs in order
     of their first group, groups in priority order; ids are consecutive from ``first_id``.
@@ -351,22 +331,16 @@ def plan_steps(operator: str, old_assignment: Sequence[int], new_assignment: Seq
         chunks = matching_steps({kg: (old_assignment[kg], new_assignment[kg]) for kg in order})
         how = f"{_prio_name(planning)}, matching (each task sends/receives <= 1 group per step)"
     else:
-        chunks = chunk_groups(order, profiles, planning)
+        chunks = progressive_chunks(order, profiles, planning)
         how = planning.describe()
-    steps: list[tuple[Subscale, ...]] = []
-    next_id = first_id
-    for chunk in chunks:
-        pairs: dict[tuple[int, int], list[int]] = {}
-        for kg in chunk:
-            pairs.setdefault((old_assignment[kg], new_assignment[kg]), []).append(kg)
-        step = []
-        for (o, n), kgs in pairs.items():
-            step.append(Subscale(next_id, o, n, tuple(kgs)))
-            next_id += 1
-        steps.append(tuple(step))
+    steps = steps_from_chunks(chunks, old_assignment, new_assignment, first_id)
+    subscales = sum(len(step) for step in steps)
     reason = (f"{operator}: {len(moved)} key groups move in {len(steps)} steps "
-              f"({next_id - first_id} subscales); {how}")
-    return StepPlan(tuple(steps), order, reason)
+              f"({subscales} subscales); {how}")
+    old_p = old_parallelism if old_parallelism is not None else max(old_assignment, default=0) + 1
+    new_p = new_parallelism if new_parallelism is not None else max(new_assignment, default=0) + 1
+    return MigrationPlan(operator, protocol, old_p, new_p, tuple(old_assignment),
+                         tuple(new_assignment), steps, reason, tuple(order))
 
 
 def _prio_name(planning: Planning) -> str:

@@ -1,4 +1,10 @@
-"""What a rescale reports back (a wire message, so it crosses actors as msgpack)."""
+"""What a rescale reports back (a wire message, so it crosses actors as msgpack).
+
+Why ``summary()``: a rescale can end before its plan did (a newer request superseded it, or
+the input ended first), and a one-line print of parallelism, duration and groups moved then
+reads as a finished rescale. Every place that prints a report prints ``str(report)``, which
+says "cut short" with "moved X of Y planned key groups" whenever that happened.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ class RescaleReport:
     request, duration)``; ``superseded`` when a newer request for the operator cut it short.
     Live protocols add ``planning_reason`` (how the moving groups were ordered and grouped,
     and why, for the adaptive strategy) and ``steps`` (steps run in sequence; 1 for drrs).
+    ``key_groups_planned``: groups the plan would have moved (more than ``key_groups_moved``
+    when the rescale was superseded or cut short by the end of the input).
     """
 
     operator: str
@@ -44,3 +52,32 @@ class RescaleReport:
     superseded: bool = False
     planning_reason: str = ""
     steps: int = 0
+    key_groups_planned: int = 0
+
+    @property
+    def cut_short(self) -> bool:
+        """True when the rescale ended before its plan did: superseded (by a newer request
+        or the end of the input), or fewer groups moved than planned."""
+        return self.superseded or self.key_groups_moved < self.key_groups_planned
+
+    def summary(self) -> str:
+        """One line for people: protocol, operator, parallelism, duration, groups and bytes
+        moved. A cut-short rescale says so, with "moved X of Y planned key groups" (or that
+        the plan's size is unknown when ``key_groups_planned`` was not filled)."""
+        head = (f"{self.protocol} rescale of {self.operator!r} "
+                f"{self.old_parallelism} -> {self.new_parallelism}")
+        if not self.cut_short:
+            return (f"{head} done in {self.duration_s:.2f} s: moved {self.key_groups_moved} "
+                    f"key groups ({self.bytes_moved} bytes)")
+        why = ("superseded by a newer request or the end of the input" if self.superseded
+               else "fewer groups moved than planned")
+        if self.key_groups_planned > 0:
+            moved = f"moved {self.key_groups_moved} of {self.key_groups_planned} planned key groups"
+        else:
+            moved = (f"moved {self.key_groups_moved} key groups (how many were planned was not "
+                     "reported)")
+        return (f"{head} cut short ({why}) after {self.duration_s:.2f} s: {moved} "
+                f"({self.bytes_moved} bytes)")
+
+    def __str__(self) -> str:
+        return self.summary()

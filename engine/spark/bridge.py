@@ -239,12 +239,6 @@ class BridgeActor:
         return pack_exact(s)
 
 
-def _remote_bridge() -> Any:
-    import ray
-
-    return ray.remote(max_restarts=0, max_task_retries=0)(BridgeActor)
-
-
 # ====================================================================== Spark-side client
 
 
@@ -441,7 +435,9 @@ class SparkSource(Source):
         if self._actor is None:
             if not ray.is_initialized():
                 raise BridgeError("SparkSource.start(): connect to Ray first (job.run() does)")
-            self._actor = _remote_bridge().options(
+            from engine.runtime.spark_bridge import RemoteBridge
+
+            self._actor = RemoteBridge.options(
                 name=self.bridge_name, namespace=NAMESPACE, num_cpus=0,
                 max_concurrency=1000, get_if_exists=True,
             ).remote(self._config())

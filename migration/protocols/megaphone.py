@@ -7,41 +7,56 @@ matching, steps in which every task sends and receives at most one group."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from engine.keygroups import moved_key_groups
-from migration.protocols.live import LivePlan, LiveProtocol, steps_from_chunks
-
-FLUID = LiveProtocol("fluid", trigger=False, aligned=True, block_aligned=True,
-                     pause_new_owner=False, concurrent=False)
-BATCHED = LiveProtocol("batched", trigger=False, aligned=True, block_aligned=True,
-                       pause_new_owner=False, concurrent=False)
+from migration.plan import MigrationPlan, steps_from_chunks
+from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 
 
-def plan_fluid(operator: str, old: Sequence[int], new: Sequence[int], old_p: int, new_p: int,
-               order: Sequence[int] | None = None, first_id: int = 0) -> LivePlan:
-    """One key group per step, in ``order`` (default: key group order)."""
-    moved = list(order) if order is not None else moved_key_groups(old, new)
-    steps = steps_from_chunks([[kg] for kg in moved], old, new, first_id)
-    return LivePlan(operator, FLUID.name, old_p, new_p, tuple(old), tuple(new), steps,
-                    f"{len(moved)} steps of one key group")
+def _order(req: PlanRequest) -> tuple[list[int], tuple[int, ...]]:
+    """The moved groups in the planning's priority order (key group order without one)."""
+    moved = moved_key_groups(req.old_assignment, req.new_assignment)
+    if req.planning is None:
+        return moved, ()
+    from migration.planning import order_groups
+
+    order = tuple(order_groups(moved, req.profiles, req.planning))
+    return list(order), order
 
 
-def plan_batched(operator: str, old: Sequence[int], new: Sequence[int], old_p: int, new_p: int,
-                 batch: int = 4, matching: bool = False, order: Sequence[int] | None = None,
-                 first_id: int = 0) -> LivePlan:
-    """Steps of ``batch`` key groups in ``order``; with ``matching``, steps in which no task
-    sends or receives more than one group."""
-    if batch < 1:
+def plan_fluid(req: PlanRequest) -> MigrationPlan:
+    """One key group per step."""
+    moved, order = _order(req)
+    steps = steps_from_chunks([[kg] for kg in moved], req.old_assignment, req.new_assignment,
+                              req.first_id)
+    return MigrationPlan(req.operator, RescaleProtocol.FLUID, req.old_parallelism,
+                         req.new_parallelism, req.old_assignment, req.new_assignment, steps,
+                         f"{len(moved)} steps of one key group", order)
+
+
+def plan_batched(req: PlanRequest) -> MigrationPlan:
+    """Steps of ``batch`` key groups; with ``matching``, steps in which no task sends or
+    receives more than one group."""
+    if req.batch < 1:
         raise ValueError("batch must be >= 1 key group")
-    moved = list(order) if order is not None else moved_key_groups(old, new)
-    if matching:
+    moved, order = _order(req)
+    if req.matching:
         from migration.planning import matching_steps
 
-        chunks = matching_steps({kg: (old[kg], new[kg]) for kg in moved})
+        chunks = matching_steps({kg: (req.old_assignment[kg], req.new_assignment[kg])
+                                 for kg in moved})
         reason = f"{len(chunks)} matching steps (every task sends and receives <= 1 group)"
     else:
-        chunks = tuple(tuple(moved[i:i + batch]) for i in range(0, len(moved), batch))
-        reason = f"{len(chunks)} steps of up to {batch} key groups"
-    return LivePlan(operator, BATCHED.name, old_p, new_p, tuple(old), tuple(new),
-                    steps_from_chunks(chunks, old, new, first_id), reason)
+        chunks = tuple(tuple(moved[i:i + req.batch]) for i in range(0, len(moved), req.batch))
+        reason = f"{len(chunks)} steps of up to {req.batch} key groups"
+    return MigrationPlan(req.operator, RescaleProtocol.BATCHED, req.old_parallelism,
+                         req.new_parallelism, req.old_assignment, req.new_assignment,
+                         steps_from_chunks(chunks, req.old_assignment, req.new_assignment,
+                                           req.first_id), reason, order)
+
+
+FLUID = ProtocolSpec(RescaleProtocol.FLUID, live=True, trigger=False, aligned=True,
+                     block_aligned=True, pause_new_owner=False, concurrent=False,
+                     planner=plan_fluid)
+BATCHED = ProtocolSpec(RescaleProtocol.BATCHED, live=True, trigger=False, aligned=True,
+                       block_aligned=True, pause_new_owner=False, concurrent=False,
+                       planner=plan_batched)

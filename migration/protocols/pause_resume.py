@@ -6,18 +6,20 @@ pause; everything moves in one step."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from engine.keygroups import moved_key_groups
-from migration.protocols.live import LivePlan, LiveProtocol, split_by_pair
-
-PAUSE_RESUME = LiveProtocol("pause-resume", trigger=False, aligned=True, block_aligned=True,
-                            pause_new_owner=True, concurrent=False)
+from migration.plan import MigrationPlan, subscales_by_pair
+from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 
 
-def plan_pause_resume(operator: str, old: Sequence[int], new: Sequence[int], old_p: int,
-                      new_p: int, first_id: int = 0) -> LivePlan:
-    moved = moved_key_groups(old, new)
-    step = split_by_pair(moved, old, new, first_id)
-    return LivePlan(operator, PAUSE_RESUME.name, old_p, new_p, tuple(old), tuple(new),
-                    (step,) if step else (), f"all {len(moved)} moving key groups in one step")
+def plan_pause_resume(req: PlanRequest) -> MigrationPlan:
+    moved = moved_key_groups(req.old_assignment, req.new_assignment)
+    step = subscales_by_pair(moved, req.old_assignment, req.new_assignment, req.first_id)
+    return MigrationPlan(req.operator, RescaleProtocol.PAUSE_RESUME, req.old_parallelism,
+                         req.new_parallelism, req.old_assignment, req.new_assignment,
+                         (step,) if step else (),
+                         f"all {len(moved)} moving key groups in one step")
+
+
+PAUSE_RESUME = ProtocolSpec(RescaleProtocol.PAUSE_RESUME, live=True, trigger=False,
+                            aligned=True, block_aligned=True, pause_new_owner=True,
+                            concurrent=False, planner=plan_pause_resume)

@@ -2,46 +2,59 @@
 against: pause sources at a recorded offset, drain, snapshot every key group of the operator,
 stop its tasks, start the new set, install key groups by the new assignment, reconnect, resume.
 
-``plan_stop_restart`` is pure and returns the plan as a value; the JobMaster executes it
-phase by phase (``PHASES``).
+The plan is a ``MigrationPlan`` like every other (one step, by pair, for inspection: every
+group is restored since every task restarts); the coordinator runs the ``PHASES``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from engine.keygroups import moved_key_groups, uniform_assignment
-
-PHASES = ("pause", "drain", "snapshot", "stop", "deploy", "install", "connect", "resume")
-
-
-@dataclass(frozen=True)
-class StopRestartPlan:
-    """Rescale ``operator`` from ``old_assignment`` to ``new_assignment``.
-
-    Invariant: both assignments cover every key group; ``moved`` lists the key groups whose
-    owner index changes (all groups are restored, since every task restarts).
-    """
-
-    operator: str
-    old_parallelism: int
-    new_parallelism: int
-    old_assignment: tuple[int, ...]
-    new_assignment: tuple[int, ...]
-    moved: tuple[int, ...]
+from engine.names import NameEnum
+from migration.plan import MigrationPlan, subscales_by_pair
+from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 
 
-def plan_stop_restart(
-    operator: str, old_parallelism: int, old_assignment: tuple[int, ...] | None,
-    new_parallelism: int, num_key_groups: int, assignment: tuple[int, ...] | None = None,
-) -> StopRestartPlan:
-    """``assignment`` (a rebalance) replaces the uniform one; validated by the caller."""
-    old = old_assignment or ()
+class StopRestartPhase(NameEnum):
+    PAUSE = "pause"
+    DRAIN = "drain"
+    SNAPSHOT = "snapshot"
+    STOP = "stop"
+    DEPLOY = "deploy"
+    INSTALL = "install"
+    CONNECT = "connect"
+    RESUME = "resume"
+
+
+PHASES = tuple(StopRestartPhase)
+
+
+def plan(req: PlanRequest) -> MigrationPlan:
+    """A stateless operator has empty assignments and no steps."""
+    old, new = req.old_assignment, req.new_assignment
+    moved = moved_key_groups(old, new) if old else []
+    step = subscales_by_pair(moved, old, new, req.first_id) if moved else ()
+    return MigrationPlan(req.operator, RescaleProtocol.STOP_RESTART, req.old_parallelism,
+                         req.new_parallelism, old, new, (step,) if step else (),
+                         f"every task of {req.operator!r} restarts; {len(moved)} key groups "
+                         "change owner")
+
+
+STOP_RESTART = ProtocolSpec(RescaleProtocol.STOP_RESTART, live=False, trigger=False,
+                            aligned=False, block_aligned=False, pause_new_owner=False,
+                            concurrent=False, planner=plan)
+
+
+def plan_stop_restart(operator: str, old_parallelism: int,
+                      old_assignment: tuple[int, ...] | None, new_parallelism: int,
+                      num_key_groups: int,
+                      assignment: tuple[int, ...] | None = None) -> MigrationPlan:
+    """The stop-restart plan to ``assignment`` (a rebalance) or uniform ranges; a stateless
+    operator (no assignment) has empty ones."""
+    old = tuple(old_assignment or ())
     if not old:
         new: tuple[int, ...] = ()
     elif assignment is not None:
         new = tuple(assignment)
     else:
         new = uniform_assignment(num_key_groups, new_parallelism)
-    moved = tuple(moved_key_groups(old, new)) if old else ()
-    return StopRestartPlan(operator, old_parallelism, new_parallelism, tuple(old), new, moved)
+    return plan(PlanRequest(operator, old, new, old_parallelism, new_parallelism))

@@ -16,13 +16,15 @@ frames from ``router.outbox`` through ``receive()`` + ``step()``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
+import types
 from typing import Any
 
 import pytest
 
 from engine.api import StreamJob
-from engine.channel import OutFrame, OutputRouter
+from engine.channel import REROUTE_PORT, OutFrame, OutputRouter
 from engine.clock import ManualClock
 from engine.codec import unpack_exact
 from engine.config import JobConfig
@@ -42,10 +44,7 @@ from engine.messages import (
     ConfirmBarrier,
     DescribeTask,
     EndOfStream,
-    ExpectIncoming,
-    ExpectOutgoing,
     HoldFinish,
-    InjectSubscale,
     LatencyMarker,
     MigrateState,
     OutputChannel,
@@ -73,19 +72,19 @@ from engine.state import EVENT_TIME
 from engine.task import TaskCore, TaskSpec
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
-from migration.planning import GroupProfile, Planning
-from migration.protocols import LIVE, plan_live
-from migration.protocols.drrs import (
-    REROUTE_PORT,
-    DrrsPlan,
-    NewOwnerRole,
-    OldOwnerRole,
-    Subscale,
-    SubscaleScheduler,
-    chunk_groups,
-    plan_subscales,
+from migration.coordinator import (
+    RescaleRequest,
+    add_tasks_steps,
+    remove_tasks_steps,
+    subscale_calls,
 )
-from migration.protocols.live import LivePlan, StepScheduler
+from migration.participant import NewOwnerRole, OldOwnerRole, new_task_core
+from migration.plan import MigrationPlan, Subscale, chunk_by_size
+from migration.planning import GroupProfile, Planning
+from migration.protocols import LIVE, PROTOCOLS, PlanRequest, make_plan
+from migration.protocols.drrs import plan_subscales
+from migration.scheduling import SubscaleScheduler
+from tests import harness
 
 N = 16  # key groups; uniform over 2 tasks: 0-7 -> task 0, 8-15 -> task 1
 CFG = JobConfig(batch_size=4, linger_ms=0, metrics_port=None)
@@ -121,13 +120,12 @@ class DNet:
     def __init__(self, job: StreamJob, clock: ManualClock) -> None:
         self.clock = clock
         self.config = job.config
-        self.plan = plan_physical(job.graph())
-        self.dep = initial_deployment(self.plan, "j")
+        self.dep = initial_deployment(plan_physical(job.graph()), "j")
         self.ids = ChannelIds()
         self.cores: dict[str, TaskCore] = {}
         for v in self.plan.vertices:
             for i, name in enumerate(self.dep.tasks[v.name]):
-                self.cores[name] = TaskCore(make_spec(self.dep, v.name, i, name, self.config), clock)
+                self.cores[name] = new_task_core(make_spec(self.dep, v.name, i, name, self.config), clock)
         for name, msg in connect_messages(self.dep, self.ids).items():
             assert self.cores[name].handle(wire(msg)) == Ack()
         for v in reversed(self.plan.vertices):
@@ -244,140 +242,84 @@ class DNet:
                     self.seen_reports.setdefault(r.subscale, {})[r.role] = r
         return self.seen_reports
 
-    # -- the coordinator (engine/runtime.py JobMaster)
+    # -- the coordinator: the engine's own (migration.coordinator), run by tests/harness.py
+    def new_core(self, dep: Deployment, vertex: str, index: int, name: str) -> TaskCore:
+        return new_task_core(make_spec(dep, vertex, index, name, self.config), self.clock)
+
+    @property
+    def plan(self) -> Any:
+        return self.dep.plan
+
     def start_subscale(self, sub: Subscale, vertex: str = "sum", trigger: bool = True,
                        protocol: str = "drrs", replicas: tuple[tuple[int, int], ...] = ()) -> int:
-        """JobMaster._start_subscale; returns the re-route channel id."""
-        proto = LIVE[protocol]
+        """The coordinator's calls that start one subscale; returns the re-route channel id.
+        ``replicas``: (key group, version) of replicas the new owner holds."""
         names = self.dep.tasks[vertex]
-        s_name, d_name = names[sub.old], names[sub.new]
-        rcid = self.ids.get(-1 - sub.subscale_id, s_name, d_name)
-        in_edges = self.dep.plan.inputs_of(vertex)
-        direct = tuple(self.ids.get(e.edge_id, u, d_name) for e in in_edges
-                       for u in self.dep.tasks[e.src])
-        assert self.cores[d_name].handle(wire(ExpectIncoming(
-            sub.subscale_id, sub.key_groups, direct, rcid, proto.trigger, s_name))) == Ack()
-        assert self.cores[s_name].handle(wire(ExpectOutgoing(
-            sub.subscale_id, sub.key_groups, OutputChannel(rcid, d_name, REROUTE_PORT),
-            len(direct), proto.aligned, proto.block_aligned, replicas))) == Ack()
-        for e in in_edges:
-            for u in self.dep.tasks[e.src]:
-                assert self.cores[u].handle(wire(InjectSubscale(
-                    sub.subscale_id, e.edge_id, sub.key_groups, sub.new, proto.trigger,
-                    proto.pause_new_owner))) == Ack()
+        held = {kg: (names[sub.new], v) for kg, v in replicas}
+        expect, inject = subscale_calls(sub, names, self.dep, vertex, self.ids,
+                                        PROTOCOLS[protocol], held)
+        for c in [*expect, *inject]:
+            assert self.cores[c.task].handle(wire(c.message)) == Ack()
         if trigger:  # the runtime sends priority messages before the data frames
             self.deliver_prio(TriggerBarrier)
-        return rcid
+        return self.ids.get(-1 - sub.subscale_id, names[sub.old], names[sub.new])
 
     def hold(self, vertex: str, hold: bool = True) -> list[TaskState]:
-        """JobMaster._drrs: HoldFinish to every task of the vertex."""
+        """HoldFinish to every task of the vertex (the coordinator's first and last step)."""
         return [self.cores[n].handle(wire(HoldFinish(hold))) for n in self.dep.tasks[vertex]]
 
     def add_tasks(self, vertex: str, work_p: int, hold: bool = False) -> list[str]:
-        """JobMaster._add_tasks: create, connect, AddInputs downstream, start, and
-        AddOutputChannels at every predecessor (``hold``: HoldFinish first)."""
-        dep = self.dep
-        old = list(dep.tasks[vertex])
-        gen = dep.generation + 1
-        new_names = [task_name("j", vertex, i, gen) for i in range(len(old), work_p)]
-        tasks = {**dep.tasks, vertex: tuple(old + new_names)}
-        work = Deployment(dep.plan.rescaled(vertex, work_p), "j", tasks, dict(dep.assignments), gen)
-        for n in new_names:
-            i = work.tasks[vertex].index(n)
-            self.cores[n] = TaskCore(make_spec(work, vertex, i, n, self.config), self.clock)
-            if hold:
-                self.cores[n].handle(wire(HoldFinish(True)))
-        msgs = connect_messages(work, self.ids)
-        for n in new_names:
-            assert self.cores[n].handle(wire(msgs[n])) == Ack()
-        adds: dict[str, list[tuple[int, int]]] = {}
-        for n in new_names:
-            for e in msgs[n].outputs:
-                for c in e.channels:
-                    adds.setdefault(c.target, []).append((c.channel_id, c.port))
-        for t, ins in adds.items():
-            assert self.cores[t].handle(wire(AddInputs(tuple(ins)))) == Ack()
-        for n in new_names:
-            assert self.cores[n].handle(Start()) == Ack()
-        for e in work.plan.inputs_of(vertex):
-            for u in work.tasks[e.src]:
-                chans = tuple(OutputChannel(self.ids.get(e.edge_id, u, n), n, e.port)
-                              for n in new_names)
-                assert self.cores[u].handle(wire(AddOutputChannels(e.edge_id, chans))) == Ack()
-        self.dep, self.plan = work, work.plan
-        return new_names
+        """The coordinator's ``add_tasks_steps``: create, connect, AddInputs downstream,
+        start, AddOutputChannels at every predecessor (``hold``: HoldFinish first)."""
+        old = list(self.dep.tasks[vertex])
+        gen = self.dep.generation + 1
+        new_names = tuple(task_name("j", vertex, i, gen) for i in range(len(old), work_p))
+        work = self.dep.with_vertex(vertex, tuple(old) + new_names, generation=gen)
+        harness.run_steps(self, add_tasks_steps(work, vertex, new_names, self.ids, hold))
+        self.dep = work
+        return list(new_names)
 
     def remove_tasks(self, vertex: str, keep: int) -> None:
-        """JobMaster._remove_tasks (scale-in)."""
-        dep = self.dep
-        names = list(dep.tasks[vertex])
-        gone = names[keep:]
-        for e in dep.plan.inputs_of(vertex):
-            for u in dep.tasks[e.src]:
-                ids = tuple(self.ids.get(e.edge_id, u, n) for n in gone)
-                assert self.cores[u].handle(wire(RemoveOutputChannels(ids))) == Ack()
-        self.pump()
-        for n in gone:
-            core = self.cores[n]
-            assert core.backend.owned() == [] and core.queued_frames() == 0
-            assert core.handle(StopTask(end_outputs=True)) == Ack()
-            del self.cores[n]
-        self.pump()
-        tasks = {**dep.tasks, vertex: tuple(names[:keep])}
-        self.dep = Deployment(dep.plan.rescaled(vertex, keep), "j", tasks, dict(dep.assignments),
-                              dep.generation)
-        self.plan = self.dep.plan
+        """The coordinator's ``remove_tasks_steps`` (scale-in)."""
+        gone = tuple(self.dep.tasks[vertex][keep:])
+        harness.run_steps(self, remove_tasks_steps(self.dep, vertex, gone, self.ids),
+                          after_send=self._settle)
+        self.dep = self.dep.with_vertex(vertex, tuple(self.dep.tasks[vertex][:keep]))
+
+    def _settle(self, cmd: Any) -> None:
+        """What the runtime's shell does after a control call: priority messages leave at
+        once; a channel removal or a stop waits until the frames sent are taken."""
+        self.deliver_prio(TriggerBarrier)
+        if any(isinstance(c.message, (RemoveOutputChannels, StopTask)) for c in cmd.calls):
+            self.pump()
 
     def set_assignment(self, vertex: str, assignment: list[int]) -> None:
-        self.dep = Deployment(self.dep.plan, "j", self.dep.tasks,
-                              {**self.dep.assignments, vertex: tuple(assignment)},
-                              self.dep.generation)
+        self.dep = self.dep.with_vertex(vertex, self.dep.tasks[vertex], tuple(assignment))
 
     def drrs(self, vertex: str, new_assign: tuple[int, ...], rng: random.Random, *,
              size: int = 2, limit: int = 2, at_once: int | None = None,
-             keep_source_back: int = 12,
-             max_rounds: int = 5000, protocol: str = "drrs",
-             ) -> tuple[LivePlan, dict[int, dict[str, SubscaleDone]]]:
-        """JobMaster._drrs with random interleavings of everything that may interleave:
-        sources keep reading, cores step in random order and amounts, frames arrive in
-        random batches, state (MigrateState) late; triggers go out first, as in the runtime.
-        Sources stop ``keep_source_back`` records short of their end meanwhile."""
+             keep_source_back: int = 12, max_rounds: int = 5000, protocol: str = "drrs",
+             subscale_bytes: int | None = None,
+             ) -> tuple[MigrationPlan, dict[int, dict[str, SubscaleDone]]]:
+        """A live rescale run by the engine's coordinator, with random interleavings of
+        everything that may interleave: sources keep reading, cores step in random order
+        and amounts, frames arrive in random batches, state (MigrateState) late; priority
+        messages leave right after each control call, as in the runtime. Sources stop
+        ``keep_source_back`` records short of their end meanwhile."""
         self.auto_pull = False  # pulls interleave at random too
-        old_assign = self.dep.assignments[vertex]
-        old_p = len(self.dep.tasks[vertex])
-        final_p = max(new_assign) + 1
-        plan = plan_live(protocol, vertex, old_assign, new_assign, old_p, final_p,
-                         subscale_size=size, batch=size, planning=Planning(chunk_size=size)
-                         if protocol == "non-disruptive" else None)
-        work_p = max(old_p, final_p)
-        if work_p > old_p:
-            self.add_tasks(vertex, work_p)
-        current = list(old_assign)
-        sched: Any = (SubscaleScheduler(plan, {i: current.count(i) for i in range(work_p)}, limit,
-                                        at_once)
-                      if LIVE[protocol].concurrent else StepScheduler(plan.steps))
-        reports: dict[int, dict[str, SubscaleDone]] = {}
-        while not sched.finished:
-            for sub in sched.next_batch():
-                self.start_subscale(sub, vertex, protocol=protocol)
-            for _ in range(max_rounds):
-                done = [sid for sid in sched.running if len(self.subscale_reports().get(sid, {})) == 2]
-                if done:
-                    break
-                self._random_round(rng, keep_source_back)
-            else:
-                raise AssertionError(f"subscales {sorted(sched.running)} never finished")
-            for sid in done:
-                sub = sched.running[sid]
-                sched.complete(sid)
-                reports[sid] = self.seen_reports.pop(sid)
-                for kg in sub.key_groups:
-                    current[kg] = sub.new
-                self.set_assignment(vertex, current)
-        if final_p < work_p:
-            self.pump()
-            self.remove_tasks(vertex, final_p)
-        return plan, reports
+        cfg = dataclasses.replace(self.config, drrs_subscale_size=size, batched_step_size=size,
+                                  drrs_max_subscales_per_task=limit,
+                                  drrs_subscale_bytes=subscale_bytes)
+        planning = Planning(chunk_size=size) if protocol == "non-disruptive" else None
+        request = RescaleRequest(vertex, max(new_assign) + 1, protocol, tuple(new_assign),
+                                 planning)
+        coord, report, done = harness.rescale(
+            self, request, lambda: self._random_round(rng, keep_source_back), config=cfg,
+            after_send=self._settle, max_subscales=at_once or 10**6, max_rounds=max_rounds)
+        assert coord.plan is not None
+        assert report.key_groups_moved == len(coord.plan.moved) == report.key_groups_planned
+        self.seen_reports.clear()
+        return coord.plan, done.subscales
 
     def _random_round(self, rng: random.Random, keep_back: int) -> None:
         for src in self.sources():
@@ -470,6 +412,8 @@ a, b, dk = key_in(A), key_in(B), key_in(D)
 S0 = Subscale(0, 0, 1, (A,))
 
 
+
+
 # ====================================================================== planning
 
 
@@ -498,15 +442,15 @@ def test_plan_subscales_groups_by_pair_with_a_size_cap():
 def test_chunk_groups_closes_at_the_group_count_or_before_the_byte_budget():
     sizes = {0: 400, 1: 400, 2: 300, 3: 1500, 4: 10, 5: 10, 6: 10}
     groups = [0, 1, 2, 3, 4, 5, 6]
-    assert chunk_groups(groups, 4) == [(0, 1, 2, 3), (4, 5, 6)]
+    assert chunk_by_size(groups, 4) == [(0, 1, 2, 3), (4, 5, 6)]
     # 400 + 400 fits 1000, + 300 would not; 1500 is larger than the budget: alone
-    assert chunk_groups(groups, 4, sizes, 1000) == [(0, 1), (2,), (3,), (4, 5, 6)]
-    assert chunk_groups(groups, 2, sizes, 1000) == [(0, 1), (2,), (3,), (4, 5), (6,)]
-    assert chunk_groups(groups, None, sizes, 1) == [(g,) for g in groups]
-    assert chunk_groups([7, 8], 4, sizes, 1000) == [(7, 8)]  # unknown sizes count as 0
-    assert chunk_groups([], 4, sizes, 1000) == []
+    assert chunk_by_size(groups, 4, sizes, 1000) == [(0, 1), (2,), (3,), (4, 5, 6)]
+    assert chunk_by_size(groups, 2, sizes, 1000) == [(0, 1), (2,), (3,), (4, 5), (6,)]
+    assert chunk_by_size(groups, None, sizes, 1) == [(g,) for g in groups]
+    assert chunk_by_size([7, 8], 4, sizes, 1000) == [(7, 8)]  # unknown sizes count as 0
+    assert chunk_by_size([], 4, sizes, 1000) == []
     # a chunk already past the budget takes nothing more, not even an empty group
-    assert chunk_groups([0, 1, 2, 3], 4, {0: 0, 1: 0, 2: 5, 3: 0}, 1) == [(0, 1), (2,), (3,)]
+    assert chunk_by_size([0, 1, 2, 3], 4, {0: 0, 1: 0, 2: 5, 3: 0}, 1) == [(0, 1), (2,), (3,)]
 
 
 def test_plan_subscales_with_a_byte_budget_moves_large_groups_alone():
@@ -521,12 +465,11 @@ def test_plan_subscales_with_a_byte_budget_moves_large_groups_alone():
         plan_subscales("sum", old, new, 2, 3, 4, sizes=small, subscale_bytes=0)
     # through plan_live: sizes come from the groups' profiles, and the reason says so
     profiles = {kg: GroupProfile(kg, 1.0, 2_000_000 if kg == 11 else 1000) for kg in range(N)}
-    lp = plan_live("drrs", "sum", old, new, 2, 3, subscale_size=4, subscale_bytes=1_000_000,
-                   profiles=profiles)
+    lp = make_plan("drrs", PlanRequest("sum", old, new, 2, 3, 0, profiles, None, 4, 1_000_000))
     assert [s.key_groups for s in lp.steps[0]] == [(6, 7), (11,), (12, 13, 14, 15)]
     assert "1 MB of state" in lp.reason and "3 subscales" in lp.reason
     # without profiles there is no budget to apply
-    lp = plan_live("drrs", "sum", old, new, 2, 3, subscale_size=4, subscale_bytes=1_000_000)
+    lp = make_plan("drrs", PlanRequest("sum", old, new, 2, 3, 0, {}, None, 4, 1_000_000))
     assert [s.key_groups for s in lp.steps[0]] == [(6, 7), (11, 12, 13, 14), (15,)]
     assert "MB" not in lp.reason
 
@@ -551,8 +494,9 @@ def test_plan_subscales_covers_every_moved_group_exactly_once(seed):
         assert len([x for x in plan.subscales if (x.old, x.new) == (s.old, s.new)]) == -(-total // size)
 
 
-def _plan(subs: list[Subscale]) -> DrrsPlan:
-    return DrrsPlan("op", 2, 4, (), (), tuple(subs))
+def _plan(subs: list[Subscale]) -> Any:
+    """Subscales as the scheduler sees a plan (in priority order)."""
+    return types.SimpleNamespace(subscales=tuple(subs))
 
 
 def test_scheduler_per_task_limit_and_fewest_groups_destination():
@@ -1661,7 +1605,8 @@ def test_running_sums_with_a_live_rescale_in_the_middle_equal_the_reference(
                     for kg, t in enumerate(uniform_assignment(N, 2)))
     old = net.dep.assignments["sum"]
     plan, reports = net.drrs("sum", new, rng, size=2, limit=rng.choice([1, 2]),
-                             at_once=rng.choice([None, 1, 2]), protocol=protocol)
+                             at_once=rng.choice([None, 1, 2]), protocol=protocol,
+                             subscale_bytes=rng.choice([None, 40]))
     assert sorted(reports) == [s.subscale_id for s in plan.subscales]
     assert sorted(plan.moved) == moved_key_groups(old, new)
     assert all(r["old"].bytes == r["new"].bytes > 0 for r in reports.values())

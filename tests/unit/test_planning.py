@@ -10,22 +10,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.keygroups import moved_key_groups, uniform_assignment
+from migration.plan import MigrationPlan, Subscale
 from migration.planning import (
     AdaptiveThresholds,
     GroupProfile,
     Planning,
     PlanningDecision,
-    StepPlan,
     WorkloadProfile,
     adaptive_planning,
-    chunk_groups,
     matching_steps,
     order_groups,
     plan_steps,
     profiles_from_metrics,
+    progressive_chunks,
     workload_from_profiles,
 )
-from migration.protocols.drrs import Subscale, plan_subscales
+from migration.protocols.drrs import plan_subscales
 
 MB = 1_000_000
 
@@ -55,7 +55,7 @@ def check_matching(moves: dict[int, tuple[int, int]], steps) -> None:
     assert len(steps) == lower_bound(moves)
 
 
-def check_plan(plan: StepPlan, old, new, first_id: int = 0) -> None:
+def check_plan(plan: MigrationPlan, old, new, first_id: int = 0) -> None:
     moved = moved_key_groups(old, new)
     subs = plan.subscales
     flat = [kg for s in subs for kg in s.key_groups]
@@ -74,7 +74,7 @@ def check_plan(plan: StepPlan, old, new, first_id: int = 0) -> None:
         assert len(set(pairs)) == len(pairs)  # one subscale per pair per step
 
 
-def assert_steps_follow_order(plan: StepPlan) -> None:
+def assert_steps_follow_order(plan: MigrationPlan) -> None:
     """Step i holds exactly the next slice of ``plan.order`` (pairs may regroup within it)."""
     at = 0
     for step in plan.steps:
@@ -199,21 +199,21 @@ def test_order_rejects_duplicates_and_mismatched_profiles():
 
 def test_all_at_once_chunks_and_one_by_one():
     ordered = (5, 3, 8, 1, 9, 2, 7, 4, 6, 0)
-    assert chunk_groups(ordered, {}, Planning()) == (ordered,)
-    chunks = chunk_groups(ordered, {}, Planning(progressiveness="chunks", chunk_size=3))
+    assert progressive_chunks(ordered, {}, Planning()) == (ordered,)
+    chunks = progressive_chunks(ordered, {}, Planning(progressiveness="chunks", chunk_size=3))
     assert [len(c) for c in chunks] == [3, 3, 3, 1]
     assert sum(chunks, ()) == ordered
-    assert chunk_groups(ordered, {}, Planning(progressiveness="one-by-one")) == tuple(
+    assert progressive_chunks(ordered, {}, Planning(progressiveness="one-by-one")) == tuple(
         (kg,) for kg in ordered)
     for mode in ("all-at-once", "chunks", "one-by-one", "equal-transfer-time"):
-        assert chunk_groups((), {}, Planning(progressiveness=mode)) == ()
+        assert progressive_chunks((), {}, Planning(progressiveness=mode)) == ()
 
 
 def test_equal_transfer_time_uniform_sizes():
     p = {kg: GroupProfile(kg, 1.0, 10 * MB) for kg in range(10)}
     plan = Planning(progressiveness="equal-transfer-time", chunk_seconds=0.5,
                     bandwidth_bytes_per_s=100 * MB)  # 50 MB per chunk
-    chunks = chunk_groups(tuple(range(10)), p, plan)
+    chunks = progressive_chunks(tuple(range(10)), p, plan)
     assert chunks == (tuple(range(5)), tuple(range(5, 10)))
 
 
@@ -224,7 +224,7 @@ def test_equal_transfer_time_balances_bytes():
     plan = Planning(progressiveness="equal-transfer-time", chunk_seconds=0.2,
                     bandwidth_bytes_per_s=100 * MB)  # 20 MB target
     ordered = tuple(rng.sample(range(60), 60))
-    chunks = chunk_groups(ordered, p, plan)
+    chunks = progressive_chunks(ordered, p, plan)
     assert sum(chunks, ()) == ordered
     total = sum(sizes.values())
     n = math.ceil(total / (20 * MB))
@@ -242,11 +242,11 @@ def test_equal_transfer_time_oversized_and_zero_bytes():
                     bandwidth_bytes_per_s=100 * MB)  # 10 MB target
     p = {0: GroupProfile(0, 0, 1 * MB), 1: GroupProfile(1, 0, 100 * MB),
          2: GroupProfile(2, 0, 1 * MB)}
-    chunks = chunk_groups((0, 1, 2), p, plan)
+    chunks = progressive_chunks((0, 1, 2), p, plan)
     assert (1,) in chunks and sum(chunks, ()) == (0, 1, 2)
     assert all(c for c in chunks)
     # no state anywhere (or no profiles): nothing to pace, one step
-    assert chunk_groups((4, 5, 6), {}, plan) == ((4, 5, 6),)
+    assert progressive_chunks((4, 5, 6), {}, plan) == ((4, 5, 6),)
 
 
 # ---------------------------------------------------------------------- matching
@@ -425,7 +425,7 @@ def test_adaptive_large_state_many_groups_less_progressive():
     assert "many groups" in d.reason and "less progressive" in d.reason
     # the chosen chunks are neither one step nor one group per step
     p = {kg: GroupProfile(kg, 0, 4 * MB) for kg in range(64)}
-    chunks = chunk_groups(tuple(range(64)), p, d.planning)
+    chunks = progressive_chunks(tuple(range(64)), p, d.planning)
     assert 1 < len(chunks) < 64
 
 

@@ -27,7 +27,7 @@ from engine.deployment import (
 )
 from engine.errors import UserFunctionError
 from engine.functions import KeyedProcessFunction, ReduceFunction
-from engine.keygroups import key_group_of
+from engine.keygroups import key_group_of, uniform_assignment
 from engine.messages import (
     Ack,
     ChannelIdle,
@@ -64,7 +64,9 @@ from engine.state import KeyedStateBackend
 from engine.task import TaskCore, TaskSpec
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK
-from migration.protocols.stop_restart import plan_stop_restart
+from migration.coordinator import RescaleRequest
+from migration.report import RescaleReport
+from tests import harness
 
 N = 16  # key groups
 CFG = JobConfig(batch_size=5, linger_ms=0, metrics_port=None)
@@ -145,39 +147,16 @@ class Net:
                 c.poll_source(batch)
                 self.pump(rng)
 
-    def rescale(self, vertex: str, parallelism: int, epoch: int) -> None:
-        """Stop-restart by hand, in the JobMaster's phases: pause sources, drain, snapshot,
-        stop, deploy a new generation, install, reconnect everything, start, resume."""
-        for c in self.cores.values():
-            if c.is_source:
-                c.handle(PauseSource(epoch))
-        self.pump()
-        old = self.dep.tasks[vertex]
-        groups = {kg: data for n in old
-                  for kg, data in self.cores[n].handle(SnapshotKeyGroups()).groups}
-        for n in old:
-            self.cores[n].handle(StopTask())
-            del self.cores[n]
-        sr = plan_stop_restart(vertex, len(old), self.dep.assignments.get(vertex),
-                               parallelism, N)
-        gen = self.dep.generation + 1
-        tasks = dict(self.dep.tasks)
-        tasks[vertex] = tuple(task_name("j", vertex, i, gen) for i in range(parallelism))
-        assignments = dict(self.dep.assignments)
-        if sr.new_assignment:
-            assignments[vertex] = sr.new_assignment
-        self.plan = self.plan.rescaled(vertex, parallelism)
-        self.dep = Deployment(self.plan, "j", tasks, assignments, gen)
-        for i, name in enumerate(tasks[vertex]):
-            core = TaskCore(make_spec(self.dep, vertex, i, name, self.config), self.clock)
-            if core.backend is not None:
-                core.handle(InstallKeyGroups(tuple((kg, groups[kg]) for kg in core.spec.key_groups)))
-            self.cores[name] = core
-        self.connect()
-        for name in tasks[vertex]:
-            self.cores[name].handle(Start())
-        for c in self.cores.values():
-            c.handle(Resume())
+    def new_core(self, dep: Deployment, vertex: str, index: int, name: str) -> TaskCore:
+        return TaskCore(make_spec(dep, vertex, index, name, self.config), self.clock)
+
+    def rescale(self, vertex: str, parallelism: int, epoch: int) -> RescaleReport:
+        """Stop-restart by the engine's coordinator: pause sources, drain, snapshot, stop,
+        deploy a new generation, install, reconnect everything, start, resume."""
+        request = RescaleRequest(vertex, parallelism, "stop-restart")
+        _, report, _ = harness.rescale(self, request, self.pump, epoch=epoch)
+        self.plan = self.dep.plan
+        return report
 
     def reports(self, cls: type) -> list[Any]:
         return [r for c in self.cores.values() for r in c.reports if isinstance(r, cls)]
@@ -537,10 +516,9 @@ def test_stop_restart_by_hand_moves_state_and_results_continue(clock, sink):
     for c in old:
         assert c.handle(StopTask()) == Ack() and c.status == "stopped"
     # deploy sum at parallelism 3 with a new generation of tasks
-    sr = plan_stop_restart("sum", 2, net.dep.assignments["sum"], 3, N)
     plan = net.plan.rescaled("sum", 3)
     tasks = dict(net.dep.tasks, sum=tuple(task_name("j", "sum", i, 1) for i in range(3)))
-    dep = Deployment(plan, "j", tasks, {"sum": sr.new_assignment}, 1)
+    dep = Deployment(plan, "j", tasks, {"sum": uniform_assignment(N, 3)}, 1)
     for name in net.dep.tasks["sum"]:
         del net.cores[name]
     net.dep, net.plan = dep, plan

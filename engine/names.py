@@ -1,0 +1,54 @@
+"""``NameEnum``: the base of every ``str`` enum in reflow (protocols, job states, roles).
+
+Why: protocol names, states and roles travel in msgpack messages and are typed by users
+(``handle.rescale(op, 4, protocol="drrs")``), so each member must *be* its string: it
+compares, hashes and encodes as its value, and ``str()``/f-strings give the value. A plain
+``str``-mixin ``Enum`` hashes by member name, so ``"drrs" in {RescaleProtocol.DRRS: ...}``
+would be false; this base hashes as the string.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class NameEnum(str, Enum):
+    """A string-valued enum whose members behave as their value (see the module doc)."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    @classmethod
+    def parse(cls, value: object, what: str) -> NameEnum:
+        """The member named by ``value``; ``ValueError`` listing the choices otherwise."""
+        try:
+            return cls(value)
+        except ValueError:
+            choices = ", ".join(m.value for m in cls)
+            raise ValueError(f"unknown {what} {value!r}; choose one of: {choices}") from None
+
+
+class JobState(NameEnum):
+    """Where a job is in its life (``JobStatus.state``)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def active(self) -> bool:
+        return self in (JobState.CREATED, JobState.RUNNING)
+
+
+class SubscaleRole(NameEnum):
+    """Which side of a subscale a task reports for (``SubscaleDone.role``)."""
+
+    OLD = "old"
+    NEW = "new"

@@ -1,0 +1,304 @@
+"""Rescales on the JobMaster: validation, exclusion, and the executor of coordinator commands.
+
+Why here: the coordinator (``migration.coordinator``) decides every step of a rescale as
+commands; this is the only code that applies them to Ray actors. It runs commands in the
+order given, hands each result back, forwards every task report to the running
+coordinators, and enforces the timeouts.
+
+Guarantees: every control call and every wait of a rescale is bounded by
+``JobConfig.rescale_timeout_s``; a request refused or failing before the job changed
+raises ``RescaleRefused`` with the job untouched (holds released); a failure after that
+fails the job naming the rescale and its phase; a newer live request for an operator
+supersedes the running one (which finishes its running subscales and starts no more);
+live rescales of different operators may run at once; a stop-restart excludes all others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from engine import graph as g
+from engine.errors import JobFailedError, RescaleRefused, RescaleTimeout
+from engine.keygroups import validate_assignment
+from engine.messages import DescribeTask, TaskState, decode_message, encode_message
+from engine.names import JobState
+from migration.coordinator import (
+    AwaitReports,
+    Command,
+    CreateTasks,
+    EnableReplication,
+    ReleaseReplicas,
+    RemoveTasks,
+    RescaleContext,
+    RescaleCoordinator,
+    RescaleRequest,
+    SendControl,
+    Sleep,
+    SubscaleCompleted,
+    UpdateVertex,
+    coordinator_for,
+)
+from migration.planning import Planning
+from migration.protocols import PROTOCOLS, RescaleProtocol
+from migration.report import RescaleReport
+
+if TYPE_CHECKING:
+    from engine.runtime.job_master import JobMaster
+
+
+class Rescaler:
+    """The JobMaster's rescales: at most one per operator, a stop-restart alone."""
+
+    def __init__(self, master: JobMaster) -> None:
+        self.m = master
+        self._exclusive = asyncio.Lock()
+        self._stop_restart_running = False
+        self._live_running = 0
+        self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
+        self._inbox: dict[str, deque[Command]] = {}
+        self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
+
+    @property
+    def running(self) -> bool:
+        return self._stop_restart_running or self._live_running > 0
+
+    def on_report(self, msg: Any) -> None:
+        """Every running coordinator sees every task report."""
+        for vertex, coord in list(self._coordinators.items()):
+            try:
+                self._inbox[vertex].extend(coord.on_report(msg))
+            except Exception as exc:  # its executor raises it
+                self._broken[vertex] = exc
+
+    # -- validation
+    def validate(self, operator: str, parallelism: int, protocol: str,
+                 assignment: tuple[int, ...] | None, planning: Any) -> RescaleRequest:
+        """The request as a value, or ``RescaleRefused`` saying what to change."""
+        m = self.m
+        if m.state != JobState.RUNNING:
+            raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
+        if m.finished:
+            raise RescaleRefused(
+                f"job {m.job_id} is finishing (some of its tasks have reached the end of "
+                "their input); rescaling a finishing job is not supported")
+        try:
+            proto = RescaleProtocol.parse(protocol, "protocol")
+        except ValueError as exc:
+            raise RescaleRefused(str(exc)) from None
+        if PROTOCOLS[proto].live and not m.config.live_rescaling:
+            raise RescaleRefused(
+                f"protocol {proto!r} needs live rescaling, which this job's config switches "
+                "off (JobConfig(live_rescaling=False)); use protocol='stop-restart' or enable it")
+        try:
+            op = m.graph.operator(operator)
+        except Exception as exc:
+            raise RescaleRefused(str(exc)) from None
+        v = m.dep.plan.vertex_of(operator)
+        if v.name != operator:
+            raise RescaleRefused(
+                f"operator {operator!r} is chained behind {v.name!r} and runs in its tasks; "
+                f"rescale {v.name!r}")
+        if op.kind == g.SOURCE:
+            raise RescaleRefused(f"operator {operator!r} is a source; sources cannot be rescaled")
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
+            raise RescaleRefused(f"parallelism {parallelism!r} for {operator!r} must be an "
+                                 "integer >= 1 (not a bool)")
+        nkg = m.dep.plan.num_key_groups
+        if v.keyed and parallelism > nkg:
+            raise RescaleRefused(
+                f"parallelism {parallelism} for keyed operator {operator!r} exceeds the number "
+                f"of key groups ({nkg})")
+        if assignment is not None:
+            if not v.keyed:
+                raise RescaleRefused(f"operator {operator!r} is not keyed; it has no key "
+                                     "groups to assign")
+            try:
+                validate_assignment(tuple(assignment), nkg, parallelism)
+            except ValueError as exc:
+                raise RescaleRefused(f"assignment for {operator!r} refused: {exc}") from None
+        if planning is not None and not isinstance(planning, Planning):
+            raise RescaleRefused(f"planning must be a migration.planning.Planning, not "
+                                 f"{type(planning).__name__}")
+        if PROTOCOLS[proto].live and not v.keyed:
+            proto = RescaleProtocol.STOP_RESTART  # a stateless operator has no groups to move
+        return RescaleRequest(v.name, parallelism, proto,
+                              tuple(assignment) if assignment is not None else None, planning,
+                              "requested through the job handle")
+
+    # -- entry
+    async def rescale(self, operator: str, parallelism: int, protocol: str,
+                      assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
+        m = self.m
+        req = self.validate(operator, parallelism, protocol, assignment, planning)
+        if PROTOCOLS[req.protocol].live:
+            running = self._coordinators.get(req.operator)
+            if running is not None:
+                running.supersede()
+            async with m.vertex_lock(req.operator):
+                if self._stop_restart_running:
+                    raise RescaleRefused("a stop-restart rescale is running; try again after it")
+                self._live_running += 1
+                try:
+                    req = self.validate(operator, parallelism, protocol, assignment, planning)
+                    return await self._execute(req)
+                finally:
+                    self._live_running -= 1
+                    m.refill_standby_later()
+                    await m.maybe_finish()
+        async with self._exclusive:
+            if self._live_running:
+                raise RescaleRefused("a live rescale is running; a stop-restart needs the job "
+                                     "to itself: try again after it")
+            self._stop_restart_running = True
+            try:
+                req = self.validate(operator, parallelism, protocol, assignment, planning)
+                m.epoch += 1
+                return await self._execute(req)
+            finally:
+                self._stop_restart_running = False
+                m.refill_standby_later()
+                await m.maybe_finish()
+
+    def _max_subscales(self) -> int:
+        """Subscales of one operator at once: the configured number, else as many as the
+        cluster's CPUs."""
+        if self.m.config.drrs_max_subscales is not None:
+            return self.m.config.drrs_max_subscales
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+    # -- the executor
+    async def _execute(self, req: RescaleRequest) -> RescaleReport:
+        m, vertex = self.m, req.operator
+        ctx = RescaleContext(
+            m.job_id, m.dep, m.config, m.ids, m.subscale_ids, m.replicas.of(vertex),
+            vertex in m.replicas.policies, self._max_subscales(), m.epoch,
+            frozenset(m.finished))
+        coord = coordinator_for(req, ctx, m.clock)
+        self._coordinators[vertex] = coord
+        inbox: deque[Command] = deque()
+        self._inbox[vertex] = inbox
+        try:
+            inbox.extend(coord.start())
+            while not coord.done:
+                m.collector.rescales[vertex] = coord.progress()
+                if vertex in self._broken:
+                    raise self._broken.pop(vertex)
+                if not inbox:
+                    raise RuntimeError("the coordinator gave no command and is not done")
+                cmd = inbox.popleft()
+                if isinstance(cmd, AwaitReports):
+                    await self._await_reports(coord, cmd)
+                else:
+                    inbox.extend(coord.on_result(cmd, await self._run(cmd)))
+        except RescaleRefused:
+            raise
+        except Exception as exc:
+            await self._failed(coord, exc)
+        finally:
+            self._coordinators.pop(vertex, None)
+            self._inbox.pop(vertex, None)
+            self._broken.pop(vertex, None)
+        m.collector.rescales[vertex] = coord.progress()
+        m.collector.rescales_total[vertex] = m.collector.rescales_total.get(vertex, 0) + 1
+        return coord.report()
+
+    async def _await_reports(self, coord: RescaleCoordinator, cmd: AwaitReports) -> None:
+        """Until a report gave the coordinator its next command (``on_report`` puts it in
+        the inbox), the job failed, or ``cmd.timeout_s`` passed (``on_timeout`` raises)."""
+        m = self.m
+        inbox = self._inbox[coord.vertex]
+        deadline = m.clock.monotonic() + cmd.timeout_s
+        while not inbox and not coord.done:
+            broken = self._broken.pop(coord.vertex, None)
+            if broken is not None:
+                raise broken
+            if m.state == JobState.FAILED:
+                raise JobFailedError(m.error)
+            left = deadline - m.clock.monotonic()
+            if left <= 0:
+                coord.on_timeout()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(m.changed().wait(), max(0.0, min(0.5, left)))
+
+    async def _run(self, cmd: Command) -> Any:
+        """Execute one coordinator command; its result goes back to the coordinator."""
+        m = self.m
+        match cmd:
+            case SendControl(calls=calls, phase=phase):
+                futs = [asyncio.ensure_future(m.call(c.task, c.message, c.introduce))
+                        for c in calls]
+                _, pending = await asyncio.wait(futs, timeout=m.config.rescale_timeout_s)
+                if pending:
+                    for f in pending:
+                        f.cancel()
+                    silent = tuple(c.task for c, f in zip(calls, futs, strict=True)
+                                   if f in pending)
+                    raise RescaleTimeout(
+                        f"no answer within {m.config.rescale_timeout_s:g} s in phase {phase} "
+                        f"from {', '.join(silent)}", str(phase), silent)
+                return [f.result() for f in futs]
+            case CreateTasks(vertex=vertex, names=names, deployment=dep):
+                for name in names:
+                    m.create_task_actor(vertex, name, dep)
+            case RemoveTasks(names=names):
+                for n in names:
+                    h = m.handles.pop(n, None)
+                    if h is not None:
+                        ray.kill(h)
+                    m.collector.tasks.pop(n, None)
+                    m.finished.discard(n)
+            case UpdateVertex(vertex=vertex, tasks=tasks, assignment=a, generation=gen):
+                m.dep = m.dep.with_vertex(vertex, tasks, a, gen)
+                m.plan = m.dep.plan
+            case Sleep(seconds=s):
+                await asyncio.sleep(s)
+            case SubscaleCompleted(vertex=vertex, key_groups=kgs, new_owner=owner, seconds=s):
+                m.collector.subscale_seconds.setdefault(vertex, []).append(s)
+                m.replicas.forget(vertex, kgs, keep_at=owner)
+            case ReleaseReplicas(vertex=vertex, gone=gone, clear=clear):
+                await m.replicas.release(vertex, gone, clear)
+            case EnableReplication(vertex=vertex, policy=policy, hot_fraction=frac):
+                m.replicas.enable(vertex, policy, frac)
+            case _:
+                raise TypeError(f"unknown coordinator command {cmd!r}")
+        return None
+
+    async def _failed(self, coord: RescaleCoordinator, exc: Exception) -> None:
+        """Refuse the rescale when nothing changed yet (the job goes on); otherwise fail the
+        job naming the rescale and its phase. Always raises."""
+        m, req = self.m, coord.request
+        what = f"rescale of {req.operator!r} to parallelism {req.parallelism} ({req.protocol})"
+        if isinstance(exc, RescaleTimeout) and exc.tasks:
+            exc = RescaleTimeout(f"{exc} Tasks: {await self._describe(set(exc.tasks))}",
+                                 exc.phase, exc.tasks)
+        cause = f"{type(exc).__name__}: {exc}"
+        if not coord.committed and m.state == JobState.RUNNING:
+            for cmd in coord.release_commands():
+                with contextlib.suppress(Exception):
+                    await self._run(cmd)
+            raise RescaleRefused(f"{what} refused in phase {coord.phase} before anything "
+                                 f"changed; the job goes on unchanged: {cause}") from exc
+        msg = f"{what} failed in phase {coord.phase}: {cause}"
+        if m.state != JobState.FAILED:
+            await m.fail(msg)
+        elif "rescale of" not in m.error:  # e.g. a task died: name the rescale too
+            m.error = f"{m.error} (during the {what}, phase {coord.phase})"
+        raise JobFailedError(m.error or msg) from exc
+
+    async def _describe(self, names: set[str]) -> str:
+        """Each task's own account of its migrations (a stuck rescale's error message)."""
+        out = []
+        for n in sorted(names):
+            try:
+                st: TaskState = decode_message(await asyncio.wait_for(
+                    self.m.handles[n].control.remote(encode_message(DescribeTask())), 10.0))
+                out.append(f"{n} [{st.status}{', input ended' if st.input_ended else ''}] "
+                           f"{st.detail}")
+            except Exception as exc:  # a dead or hung task: say so, the error is the point
+                out.append(f"{n} [no answer: {type(exc).__name__}]")
+        return " | ".join(out)

@@ -1,0 +1,432 @@
+"""The task actor: the Ray shell around one ``TaskCore``.
+
+Why a shell: the task's logic (``engine.task.TaskCore`` with its migration participant) is
+pure and stepped by tests by hand; this class only moves bytes and waits. It receives data
+frames (``engine.transport``: a direct socket per pair of tasks; ``JobConfig(transport=
+"ray")``: actor-call arguments) and control messages (msgpack wire dataclasses of
+``engine.messages``, as actor calls), runs the core's loop, and sends what the core
+produced: frames within their channel's credits, priority messages as control calls,
+reports to the JobMaster.
+
+Guarantees: a frame is acknowledged only once the core took it for processing (credits);
+a receiver that goes away fails this task naming it; a control call returns the core's
+reply after what it queued was sent (and, for a stop or a channel removal, acknowledged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections import deque
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from engine.channel import CreditGate
+from engine.clock import SystemClock
+from engine.errors import DataChannelError
+from engine.messages import (
+    PauseSource,
+    PriorityBatch,
+    RefreshReplicas,
+    RemoveOutputChannels,
+    ReplicasRefreshed,
+    ReplicaUpdate,
+    Start,
+    StopTask,
+    TaskFailed,
+    decode_message,
+    encode_message,
+)
+from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
+from engine.transport import DataClient, DataServer, ServerConnection
+
+_ACTIVE = ("created", "running")
+
+
+def new_core(spec: TaskSpec) -> TaskCore:
+    """The task core with its migration participant attached."""
+    from migration.participant import new_task_core
+
+    return new_task_core(spec, SystemClock())
+
+
+class TaskActor:
+    """Shell around one ``TaskCore``: receives frames, runs the loop, sends with credits."""
+
+    def __init__(self, spec: TaskSpec | None, master: Any) -> None:
+        """``spec`` None: a warm standby actor, made a task later by ``configure``."""
+        self.master = master
+        self.handles: dict[str, Any] = {}
+        if spec is not None:
+            self.configure(spec)
+        self.in_flight: dict[int, deque[Any]] = {}
+        # frame (channel, seq) -> how to acknowledge it once taken for processing: the
+        # pending actor call's future (transport "ray") or the data connection ("tcp")
+        self.acks: dict[tuple[int, int], asyncio.Future[None] | ServerConnection] = {}
+        self._server: DataServer | None = None
+        self._clients: dict[str, DataClient] = {}
+        self._connecting: dict[str, asyncio.Future[DataClient]] = {}
+        self.core: TaskCore
+        self._wake: asyncio.Event | None = None
+        self._send_lock: asyncio.Lock | None = None
+        self._kick: asyncio.Event | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+
+    def configure(self, spec: TaskSpec) -> None:
+        self.core = new_core(spec)
+        self.clock = self.core.clock
+        self.gate = CreditGate(spec.config.credits)
+
+    def _event(self) -> asyncio.Event:
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._send_lock = asyncio.Lock()
+            self._kick = asyncio.Event()
+        return self._wake
+
+    async def data_address(self) -> tuple[str, int, bytes]:
+        """Where and with which token to open a data connection to this task (its server
+        starts on the first ask)."""
+        cfg = self.core.spec.config
+        if self._server is None:
+            self._server = DataServer(self._on_frame)
+        port = await self._server.start(cfg.data_host)
+        host = cfg.data_host
+        if host in ("0.0.0.0", "::"):
+            host = ray.util.get_node_ip_address()
+        return host, port, self._server.token
+
+    def _on_frame(self, channel_id: int, seq: int, payload: bytes, conn: ServerConnection) -> None:
+        """A data frame from the socket: as ``push``, acknowledged through ``conn``."""
+        core = self.core
+        if core.status not in _ACTIVE:
+            conn.ack(channel_id, seq)
+            return
+        try:
+            core.receive(channel_id, seq, payload)
+        except Exception as exc:  # the sender fails the job naming this task
+            conn.nack(channel_id, seq, f"{type(exc).__name__}: {exc}")
+            return
+        self.acks[(channel_id, seq)] = conn
+        self._event().set()
+
+    def _connected(self, target: str) -> DataClient | None:
+        """The data connection to ``target`` if one is open."""
+        client = self._clients.get(target)
+        return client if client is not None and not client.closed else None
+
+    async def _client(self, target: str) -> DataClient:
+        """The data connection to ``target``, opened on first use (one at a time)."""
+        client = self._connected(target)
+        if client is not None:
+            return client
+        pending = self._connecting.get(target)
+        if pending is None:
+            pending = asyncio.ensure_future(self._open_client(target))
+            self._connecting[target] = pending
+            pending.add_done_callback(lambda _f: self._connecting.pop(target, None))
+        return await asyncio.shield(pending)
+
+    async def _open_client(self, target: str) -> DataClient:
+        handle = self.handles[target]
+        try:
+            host, port, token = await handle.data_address.remote()
+            client = await DataClient.connect(host, port, token, target)
+        except (RayActorError, OSError) as exc:
+            if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
+                return await self._open_client(target)
+            raise _DownstreamDied(f"cannot open a data connection to task {target}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        if self.handles.get(target) is not handle:  # the name now stands for a new actor
+            client.close()
+            return await self._open_client(target)
+        old = self._clients.get(target)
+        if old is not None:
+            old.close()
+        self._clients[target] = client
+        return client
+
+    def _new_handles(self, handles: dict[str, Any]) -> None:
+        """Take the handles a control call brings. A name that now stands for another
+        actor (a task removed, a new one made under its name) drops the old connection;
+        connections to new receivers open in the background, ahead of the first frame."""
+        for name, h in handles.items():
+            old = self.handles.get(name)
+            if old is not None and old._actor_id != h._actor_id:
+                client = self._clients.pop(name, None)
+                if client is not None:
+                    client.close()
+            self.handles[name] = h
+        if self.core.spec.config.transport == "tcp":
+            for name in handles:
+                if name not in self._clients and name not in self._connecting:
+                    asyncio.ensure_future(self._client(name)).add_done_callback(_quiet)
+
+    async def push(self, channel_id: int, seq: int, payload: bytes) -> None:
+        """A data frame (transport "ray"); returns once the task has taken it for
+        processing (the ack)."""
+        core = self.core
+        if core.status not in _ACTIVE:
+            return
+        core.receive(channel_id, seq, payload)
+        fut = asyncio.get_running_loop().create_future()
+        self.acks[(channel_id, seq)] = fut
+        self._event().set()
+        await fut
+
+    async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
+        msg = decode_message(payload)
+        wake = self._event()
+        if handles:
+            self._new_handles(handles)
+        reply = self.core.handle(msg)
+        if isinstance(msg, RefreshReplicas):
+            reply = await self._send_replicas(reply)
+        if isinstance(msg, Start) and self._loop_task is None:
+            self._loop_task = asyncio.get_running_loop().create_task(self._loop())
+        self._send_priority()
+        # a task no longer running (finished: e.g. a source whose input ended, while a rescale
+        # injects barriers) has a loop that is gone or past its last send: what this call
+        # queued would never leave, so send everything now, waiting for credits if need be
+        loop_ended = self._loop_task is not None and self._loop_task.done()
+        blocking = (loop_ended or self.core.status != RUNNING
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource)))
+        await self._send_outbox(block=blocking)
+        if isinstance(msg, RemoveOutputChannels):
+            await self._settle_in_flight(set(msg.channel_ids))
+        if isinstance(msg, StopTask):
+            await self._settle_in_flight()
+        self._send_reports()
+        self._ack_consumed()
+        wake.set()
+        return encode_message(reply)
+
+    async def _send_replicas(self, reply: ReplicasRefreshed) -> ReplicasRefreshed:
+        """Send the replica refreshes and wait for the holders: a refresh is complete (and
+        a migration may rely on it) once the holder has applied it."""
+        out = self.core.priority_out
+        updates = [(t, m) for t, m in out if isinstance(m, ReplicaUpdate)]
+        out[:] = [(t, m) for t, m in out if not isinstance(m, ReplicaUpdate)]
+        acks = await asyncio.gather(*(self.handles[t].control.remote(encode_message(m))
+                                      for t, m in updates))
+        dropped = tuple(a.key_group for a in map(decode_message, acks) if not a.kept)
+        return dataclasses.replace(reply, dropped=dropped)
+
+    def _send_priority(self) -> None:
+        """Priority messages (DRRS triggers, state) jump every data queue: control calls,
+        one per receiver, several messages batched in order."""
+        out = self.core.priority_out
+        if not out:
+            return
+        by_target: dict[str, list[Any]] = {}
+        for target, msg in out:
+            by_target.setdefault(target, []).append(msg)
+        out.clear()
+        for target, msgs in by_target.items():
+            msg = msgs[0] if len(msgs) == 1 else PriorityBatch(tuple(msgs))
+            self.handles[target].control.remote(encode_message(msg))
+
+    async def metrics(self) -> bytes:
+        return encode_message(self.core.metrics())
+
+    def _ack_consumed(self) -> None:
+        consumed = self.core.consumed
+        if not consumed:
+            return
+        acks = self.acks
+        for key in consumed:
+            ack = acks.pop(key, None)
+            if ack is not None:
+                _acknowledge(key, ack)
+        consumed.clear()
+
+    def _release_all_acks(self) -> None:
+        for key, ack in self.acks.items():
+            _acknowledge(key, ack)
+        self.acks.clear()
+
+    def _send_reports(self) -> None:
+        reports = self.core.reports
+        while reports:
+            self.master.report.remote(encode_message(reports.pop(0)))
+
+    async def _send_outbox(self, block: bool = True) -> None:
+        """Push outbox frames, each channel in order and within its credits. A channel out
+        of credit holds back only its own frames (no head-of-line blocking across channels:
+        DRRS needs a confirm barrier to pass while another channel is back-pressured). With
+        ``block`` it waits until everything is sent; otherwise it sends what it can."""
+        assert self._send_lock is not None and self._kick is not None
+        if not block and self._send_lock.locked():
+            self._kick.set()  # the loop is sending: it re-scans the outbox
+            return
+        tcp = self.core.spec.config.transport == "tcp"
+        async with self._send_lock:
+            outbox = self.core.router.outbox
+            gate = self.gate
+            while outbox:
+                # connect first: the loop below must not await (a control call may add
+                # frames to the outbox meanwhile, and the loop rewrites it)
+                while tcp:
+                    missing = {f.target for f in outbox if self._connected(f.target) is None}
+                    if not missing:
+                        break
+                    for target in missing:
+                        await self._client(target)
+                self._kick.clear()
+                self._reap_acks()
+                blocked: set[int] = set()
+                keep = []
+                for f in outbox:
+                    cid = f.channel_id
+                    if cid in blocked or not gate.can_send(cid):
+                        blocked.add(cid)
+                        keep.append(f)
+                        continue
+                    if tcp:
+                        fut = self._clients[f.target].send(cid, f.seq, f.payload)
+                    else:
+                        fut = asyncio.ensure_future(
+                            self.handles[f.target].push.remote(cid, f.seq, f.payload))
+                    self.in_flight.setdefault(cid, deque()).append(fut)
+                    gate.on_send(cid)
+                outbox.clear()
+                outbox.extend(keep)
+                if not outbox or not block:
+                    return
+                waits = [self.in_flight[c][0] for c in blocked]
+                kick = asyncio.ensure_future(self._kick.wait())
+                t0 = self.clock.monotonic()
+                await asyncio.wait([*waits, kick], return_when=asyncio.FIRST_COMPLETED)
+                kick.cancel()
+                self.core.backpressured_s += self.clock.monotonic() - t0
+
+    async def _await_ack(self, fut: Any) -> None:
+        try:
+            await fut
+        except (RayActorError, DataChannelError) as exc:
+            raise _DownstreamDied(str(exc)) from exc
+
+    def _reap_acks(self) -> None:
+        """Count acknowledged frames (oldest first per channel); a failed push means the
+        receiver died."""
+        for cid, q in self.in_flight.items():
+            while q and q[0].done():
+                fut = q.popleft()
+                self.gate.on_ack(cid)
+                exc = fut.exception()
+                if exc is not None:
+                    raise _DownstreamDied(str(exc))
+
+    async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
+        for cid, q in list(self.in_flight.items()):  # a control call may add channels meanwhile
+            if channel_ids is not None and cid not in channel_ids:
+                continue
+            while q:
+                await self._await_ack(q.popleft())
+                self.gate.on_ack(cid)
+                if not q:
+                    break
+
+    async def _loop(self) -> None:
+        core, clock = self.core, self.clock
+        cfg = core.spec.config
+        marker_every = cfg.latency_marker_interval_ms / 1000.0
+        timer_every = cfg.timer_check_interval_ms / 1000.0
+        next_marker = clock.monotonic() + marker_every
+        next_timer_check = 0.0
+        strategy = core.wm_strategy
+        wm_every = None if strategy is None else strategy.interval_ms / 1000.0
+        next_wm = clock.monotonic()
+        wake = self._event()
+        try:
+            while core.status == RUNNING:
+                t0 = clock.monotonic()
+                did = False
+                if core.is_source:
+                    did = core.poll_source(cfg.source_poll_records)
+                else:
+                    for _ in range(8):
+                        if not core.step():
+                            break
+                        did = True
+                if core.keyed is not None and t0 >= next_timer_check:
+                    did = core.fire_timers() or did
+                    next_timer_check = t0 + timer_every
+                t1 = clock.monotonic()
+                if did:
+                    core.busy_s += t1 - t0
+                self._ack_consumed()
+                if core.priority_out:
+                    self._send_priority()
+                if core.is_source and t1 >= next_marker:
+                    core.emit_latency_marker()
+                    next_marker = t1 + marker_every
+                if wm_every is not None and t1 >= next_wm:
+                    core.emit_watermark()
+                    next_wm = t1 + wm_every
+                core.router.flush_due()
+                await self._send_outbox()
+                self._send_reports()
+                if did:
+                    await asyncio.sleep(0)
+                    continue
+                timeout = self._idle_timeout(t1, next_marker, timer_every)
+                if not core.has_work():
+                    wake.clear()
+                    t2 = clock.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), timeout)
+                    core.idle_s += clock.monotonic() - t2
+            await self._send_outbox()
+            await self._settle_in_flight()
+        except _DownstreamDied as exc:
+            core.status = FAILED
+            core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
+                                           f"a downstream task died: {exc}"))
+        except Exception as exc:  # an engine bug: fail loudly with the task named
+            core.status = FAILED
+            core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
+                                           f"internal error {type(exc).__name__}: {exc}"))
+        finally:
+            self._ack_consumed()
+            self._send_reports()
+            if core.status != RUNNING:
+                self._release_all_acks()
+
+    def _idle_timeout(self, now: float, next_marker: float, timer_every: float) -> float:
+        core = self.core
+        candidates = [0.05]
+        deadline = core.router.next_deadline()
+        if deadline is not None:
+            candidates.append(deadline - now)
+        if core.is_source:
+            candidates.append(core.seconds_until_source_ready())
+            candidates.append(next_marker - now)
+        if core.keyed is not None and core.next_timer_ms() is not None:
+            candidates.append(timer_every)
+        return max(0.0, min(candidates))
+
+
+class _DownstreamDied(Exception):
+    pass
+
+
+def _acknowledge(key: tuple[int, int], ack: asyncio.Future[None] | ServerConnection) -> None:
+    if isinstance(ack, ServerConnection):
+        ack.ack(*key)
+    elif not ack.done():
+        ack.set_result(None)
+
+
+def _quiet(fut: asyncio.Future[Any]) -> None:
+    """A background connection attempt that failed: the next send tries again and fails
+    the task with the reason."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+RemoteTask = ray.remote(max_restarts=0, max_task_retries=0)(TaskActor)
+

@@ -1,0 +1,725 @@
+"""The per-task side of live migration: ``MigrationParticipant`` (DESIGN.md §6).
+
+Why apart from the task core: every live protocol (drrs, pause-resume, fluid, batched,
+non-disruptive) runs the same per-task state machine, switched by the flags of its
+``ExpectOutgoing``/``InjectSubscale`` messages; the core (``engine.task``) only stores,
+schedules and processes. As in Flink's ``BarrierHandlerState`` + ``Controller``, the two sides
+meet at two narrow interfaces: the core calls the participant only through
+``engine.task.MigrationHooks``, and the participant acts on its task only through
+``TaskHost`` below. So a participant can be stepped against a small fake host, and nothing
+in the engine imports ``migration``.
+
+Format (what a participant takes):
+
+* control messages: ``InjectSubscale`` (predecessor), ``ExpectOutgoing``, ``TriggerBarrier``,
+  ``PullState`` (old owner), ``ExpectIncoming``, ``SubscaleTriggered``, ``MigrateState``
+  (new owner), ``RefreshReplicas`` (owner), ``ReplicaUpdate``, ``DropReplicas`` (holder);
+* channel events: ``ConfirmBarrier`` (on a data channel at the old owner, on the re-route
+  channel at the new owner) and ``PauseBarrier`` (new owner);
+* frames, while a migration runs or when they carry per-record ports (``step_frame``).
+
+What it sends: ``SubscaleTriggered``, ``MigrateState``, ``PullState``, ``TriggerBarrier`` and
+``ReplicaUpdate`` on the priority path; ``SubscaleDone`` as a report; re-routed records and
+forwarded confirm barriers on the re-route channel.
+
+Guarantees:
+
+* Records of a group whose state has left are re-routed to the new owner in their input
+  order; a confirm barrier is forwarded behind the records that preceded it.
+* A record of an incoming group is processed only once the group's state is in and, unless
+  it came re-routed, its predecessor's confirm came back through the old owner. Until then it
+  is set aside per (channel, group), at most ``drrs_set_aside_cap`` records per task; a
+  channel whose next record cannot be set aside, or whose watermark, barrier or end must
+  follow set-aside records, waits (latency markers pass).
+* Timers of a group on its way in or out do not fire here (held ones travel with the state);
+  user code sees, for an incoming group, no later watermark than the old owner's when the
+  group left it.
+* A group's state is shipped once: on the first trigger or pull (drrs), or once every
+  confirm is in (aligned protocols); to a holder of a replica at the group's last replicated
+  version only the changes since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.channel import REROUTE_PORT, InputChannel, OutputRouter
+from engine.clock import Clock
+from engine.config import JobConfig
+from engine.errors import ReflowError
+from engine.messages import (
+    Ack,
+    ConfirmBarrier,
+    DropReplicas,
+    ExpectIncoming,
+    ExpectOutgoing,
+    InjectSubscale,
+    LatencyMarker,
+    MigrateState,
+    OutputChannel,
+    PauseBarrier,
+    PullState,
+    RefreshReplicas,
+    ReplicaAck,
+    ReplicasRefreshed,
+    ReplicaUpdate,
+    SubscaleDone,
+    SubscaleTriggered,
+    TriggerBarrier,
+)
+from engine.names import SubscaleRole
+from engine.state import KeyedStateBackend
+from engine.task import (
+    PartialFrame,
+    Record,
+    TaskControlError,
+    TaskCore,
+    TaskSpec,
+    estimated_group_bytes,
+)
+from migration.replication import (
+    ReplicaStore,
+    ReplicationStats,
+    StaleReplicaError,
+    migration_payload,
+    refresh_replica,
+)
+
+
+class UnknownSubscaleError(ReflowError, KeyError):
+    """A barrier or message names a subscale this task was not told about (an
+    ``ExpectOutgoing`` missing or late): a coordinator bug."""
+
+
+class TaskHost(Protocol):
+    """What a participant may use of its task (``engine.task.TaskCore`` is one), and all."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def config(self) -> JobConfig: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def router(self) -> OutputRouter: ...
+    @property
+    def backend(self) -> KeyedStateBackend | None: ...
+    @property
+    def watermark(self) -> int: ...
+    @property
+    def suspended_s(self) -> float: ...
+
+    def add_input(self, channel_id: int, port: int) -> None: ...
+    def remove_input_if_idle(self, channel_id: int) -> bool: ...
+    def block_channel(self, channel_id: int, token: int) -> None: ...
+    def unblock_channels(self, token: int) -> None: ...
+    def run_records(self, records: list[Record]) -> None: ...
+    def guarded(self, fn: Callable[..., None], *args: Any) -> None: ...
+    def report(self, msg: Any) -> None: ...
+    def send_priority(self, target: str, msg: Any) -> None: ...
+    def check_finish(self) -> None: ...
+    def hold_timers(self, held: Callable[[int], bool]) -> None: ...
+    def release_timers(self, key_group: int) -> None: ...
+    def drop_held_timers(self, key_group: int) -> None: ...
+    def fire_event_timers(self) -> None: ...
+
+
+def new_task_core(spec: TaskSpec, clock: Clock) -> TaskCore:
+    """A task core with its migration participant attached (what the runtime deploys)."""
+    core = TaskCore(spec, clock)
+    core.attach(MigrationParticipant(core))
+    return core
+
+
+def _waits_for_aside(event: Any) -> bool:
+    """Whether a channel's event must wait until the records the channel had set aside
+    before it are processed. Watermarks, barriers and end of input must (they order what
+    follows them); a latency marker carries no obligation and passes: otherwise a marker
+    (every 100 ms by default) would stop the channel for as long as an incoming group
+    waits for its state and confirm, the sender would run out of credit on it, and every
+    key the sender feeds would wait."""
+    return event is not None and not isinstance(event, LatencyMarker)
+
+
+# ---------------------------------------------------------------------- old owner
+
+
+@dataclass
+class _Outgoing:
+    subscale_id: int
+    key_groups: tuple[int, ...]
+    new_owner: str
+    reroute_channel: int
+    predecessors: int  # how many confirms to expect
+    aligned: bool = False  # ship once every confirm is in (no re-routing)
+    block: bool = False  # and do not read a channel after its confirm until then
+    confirms: set[int] = field(default_factory=set)
+    migrated: bool = False  # triggered (drrs): its groups may be pulled
+    pulled: set[int] = field(default_factory=set)
+    rerouted: int = 0
+
+
+class OldOwnerRole:
+    """The old owner's side of every subscale it gives groups away in.
+
+    ``migrated_out[kg]`` is the re-route channel of a group whose state has left; records of
+    it found in the input go there.
+    """
+
+    def __init__(self) -> None:
+        self.subscales: dict[int, _Outgoing] = {}
+        self.migrated_out: dict[int, int] = {}
+        self.finished: set[int] = set()
+
+    def expect(self, subscale_id: int, key_groups: tuple[int, ...], new_owner: str,
+               reroute_channel: int, predecessors: int, aligned: bool = False,
+               block: bool = False) -> None:
+        if subscale_id not in self.subscales:
+            self.subscales[subscale_id] = _Outgoing(
+                subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors,
+                aligned, block)
+
+    def should_migrate(self, subscale_id: int) -> bool:
+        """True exactly once per subscale: on its first trigger or confirm barrier. A trigger
+        that arrives after the subscale finished (its confirms came first) is ignored."""
+        if subscale_id in self.finished:
+            return False
+        out = self.subscales.get(subscale_id)
+        if out is None:
+            raise UnknownSubscaleError(
+                f"barrier of unknown subscale {subscale_id}: the old owner must get its "
+                "ExpectOutgoing before any predecessor is told to inject the subscale")
+        if out.migrated:
+            return False
+        out.migrated = True
+        return True
+
+    def mark_migrated(self, subscale_id: int, key_group: int) -> None:
+        self.migrated_out[key_group] = self.subscales[subscale_id].reroute_channel
+
+    def on_confirm(self, subscale_id: int, direct_channel: int) -> bool:
+        """Record a predecessor's confirm; True when it was the last one of the subscale."""
+        out = self.subscales[subscale_id]
+        out.confirms.add(direct_channel)
+        return len(out.confirms) >= out.predecessors
+
+    def first_push(self, subscale_id: int, sizes: dict[int, int]) -> int:
+        """The group to send unasked on the trigger: the smallest state, then the subscale's
+        order (the new owner's own order when no records wait yet)."""
+        kgs = self.subscales[subscale_id].key_groups
+        return min(kgs, key=lambda kg: (sizes.get(kg, 0), kgs.index(kg)))
+
+    def can_pull(self, subscale_id: int, key_group: int) -> bool:
+        out = self.subscales.get(subscale_id)
+        return (out is not None and out.migrated and key_group in out.key_groups
+                and key_group not in out.pulled)
+
+    def done(self, subscale_id: int) -> bool:
+        """Every confirm in and (drrs) every group pulled."""
+        out = self.subscales[subscale_id]
+        return (len(out.confirms) >= out.predecessors
+                and (out.aligned or len(out.pulled) == len(out.key_groups)))
+
+    def finish(self, subscale_id: int) -> _Outgoing:
+        out = self.subscales.pop(subscale_id)
+        self.finished.add(subscale_id)
+        for kg in out.key_groups:
+            self.migrated_out.pop(kg, None)
+        return out
+
+    @property
+    def active(self) -> bool:
+        return bool(self.subscales)
+
+
+# ---------------------------------------------------------------------- new owner
+
+
+@dataclass
+class _Incoming:
+    subscale_id: int
+    key_groups: tuple[int, ...]
+    direct_channels: frozenset[int]
+    reroute_channel: int
+    confirm_needed: bool = True
+    old_owner: str = ""
+    confirms: set[int] = field(default_factory=set)
+    state_in: set[int] = field(default_factory=set)
+    sizes: dict[int, int] = field(default_factory=dict)
+    requested: set[int] | None = None  # None until the old owner was triggered
+    bytes_in: int = 0
+
+
+class NewOwnerRole:
+    """The new owner's side: which incoming groups may be processed from which channel, and
+    the set-aside buffers of records that may not yet.
+
+    A record of incoming group g arriving on channel c is *ready* when g's state is in and,
+    unless c is g's re-route channel, c's predecessor confirmed (its confirm came back
+    through the old owner).
+    """
+
+    def __init__(self, cap: int = 200) -> None:
+        if cap < 1:
+            raise ValueError("the set-aside cap must be >= 1 record")
+        self.cap = cap
+        self.subscales: dict[int, _Incoming] = {}
+        self.group_subscale: dict[int, int] = {}
+        self.group_watermark: dict[int, int] = {}
+        self.aside: dict[tuple[int, int], list[tuple[Any, int, Any, int]]] = {}
+        self.aside_count = 0
+
+    def expect(self, subscale_id: int, key_groups: tuple[int, ...],
+               direct_channels: tuple[int, ...], reroute_channel: int,
+               confirm_needed: bool = True, old_owner: str = "") -> None:
+        if subscale_id in self.subscales:
+            return
+        self.subscales[subscale_id] = _Incoming(
+            subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel,
+            confirm_needed, old_owner)
+        for kg in key_groups:
+            self.group_subscale[kg] = subscale_id
+
+    def on_triggered(self, subscale_id: int, sizes: dict[int, int], pushed: int = -1) -> None:
+        """The old owner was triggered; ``pushed``: a group it sends unasked (counts as
+        pulled, so the next pull waits for it)."""
+        inc = self.subscales[subscale_id]
+        if inc.requested is None:
+            inc.requested = {pushed} if pushed in inc.key_groups else set()
+            inc.sizes = dict(sizes)
+
+    def next_pull(self, subscale_id: int) -> int | None:
+        """The group to pull next, or None (not triggered yet, one pull still on its way,
+        or all pulled): the one with the most records set aside, then the smallest state,
+        then the subscale's order. One pull at a time, so the order can follow the records
+        as they arrive."""
+        inc = self.subscales.get(subscale_id)
+        if inc is None or inc.requested is None or len(inc.requested) > len(inc.state_in):
+            return None
+        left = [kg for kg in inc.key_groups if kg not in inc.requested]
+        if not left:
+            return None
+        waiting = {kg: 0 for kg in left}
+        for (_, kg), recs in self.aside.items():
+            if kg in waiting:
+                waiting[kg] += len(recs)
+        best = min(left, key=lambda kg: (-waiting[kg], inc.sizes.get(kg, 0),
+                                         inc.key_groups.index(kg)))
+        inc.requested.add(best)
+        return best
+
+    def incoming(self, key_group: int) -> bool:
+        return key_group in self.group_subscale
+
+    def ready(self, channel: int, key_group: int) -> bool:
+        sid = self.group_subscale.get(key_group)
+        if sid is None:
+            return True
+        inc = self.subscales[sid]
+        if key_group not in inc.state_in:
+            return False
+        return (not inc.confirm_needed or channel == inc.reroute_channel
+                or channel in inc.confirms)
+
+    def on_state(self, subscale_id: int, key_group: int, size: int, watermark: int) -> None:
+        inc = self.subscales[subscale_id]
+        inc.state_in.add(key_group)
+        inc.bytes_in += size
+        self.group_watermark[key_group] = watermark
+
+    def on_confirm(self, subscale_id: int, direct_channel: int) -> None:
+        self.subscales[subscale_id].confirms.add(direct_channel)
+
+    def activatable(self, subscale_id: int) -> list[int]:
+        """Groups of the subscale that are now active (state in, every confirm arrived)."""
+        inc = self.subscales[subscale_id]
+        if inc.confirm_needed and not inc.direct_channels <= inc.confirms:
+            return []
+        return [kg for kg in inc.key_groups
+                if kg in inc.state_in and self.group_subscale.get(kg) == subscale_id]
+
+    def activate(self, key_group: int) -> None:
+        self.group_subscale.pop(key_group, None)
+        self.group_watermark.pop(key_group, None)
+
+    def subscale_done(self, subscale_id: int) -> bool:
+        inc = self.subscales[subscale_id]
+        return all(kg not in self.group_subscale for kg in inc.key_groups)
+
+    def finish(self, subscale_id: int) -> _Incoming:
+        return self.subscales.pop(subscale_id)
+
+    # -- set-aside buffers
+    def can_set_aside(self) -> bool:
+        return self.aside_count < self.cap
+
+    def set_aside(self, channel: int, key_group: int, value: Any, timestamp: int, key: Any,
+                  port: int = 0) -> None:
+        self.aside.setdefault((channel, key_group), []).append((value, timestamp, key, port))
+        self.aside_count += 1
+
+    def has_aside(self, channel: int) -> bool:
+        return any(c == channel for c, _ in self.aside)
+
+    def has_aside_for(self, channel: int, key_group: int) -> bool:
+        return (channel, key_group) in self.aside
+
+    def releasable(self) -> list[tuple[int, int]]:
+        """Set-aside units whose records are ready now."""
+        return [(c, kg) for (c, kg) in self.aside if self.ready(c, kg)]
+
+    def release(self, channel: int, key_group: int) -> list[tuple[Any, int, Any, int]]:
+        records = self.aside.pop((channel, key_group), [])
+        self.aside_count -= len(records)
+        return records
+
+    @property
+    def active(self) -> bool:
+        return bool(self.subscales)
+
+
+# ---------------------------------------------------------------------- the participant
+
+
+class MigrationParticipant:
+    """One task's migration behaviour: the ``engine.task.MigrationHooks`` of its core, acting
+    on it only through ``TaskHost``. ``old_role``/``new_role`` hold the subscales this task
+    gives away / takes; ``replicas`` the replicas it holds for other owners;
+    ``replication_stats`` the cost of replicating its own groups."""
+
+    def __init__(self, host: TaskHost) -> None:
+        self.host = host
+        self.old_role = OldOwnerRole()
+        self.new_role = NewOwnerRole(host.config.drrs_set_aside_cap)
+        self.replicas = ReplicaStore()
+        self.replication_stats = ReplicationStats()
+        self._reroute_channels: dict[int, OutputChannel] = {}
+        self._state_sent: dict[int, int] = {}
+        self._replicas_at_new: dict[int, dict[int, int]] = {}  # subscale -> kg -> version
+        self._trigger_at: dict[int, float] = {}
+        # old owner: groups of a triggered subscale -> the watermark at its first barrier
+        self._leaving: dict[int, int] = {}
+        if host.config.live_rescaling:
+            host.hold_timers(self._holds_timers)
+
+    # ------------------------------------------------------------ MigrationHooks
+    @property
+    def active(self) -> bool:
+        return bool(self.old_role.subscales) or bool(self.new_role.subscales)
+
+    def handle(self, msg: Any) -> Any:
+        match msg:
+            case InjectSubscale():
+                self._inject(msg)
+                return Ack()
+            case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n,
+                                aligned=aligned, block=block, replicas=replicas):
+                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block)
+                if replicas:
+                    self._replicas_at_new[sid] = dict(replicas)
+                self._reroute_channels[sid] = rc
+                return Ack()
+            case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
+                                reroute_channel=rcid, confirm_needed=confirm_needed,
+                                old_owner=old_owner):
+                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner)
+                if confirm_needed:
+                    self.host.add_input(rcid, REROUTE_PORT)
+                return Ack()
+            case TriggerBarrier(subscale=sid):
+                if self.old_role.should_migrate(sid):
+                    self._migrate_out(sid)
+                return Ack()
+            case MigrateState():
+                self._install_incoming(msg)
+                return Ack()
+            case SubscaleTriggered(subscale=sid, sizes=sizes, pushed=pushed):
+                if sid in self.new_role.subscales:
+                    self.new_role.on_triggered(sid, dict(sizes), pushed)
+                    self._pull_next(sid)
+                return Ack()
+            case PullState(subscale=sid, key_group=kg):
+                self._on_pull(sid, kg)
+                return Ack()
+            case RefreshReplicas(targets=targets):
+                return self._refresh_replicas(targets)
+            case ReplicaUpdate(key_group=kg, version=v, data=data, is_delta=is_delta):
+                try:
+                    self.replicas.update(kg, v, data, is_delta, self.host.clock.now())
+                except StaleReplicaError:
+                    self.replicas.drop(kg)
+                    return ReplicaAck(kg, False)
+                return ReplicaAck(kg, True)
+            case DropReplicas(key_groups=kgs):
+                for kg in kgs:
+                    self.replicas.drop(kg)
+                return Ack()
+            case _:
+                raise TaskControlError(f"task {self.host.name}: unknown control message "
+                                       f"{msg!r}; neither the task core nor its migration "
+                                       "participant takes it")
+
+    def on_event(self, ch: InputChannel, event: Any) -> None:
+        match event:
+            case ConfirmBarrier(subscale=sid, direct_channel=dc):
+                if ch.port == REROUTE_PORT:
+                    self._confirm_at_new_owner(sid, dc)
+                else:
+                    self._confirm_at_old_owner(sid, dc, ch.channel_id)
+            case PauseBarrier(subscale=sid):
+                if sid in self.new_role.subscales:  # not yet installed: pause the channel
+                    self.host.block_channel(ch.channel_id, sid)
+            case _:
+                raise TaskControlError(f"task {self.host.name}: unsupported channel event "
+                                       f"{event!r} on channel {ch.channel_id}")
+
+    def step_frame(self, ch: InputChannel, frame: PartialFrame) -> bool:
+        """Re-route records of migrated-out groups, set aside records of incoming groups that
+        are not ready (while the cap allows), process the rest."""
+        cid = ch.channel_id
+        old, nr = self.old_role, self.new_role
+        values, tss, keys, kgs, ports = (frame.values, frame.timestamps, frame.keys, frame.kgs,
+                                         frame.ports)
+        n = len(values)
+        ready: list[Record] = []
+        pos = frame.pos
+        while pos < n:
+            if kgs is None:  # not a keyed input: nothing migrates
+                ready.extend((values[j], tss[j], None, -1, ch.port) for j in range(pos, n))
+                pos = n
+                break
+            kg = kgs[pos]
+            port = ports[pos] if ports is not None else ch.port
+            rc = old.migrated_out.get(kg)
+            if rc is not None:
+                self.host.router.reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
+            elif nr.incoming(kg) and not nr.ready(cid, kg):
+                if not nr.can_set_aside():
+                    break
+                nr.set_aside(cid, kg, values[pos], tss[pos], keys[pos], port)
+            else:
+                ready.append((values[pos], tss[pos], keys[pos], kg, port))
+            pos += 1
+        frame.pos = pos
+        self.host.run_records(ready)
+        return not (pos < n or (_waits_for_aside(frame.event) and nr.has_aside(cid)))
+
+    def can_progress(self, channel_id: int, frame: PartialFrame) -> bool:
+        """A parked frame can go on unless its next record must wait and cannot be set
+        aside, or only its event is left, it must wait for the channel's records set aside,
+        and the channel has some."""
+        nr = self.new_role
+        if frame.pos < len(frame.values):
+            kg = frame.kgs[frame.pos] if frame.kgs is not None else -1
+            return not (nr.incoming(kg) and not nr.ready(channel_id, kg)
+                        and not nr.can_set_aside())
+        return not (_waits_for_aside(frame.event) and nr.has_aside(channel_id))
+
+    def user_watermark(self, watermark: int) -> int:
+        """For a group still arriving: no later than the old owner's watermark when the
+        group left it."""
+        gw = self.new_role.group_watermark
+        b = self.host.backend
+        if b is not None and gw:
+            cap = gw.get(b.current_group)
+            if cap is not None:
+                return min(cap, watermark)
+        return watermark
+
+    def describe(self) -> list[str]:
+        parts = []
+        for sid, out in self.old_role.subscales.items():
+            parts.append(f"out {sid} groups {list(out.key_groups)} confirms "
+                         f"{len(out.confirms)}/{out.predecessors} triggered {out.migrated} "
+                         f"pulled {sorted(out.pulled)}")
+        for sid, inc in self.new_role.subscales.items():
+            parts.append(f"in {sid} groups {list(inc.key_groups)} state in {sorted(inc.state_in)} "
+                         f"confirms {len(inc.confirms)}/{len(inc.direct_channels)}"
+                         f"{'' if inc.confirm_needed else ' (not needed)'}")
+        if self.new_role.aside_count:
+            parts.append(f"{self.new_role.aside_count} records set aside")
+        return parts
+
+    # ------------------------------------------------------------ timers
+    def _holds_timers(self, kg: int) -> bool:
+        """Timers of a group on its way in wait for it to become active; those of a group on
+        its way out never fire here: records of it behind the subscale's barrier went to the
+        new owner, so a timer firing here would miss them. Held timers travel with the state."""
+        return kg in self._leaving or self.new_role.incoming(kg)
+
+    def _freeze_leaving(self, sid: int) -> None:
+        for kg in self.old_role.subscales[sid].key_groups:
+            self._leaving.setdefault(kg, self.host.watermark)
+
+    def _backend(self) -> KeyedStateBackend:
+        b = self.host.backend
+        if b is None:
+            raise TaskControlError(f"task {self.host.name} is not keyed; it holds no key "
+                                   "groups to migrate (a subscale must name keyed tasks)")
+        return b
+
+    # ------------------------------------------------------------ predecessor
+    def _inject(self, msg: InjectSubscale) -> None:
+        """Re-route the subscale's groups, confirm on the old channels, trigger."""
+        router = self.host.router
+        edge = next(e for e in router.edges if e.edge_id == msg.edge_id)
+        direct = edge.channels[msg.new_index]
+        for oc in router.redirect(msg.edge_id, msg.key_groups, msg.new_index):
+            router.send_event_to({oc.channel_id}, ConfirmBarrier(msg.subscale, direct.channel_id))
+            if msg.trigger:
+                self.host.send_priority(oc.target, TriggerBarrier(msg.subscale))
+        if msg.pause_new:
+            router.send_event_to({direct.channel_id}, PauseBarrier(msg.subscale))
+
+    # ------------------------------------------------------------ old owner
+    def _migrate_out(self, sid: int) -> None:
+        """First barrier of the subscale (drrs): the new owner may pull the groups."""
+        out = self.old_role.subscales[sid]
+        self._trigger_at[sid] = self.host.clock.now()
+        self._freeze_leaving(sid)
+        self.host.router.open_reroute(self._reroute_channels[sid])
+        b = self._backend()
+        sizes = tuple((kg, estimated_group_bytes(b, kg)) for kg in out.key_groups)
+        first = self.old_role.first_push(sid, dict(sizes))
+        self.host.send_priority(out.new_owner, SubscaleTriggered(sid, sizes, first))
+        self._state_sent[sid] = 0
+        self._on_pull(sid, first)  # two hops sooner than a pull; the priority path keeps order
+
+    def _on_pull(self, sid: int, kg: int) -> None:
+        """The new owner pulls one group; from now on its records found in the input are
+        re-routed."""
+        if not self.old_role.can_pull(sid, kg):
+            return
+        out = self.old_role.subscales[sid]
+        self.host.router.flush_all()  # this task's earlier outputs of the group go first
+        msg = self._take_group(sid, kg)
+        out.pulled.add(kg)
+        self.old_role.mark_migrated(sid, kg)
+        self.host.send_priority(out.new_owner, msg)
+        self._state_sent[sid] += len(msg.state)
+        self._finish_outgoing(sid)
+
+    def _finish_outgoing(self, sid: int) -> None:
+        """Drrs: every confirm forwarded and every group pulled."""
+        if not self.old_role.done(sid):
+            return
+        out = self.old_role.subscales[sid]
+        router = self.host.router
+        router.close_reroute(out.reroute_channel)
+        self.old_role.finish(sid)
+        self._reroute_channels.pop(sid, None)
+        self._replicas_at_new.pop(sid, None)
+        self.host.report(SubscaleDone(
+            self.host.name, sid, SubscaleRole.OLD.value, self._state_sent.pop(sid, 0),
+            router.rerouted_by.pop(out.reroute_channel, 0),
+            self._trigger_at.pop(sid, 0.0), self.host.suspended_s))
+        self.host.check_finish()
+
+    def _ship_aligned(self, sid: int) -> None:
+        """Every confirm of the subscale in (no record of its groups can arrive any more):
+        ship the groups' state, finish, read the held channels again."""
+        self.host.router.flush_all()  # this task's earlier outputs of the groups go first
+        out = self.old_role.finish(sid)
+        sent = 0
+        for kg in out.key_groups:
+            msg = self._take_group(sid, kg)
+            self.host.send_priority(out.new_owner, msg)
+            sent += len(msg.state)
+        self._reroute_channels.pop(sid, None)
+        self._replicas_at_new.pop(sid, None)
+        self.host.unblock_channels(sid)
+        self.host.report(SubscaleDone(self.host.name, sid, SubscaleRole.OLD.value, sent, 0,
+                                      self._trigger_at.pop(sid, 0.0), self.host.suspended_s))
+        self.host.check_finish()
+
+    def _take_group(self, sid: int, kg: int) -> MigrateState:
+        """Snapshot and remove a group for its new owner: only the changes since the
+        replica there when it holds one at the group's last replicated version."""
+        b = self._backend()
+        kind, data = migration_payload(b, kg, self._replicas_at_new.get(sid, {}).get(kg))
+        b.remove(kg)
+        b.untrack(kg)
+        self.host.drop_held_timers(kg)  # they are in the state just taken
+        # the new owner shows records set aside there no later watermark than the one
+        # they followed: the watermark here when the subscale's first barrier came
+        wm = self._leaving.pop(kg, self.host.watermark)
+        return MigrateState(sid, kg, data, wm, kind)
+
+    def _confirm_at_old_owner(self, sid: int, direct_channel: int, channel: int) -> None:
+        out = self.old_role.subscales.get(sid)
+        if out is not None and out.aligned:
+            if sid not in self._trigger_at:  # the subscale's first barrier here
+                self._trigger_at[sid] = self.host.clock.now()
+                self._freeze_leaving(sid)
+            if self.old_role.on_confirm(sid, direct_channel):
+                self._ship_aligned(sid)
+            elif out.block:
+                self.host.block_channel(channel, sid)
+            return
+        if self.old_role.should_migrate(sid):
+            self._migrate_out(sid)
+        out = self.old_role.subscales[sid]
+        self.host.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, direct_channel))
+        self.old_role.on_confirm(sid, direct_channel)
+        self._finish_outgoing(sid)
+
+    # ------------------------------------------------------------ new owner
+    def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:
+        self.new_role.on_confirm(sid, direct_channel)
+        self._release_and_activate(sid)
+
+    def _install_incoming(self, msg: MigrateState) -> None:
+        b = self._backend()
+        if msg.kind == "delta":
+            data = self.replicas.reload(msg.key_group, "delta", msg.state)
+        else:
+            self.replicas.drop(msg.key_group)
+            data = msg.state
+        b.install(msg.key_group, data)
+        self.new_role.on_state(msg.subscale, msg.key_group, len(msg.state), msg.watermark)
+        self.host.guarded(self._release_and_activate, msg.subscale)
+        self._pull_next(msg.subscale)
+
+    def _release_and_activate(self, sid: int) -> None:
+        nr, host = self.new_role, self.host
+        for c, kg in nr.releasable():
+            host.run_records([(v, ts, k, kg, port) for v, ts, k, port in nr.release(c, kg)])
+        activated = nr.activatable(sid)
+        for kg in activated:
+            nr.activate(kg)
+            host.release_timers(kg)
+        if activated:
+            host.fire_event_timers()
+        if nr.subscale_done(sid):
+            inc = nr.finish(sid)
+            host.unblock_channels(sid)
+            host.remove_input_if_idle(inc.reroute_channel)
+            host.report(SubscaleDone(host.name, sid, SubscaleRole.NEW.value, inc.bytes_in, 0, 0.0,
+                                     host.suspended_s))
+            host.check_finish()
+
+    def _pull_next(self, sid: int) -> None:
+        """Ask for the next group of the subscale (one at a time)."""
+        kg = self.new_role.next_pull(sid)
+        if kg is not None:
+            self.host.send_priority(self.new_role.subscales[sid].old_owner, PullState(sid, kg))
+
+    # ------------------------------------------------------------ replication
+    def _refresh_replicas(self, targets: tuple[tuple[int, str, int], ...]) -> ReplicasRefreshed:
+        """Owner: the next refresh of each replicated group goes to its holder (priority
+        path; the shell awaits the holders' acks before replying)."""
+        b = self.host.backend
+        stats = self.replication_stats
+        before_bytes, before_cpu = stats.bytes_copied, stats.encode_cpu_s
+        versions = []
+        for kg, holder, held in targets:
+            if b is None or kg not in b.groups:
+                continue
+            full = not (held >= 0 and b.is_tracked(kg) and held == b.version(kg))
+            r = refresh_replica(b, kg, self.host.clock.monotonic, stats, full=full)
+            self.host.send_priority(holder, ReplicaUpdate(kg, r.version, r.data, r.is_delta))
+            versions.append((kg, r.version))
+        return ReplicasRefreshed(tuple(versions), (), stats.bytes_copied - before_bytes,
+                                 stats.encode_cpu_s - before_cpu)

@@ -1,0 +1,91 @@
+"""What every protocol shares: its name (``RescaleProtocol``), its data-plane flags and
+planner (``ProtocolSpec``) and the planner's input (``PlanRequest``).
+
+A *subscale* moves key groups from one old owner to one new owner (``migration.plan``). On
+the data plane every live protocol runs the same per-task state machine
+(``migration.participant``), switched by the protocol's flags:
+
+=================  =======  =======  =====  ==========  ================================
+protocol           trigger  aligned  block  pause new   scheduling
+=================  =======  =======  =====  ==========  ================================
+drrs               yes      no       no     no          subscales at once, per-task limit
+pause-resume       no       yes      yes    yes         one step: every group at once
+fluid              no       yes      yes    no          steps of one group, in sequence
+batched            no       yes      yes    no          steps of k groups (or a matching)
+non-disruptive     no       yes      no     no          steps from the planning strategy
+stop-restart       (not live: pause, drain, snapshot, redeploy, install, resume)
+=================  =======  =======  =====  ==========  ================================
+
+*trigger*: predecessors send a priority trigger and the old owner migrates at once,
+re-routing later records (DRRS). *aligned*: the old owner ships a group's state only once
+every predecessor's confirm barrier is in, so nothing is ever re-routed. *block*: while
+aligning, a channel that delivered its barrier is not read. *pause new*: the new owner reads
+nothing from a channel after its barrier until the state is in. In every live protocol the
+new owner sets aside records of a group whose state has not arrived (bounded, per channel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.names import NameEnum
+from migration.plan import MigrationPlan
+
+
+class RescaleProtocol(NameEnum):
+    """The protocols ``JobHandle.rescale`` accepts."""
+
+    DRRS = "drrs"
+    STOP_RESTART = "stop-restart"
+    PAUSE_RESUME = "pause-resume"
+    FLUID = "fluid"
+    BATCHED = "batched"
+    NON_DISRUPTIVE = "non-disruptive"
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """Everything a planner may use. ``profiles``: per key group ``GroupProfile`` (load,
+    state size), asked from the tasks when ``ProtocolSpec.needs_profiles`` says so;
+    ``planning``: a ``migration.planning.Planning`` (ordering, chunking), or None for the
+    protocol's default."""
+
+    operator: str
+    old_assignment: tuple[int, ...]
+    new_assignment: tuple[int, ...]
+    old_parallelism: int
+    new_parallelism: int
+    first_id: int = 0
+    profiles: Mapping[int, Any] = field(default_factory=dict)
+    planning: Any = None
+    subscale_size: int = 4
+    subscale_bytes: int | None = None
+    batch: int = 4
+    matching: bool = False
+
+
+@dataclass(frozen=True)
+class ProtocolSpec:
+    """A protocol's data-plane flags (see the module table), its scheduling and its planner."""
+
+    name: RescaleProtocol
+    live: bool
+    trigger: bool
+    aligned: bool
+    block_aligned: bool
+    pause_new_owner: bool
+    concurrent: bool  # True: subscales scheduled independently; False: steps in sequence
+    planner: Callable[[PlanRequest], MigrationPlan]
+
+    def __post_init__(self) -> None:
+        if self.live and self.trigger == self.aligned:
+            raise ValueError(f"protocol {self.name}: exactly one of trigger and aligned")
+        if self.block_aligned and not self.aligned:
+            raise ValueError(f"protocol {self.name}: block_aligned needs aligned")
+
+    def needs_profiles(self, request_planning: Any, subscale_bytes: int | None) -> bool:
+        """Whether planning needs per-group load and size from the tasks."""
+        return (request_planning is not None or self.name == RescaleProtocol.NON_DISRUPTIVE
+                or (self.name == RescaleProtocol.DRRS and subscale_bytes is not None))

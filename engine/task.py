@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine import graph as g
+from engine.chain import OperatorChain
 from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputRouter
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
@@ -71,13 +72,9 @@ from engine.messages import (
 from engine.metrics import TaskMetrics
 from engine.names import NameEnum
 from engine.operators import (
-    ErrorPolicy,
-    KeyedRunner,
-    StatelessRunner,
     UnknownKeyGroupError,
     describe,
 )
-from engine.sinks import SinkWriter
 from engine.sources import SourceReader
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
@@ -102,8 +99,9 @@ Record = tuple[Any, int, Any, int, int]
 
 
 class TaskControlError(ReflowError, ValueError):
-    """A task was given a message, frame or channel event it cannot take (unknown, or not
-    for a task of its kind). An engine bug or a mis-wired job: the message names the task."""
+    """A task was given a spec, message, frame or channel event it cannot take (unknown, or
+    not for a task of its kind). An engine bug or a mis-wired job: the message names the
+    task."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +122,17 @@ class TaskSpec:
     config: JobConfig
     key_fns: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
     key_groups: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"task spec {self.task_name!r}"
+        if not self.operators:
+            raise TaskControlError(f"{where} has no operators; a task runs at least one")
+        if not 0 <= self.task_index < self.parallelism:
+            raise TaskControlError(f"{where}: task index {self.task_index} is outside "
+                                   f"0..{self.parallelism - 1} (its vertex's parallelism)")
+        if any(not 0 <= kg < self.num_key_groups for kg in self.key_groups):
+            raise TaskControlError(f"{where}: its key groups {self.key_groups} must lie in "
+                                   f"0..{self.num_key_groups - 1}")
 
 
 def estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
@@ -216,9 +225,22 @@ class NoMigration:
         return []
 
 
+def _participant_view(name: str) -> property:
+    # Not __getattr__: a class with one loses CPython's fast attribute loads on every access
+    # (about 10% of a frame's cost in the task loop).
+    return property(lambda core: getattr(core.migration, name),
+                    doc=f"The participant's ``{name}`` (tests and debugging; the core never "
+                        "reads it). AttributeError when no participant is attached.")
+
+
 class TaskCore:
     """One task's processing. Its host methods (section "host", ``migration.participant.
     TaskHost``) are what a migration participant may use of it."""
+
+    old_role = _participant_view("old_role")
+    new_role = _participant_view("new_role")
+    replicas = _participant_view("replicas")
+    _leaving = _participant_view("_leaving")
 
     def __init__(self, spec: TaskSpec, clock: Clock) -> None:
         self.spec = spec
@@ -240,29 +262,13 @@ class TaskCore:
 
         head = spec.operators[0]
         self.is_source = head.kind == g.SOURCE
-        self.backend: KeyedStateBackend | None = None
-        self.keyed: KeyedRunner | None = None
+        self.chain = OperatorChain(spec.operators, spec.task_index, spec.parallelism,
+                                   spec.num_key_groups, spec.key_groups, clock,
+                                   self._current_watermark)
+        self.backend, self.keyed = self.chain.backend, self.chain.keyed
         self.reader: SourceReader | None = None
         self.paused = False
         self.quiet = False  # drained: no timers until Resume
-        self.writers: dict[str, SinkWriter] = {}
-        self.policies: list[ErrorPolicy] = []
-        rest = spec.operators[1:] if (self.is_source or head.keyed) else spec.operators
-        for op in spec.operators:
-            if op.kind == g.SINK:
-                self.writers[op.name] = op.fn.open(spec.task_index, spec.parallelism, clock)
-        if head.keyed:
-            self.backend = KeyedStateBackend(spec.num_key_groups)
-            for kg in spec.key_groups:
-                self.backend.own(kg)
-            late = None
-            if head.late_sink is not None:
-                late = head.late_sink.open(spec.task_index, spec.parallelism, clock)
-                self.writers[f"{head.name}/late"] = late
-            self.keyed = KeyedRunner(head, self._policy(head), self.backend, spec.task_index,
-                                     clock, self._current_watermark, late)
-        self.runners = [StatelessRunner(op, self._policy(op), self.writers.get(op.name)) for op in rest]
-        self.has_sink = any(op.kind == g.SINK for op in spec.operators)
 
         # alignment of drain barriers, watermarks
         self._blocked: set[int] = set()
@@ -300,26 +306,6 @@ class TaskCore:
             raise TaskControlError(f"task {self.name}: a migration participant is attached "
                                    "once, before Start; build a new core instead")
         self.migration = migration
-
-    def __getattr__(self, name: str) -> Any:
-        # Only for attributes the core lacks: the participant's bookkeeping (roles, replicas)
-        # reads through, for tests and debugging; the core never relies on it.
-        migration = self.__dict__.get("migration")
-        if migration is None or name.startswith("__"):
-            raise AttributeError(name)
-        try:
-            return getattr(migration, name)
-        except AttributeError:
-            raise AttributeError(f"task core {self.__dict__.get('name')!r} and its migration "
-                                 f"participant have no attribute {name!r}") from None
-
-    def _policy(self, op: g.OperatorDef) -> ErrorPolicy:
-        writer = None
-        if op.dead_letter is not None:
-            writer = op.dead_letter.open(self.spec.task_index, self.spec.parallelism, self.clock)
-        pol = ErrorPolicy(op.name, self.spec.task_index, writer)
-        self.policies.append(pol)
-        return pol
 
     # ------------------------------------------------------------ data in
     def receive(self, channel_id: int, seq: int, payload: bytes) -> None:
@@ -412,18 +398,12 @@ class TaskCore:
 
     def _run(self, values: list[Any], timestamps: list[int], keys: Any = None, kgs: Any = None,
              port: int = 0) -> None:
-        if self.keyed is not None:
-            if self._live and kgs is not None:
-                self.group_records.update(kgs)
-            values, timestamps = self.keyed.process(values, timestamps, keys, kgs, port)
-        self._run_rest(values, timestamps)
+        if self._live and kgs is not None and self.keyed is not None:
+            self.group_records.update(kgs)
+        self.router.emit(*self.chain.process(values, timestamps, keys, kgs, port))
 
     def _run_rest(self, values: list[Any], timestamps: list[int]) -> None:
-        for r in self.runners:
-            if not values:
-                return
-            values, timestamps = r.process(values, timestamps)
-        self.router.emit(values, timestamps)
+        self.router.emit(*self.chain.process_rest(values, timestamps))
 
     # ------------------------------------------------------------ host (for a participant)
     @property
@@ -513,7 +493,7 @@ class TaskCore:
     def _on_event(self, ch: InputChannel, event: Any) -> None:
         match event:
             case LatencyMarker():
-                if self.has_sink:
+                if self.chain.has_sink:
                     self.latency.observe(max(0.0, (self.clock.now() - event.created_at) * 1000.0))
                 self.router.send_marker(event)
             case Watermark(timestamp=ts):
@@ -559,16 +539,9 @@ class TaskCore:
             self._drain_epoch = None
             self._blocked.clear()
             self.router.broadcast(DrainBarrier(epoch))
-            self._flush_writers()
+            self.chain.flush()
             self.quiet = True
             self.reports.append(Drained(self.name, epoch))
-
-    def _flush_writers(self) -> None:
-        for w in self.writers.values():
-            w.flush()
-        for p in self.policies:
-            if p.dead_letter is not None:
-                p.dead_letter.flush()
 
     def _finish_if_ended(self) -> None:
         """Finish once the input has ended, unless a rescale holds the task or key groups
@@ -585,16 +558,9 @@ class TaskCore:
             self._run_rest(values, timestamps)
         self.router.flush_all()
         self.router.broadcast(EndOfStream())
-        self._close_writers()
+        self.chain.close()
         self.status = FINISHED
         self.reports.append(TaskFinished(self.name))
-
-    def _close_writers(self) -> None:
-        for w in self.writers.values():
-            w.close()
-        for p in self.policies:
-            if p.dead_letter is not None:
-                p.dead_letter.close()
 
     def _fail(self, operator: str, record: str, cause: str) -> None:
         self.status = FAILED
@@ -698,7 +664,7 @@ class TaskCore:
                     self.paused = True
                     self.quiet = True
                     self.router.broadcast(DrainBarrier(epoch))
-                    self._flush_writers()
+                    self.chain.flush()
                 offset = None if self.reader is None else self.reader.offset()
                 self.reports.append(SourcePaused(self.name, offset))
                 self.reports.append(Drained(self.name, epoch))
@@ -723,7 +689,7 @@ class TaskCore:
                     self.router.flush_all()
                     if end:
                         self.router.broadcast(EndOfStream())
-                    self._close_writers()
+                    self.chain.close()
                     self.status = STOPPED
                 return Ack()
             case AddOutputChannels(edge_id=edge_id, channels=channels):
@@ -812,7 +778,7 @@ class TaskCore:
             queued_frames=self.queued_frames(),
             state_bytes=0 if b is None else b.estimated_bytes(),
             key_groups=0 if b is None else len(b.groups),
-            dead_letters=sum(p.dead_letters for p in self.policies),
+            dead_letters=self.chain.dead_letters,
             latency=self.latency.to_wire(),
             watermark=self.watermark,
             late_records=0 if self.keyed is None else self.keyed.late_records,

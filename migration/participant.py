@@ -48,7 +48,7 @@ from typing import Any, Protocol
 from engine.channel import REROUTE_PORT, InputChannel, OutputRouter
 from engine.clock import Clock
 from engine.config import JobConfig
-from engine.errors import ReflowError
+from engine.errors import ConfigError, ReflowError
 from engine.messages import (
     Ack,
     ConfirmBarrier,
@@ -94,36 +94,75 @@ class UnknownSubscaleError(ReflowError, KeyError):
 
 
 class TaskHost(Protocol):
-    """What a participant may use of its task (``engine.task.TaskCore`` is one), and all."""
+    """What a participant may use of its task, and all it may (``engine.task.TaskCore`` is
+    one). Everything the participant sends leaves through ``router`` (data channels, the
+    re-route path), ``send_priority`` or ``report``."""
 
     @property
-    def name(self) -> str: ...
+    def name(self) -> str:
+        """The task's name (what other tasks address it by)."""
+
     @property
-    def config(self) -> JobConfig: ...
+    def config(self) -> JobConfig:
+        """The job's configuration (set-aside cap, whether live rescaling is on)."""
+
     @property
     def clock(self) -> Clock: ...
-    @property
-    def router(self) -> OutputRouter: ...
-    @property
-    def backend(self) -> KeyedStateBackend | None: ...
-    @property
-    def watermark(self) -> int: ...
-    @property
-    def suspended_s(self) -> float: ...
 
-    def add_input(self, channel_id: int, port: int) -> None: ...
-    def remove_input_if_idle(self, channel_id: int) -> bool: ...
-    def block_channel(self, channel_id: int, token: int) -> None: ...
-    def unblock_channels(self, token: int) -> None: ...
-    def run_records(self, records: list[Record]) -> None: ...
-    def guarded(self, fn: Callable[..., None], *args: Any) -> None: ...
-    def report(self, msg: Any) -> None: ...
-    def send_priority(self, target: str, msg: Any) -> None: ...
-    def check_finish(self) -> None: ...
-    def hold_timers(self, held: Callable[[int], bool]) -> None: ...
-    def release_timers(self, key_group: int) -> None: ...
-    def drop_held_timers(self, key_group: int) -> None: ...
-    def fire_event_timers(self) -> None: ...
+    @property
+    def router(self) -> OutputRouter:
+        """The task's output router: redirects, the re-route path, events on channels."""
+
+    @property
+    def backend(self) -> KeyedStateBackend | None:
+        """The task's keyed state (None: not a keyed task, it holds no groups)."""
+
+    @property
+    def watermark(self) -> int:
+        """The task's current watermark."""
+
+    @property
+    def suspended_s(self) -> float:
+        """Seconds so far with records waiting and nothing processable (reports)."""
+
+    def add_input(self, channel_id: int, port: int) -> None:
+        """Open an input channel (nothing if open)."""
+
+    def remove_input_if_idle(self, channel_id: int) -> bool:
+        """Close an input with nothing queued, pending or parked; False if it has some."""
+
+    def block_channel(self, channel_id: int, token: int) -> None:
+        """Stop reading the channel until ``token`` is lifted."""
+
+    def unblock_channels(self, token: int) -> None:
+        """Lift ``token`` from every channel it blocks."""
+
+    def run_records(self, records: list[Record]) -> None:
+        """Process records now, in order, through the task's operators."""
+
+    def guarded(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn``; a user function's error fails the task instead of raising."""
+
+    def report(self, msg: Any) -> None:
+        """Send ``msg`` to the JobMaster."""
+
+    def send_priority(self, target: str, msg: Any) -> None:
+        """Send ``msg`` to task ``target`` on the priority path (in order per target)."""
+
+    def check_finish(self) -> None:
+        """A migration ended here: the task finishes if its input ended meanwhile."""
+
+    def hold_timers(self, held: Callable[[int], bool]) -> None:
+        """From now on, timers of key groups for which ``held`` is true wait."""
+
+    def release_timers(self, key_group: int) -> None:
+        """The group's waiting timers may fire again."""
+
+    def drop_held_timers(self, key_group: int) -> None:
+        """Forget the group's waiting timers (they left with its state)."""
+
+    def fire_event_timers(self) -> None:
+        """Fire the event-time timers due at the watermark and process their output."""
 
 
 def new_task_core(spec: TaskSpec, clock: Clock) -> TaskCore:
@@ -263,7 +302,7 @@ class NewOwnerRole:
 
     def __init__(self, cap: int = 200) -> None:
         if cap < 1:
-            raise ValueError("the set-aside cap must be >= 1 record")
+            raise ConfigError(f"drrs_set_aside_cap must be >= 1 record, got {cap}")
         self.cap = cap
         self.subscales: dict[int, _Incoming] = {}
         self.group_subscale: dict[int, int] = {}

@@ -19,14 +19,16 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+from engine.errors import ConfigError, ReflowError
 from engine.state import KeyedStateBackend, apply_delta, delta_base_version
 
 POLICIES = ("none", "hot", "all")
 PayloadKind = Literal["delta", "full"]
 
 
-class StaleReplicaError(Exception):
-    """A delta does not apply to the replica held (its base version is another)."""
+class StaleReplicaError(ReflowError):
+    """A delta does not apply to the replica held (its base version is another): the holder
+    drops the replica and the owner must send a full snapshot."""
 
 
 # ---------------------------------------------------------------- which groups, where
@@ -46,11 +48,11 @@ def choose_replicated_groups(
         return tuple(range(num_key_groups))
     if policy == "hot":
         if not 0.0 <= hot_fraction <= 1.0:
-            raise ValueError(f"hot_fraction must be in [0, 1], got {hot_fraction}")
+            raise ConfigError(f"replication_hot_fraction must be in [0, 1], got {hot_fraction}")
         count = min(num_key_groups, math.ceil(hot_fraction * num_key_groups))
         ranked = sorted(range(num_key_groups), key=lambda kg: (-loads.get(kg, 0.0), kg))
         return tuple(sorted(ranked[:count]))
-    raise ValueError(f"unknown replication policy {policy!r}; use one of {POLICIES}")
+    raise ConfigError(f"unknown replication policy {policy!r}; use one of {POLICIES}")
 
 
 def place_replicas(

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-# REROUTE_PORT is re-exported until the runtime imports it from engine.channel
-from engine.channel import REROUTE_PORT as REROUTE_PORT
 from engine.keygroups import moved_key_groups
 from migration.plan import MigrationPlan, subscales_by_pair
 from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol

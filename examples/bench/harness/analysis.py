@@ -1,23 +1,31 @@
-"""Pure helpers of the rescale benchmarks (``rescale.py``, ``rescale_drrs.py``).
+"""The numbers every benchmark computes from what reached its sink: pure functions, no Ray.
 
-No Ray and no engine imports: everything here works on plain numbers, so it is unit-tested
-on synthetic series (``tests/test_bench_rescale.py``).
+Why one module: the benchmarks judge a run by the same rules (DESIGN.md §11's scaling period,
+the baseline level, peaks, the throughput dip, gaps in the output), so a rule changes in one
+place and is unit-tested once on synthetic series (``tests/unit/test_bench_rescale.py``).
 
-A *second* is a row ``{"second": int, "count": int, "mean_ms", "p99_ms", "max_ms"}`` that
-describes the records that reached the sink in that wall-clock second (latency = arrival -
-record timestamp); the ms fields are None when ``count`` is 0. A *series* is a list of rows,
-or a dict ``second -> row``.
+Format. A *second* is a row ``{"second": int, "count": int, "mean_ms", "p50_ms", "p99_ms",
+"max_ms"}`` describing the records that reached the sink in that wall-clock second (latency =
+arrival - record timestamp); the ms fields are None when ``count`` is 0 (``p50_ms`` may be
+absent in synthetic rows). A *series* is a list of rows, or a dict ``second -> row``.
+``per_s`` is a dict ``second -> engine.latency.LatencyHistogram`` (what
+``harness.jobs.latency_seconds`` reads from a ``LatencySink``).
 
+* ``histogram_rows``, ``merged``, ``latency_stats``: per-second histograms to rows, merged
+  spans and percentile dicts.
 * ``dense``, ``window``, ``weighted_mean``, ``level``, ``rate``: per-second series.
 * ``scaling_period``: DESIGN.md §11 — from the rescale request until latency stays within
   ``tolerance`` (110 %) of the pre-rescale level for ``stable_s`` consecutive seconds, the
   stable window starting no earlier than the second the rescale completed.
+* ``measure``: every figure of one rescale run (baseline, scaling period, settle, peak,
+  spike, dip, tail), the one definition the rescale and planning benchmarks share.
 * ``peaks``, ``throughput_dip``: worst second within a span.
 * ``add_write``, ``merge_segments``, ``longest_gap``: output activity at the sink as
   ``[first, last]`` write-time segments (seconds) and the longest span without output.
-* ``percentile``, ``ratio``.
-* ``group_loads``, ``task_loads``, ``imbalance``, ``balanced_assignment``: per-key-group load
-  and an assignment that evens it while keeping most groups where they are.
+* ``percentile``, ``median``, ``ratio``, ``records_to_cover``.
+
+Guarantees: no function here reads a clock or sleeps; every result is a plain dict, list or
+number (JSON-ready), None where the input has nothing to say.
 """
 
 from __future__ import annotations
@@ -27,13 +35,56 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from engine.latency import LatencyHistogram
+from examples.bench.harness import BenchError
+
 Row = Mapping[str, Any]
+LATENCY_QUANTILES = (0.5, 0.99)
+
+# ----------------------------------------------------------------------------- histograms
+
+
+def _quantile_key(q: float) -> str:
+    """0.5 -> "p50_ms", 0.99 -> "p99_ms", 0.999 -> "p999_ms"."""
+    return "p" + f"{q * 100:g}".replace(".", "") + "_ms"
+
+
+def latency_stats(h: LatencyHistogram, quantiles: Sequence[float] = LATENCY_QUANTILES,
+                  digits: int | None = None) -> dict[str, Any]:
+    """``count``, ``mean_ms``, ``max_ms`` and one ``pNN_ms`` per quantile of ``h`` (the
+    quantiles within ~2 %, mean and max exact); the ms fields are None when ``h`` is empty,
+    rounded to ``digits`` when given."""
+    keys = ["mean_ms", "max_ms", *(_quantile_key(q) for q in quantiles)]
+    if h.count == 0:
+        return {"count": 0, **dict.fromkeys(keys)}
+    vals = [h.mean, h.max, *(h.quantile(q) for q in quantiles)]
+    if digits is not None:
+        vals = [round(v, digits) for v in vals]
+    return {"count": h.count, **dict(zip(keys, vals, strict=True))}
+
+
+def merged(per_s: Mapping[int, LatencyHistogram], lo: float | None = None,
+           hi: float | None = None) -> LatencyHistogram:
+    """One histogram of the seconds ``lo <= s < hi`` (either bound None: open)."""
+    h = LatencyHistogram()
+    for s, hs in per_s.items():
+        if (lo is None or s >= lo) and (hi is None or s < hi):
+            h.merge(hs)
+    return h
+
+
+def histogram_rows(per_s: Mapping[int, LatencyHistogram]) -> dict[int, dict[str, Any]]:
+    """Second -> row (see the module docstring) for every second with records."""
+    return {s: {"second": s, "count": h.count, **latency_stats(h)}
+            for s, h in sorted(per_s.items()) if h.count}
+
 
 # ----------------------------------------------------------------------------- series
 
 
 def empty_row(second: int) -> dict[str, Any]:
-    return {"second": second, "count": 0, "mean_ms": None, "p99_ms": None, "max_ms": None}
+    return {"second": second, "count": 0, "mean_ms": None, "p50_ms": None, "p99_ms": None,
+            "max_ms": None}
 
 
 def _by_second(rows: Iterable[Row] | Mapping[int, Row]) -> dict[int, Row]:
@@ -92,6 +143,11 @@ class Period:
     end: int
     stabilized: bool
     limit_ms: float | None
+
+    def __post_init__(self) -> None:
+        if self.end < self.start:
+            raise BenchError(f"a scaling period ends ({self.end}) before it starts "
+                             f"({self.start}); pass seconds in order")
 
     @property
     def seconds(self) -> int:
@@ -157,6 +213,58 @@ def throughput_dip(rows: Iterable[Row] | Mapping[int, Row], lo: int, hi: int,
             "ratio": ratio(low["count"], reference_per_s)}
 
 
+def measure(rows: Iterable[Row] | Mapping[int, Row], requested: float, completed: float,
+            ended: float, *, baseline_s: float, stable_s: int, tolerance: float,
+            slack_ms: float, empty_ok: bool = False) -> dict[str, Any]:
+    """Every latency figure of one rescale run, from its per-second rows (wall seconds):
+
+    * ``baseline``: the ``baseline_s`` whole seconds before the request second — weighted
+      ``mean_ms``, ``level_ms`` (median of the per-second means: one noisy second of a shared
+      machine does not move it), highest ``max_ms``, ``records_per_s``;
+    * ``period``: the scaling period against the baseline level (``scaling_period``) and its
+      weighted ``mean_ms``; ``settle``: the same rule against max(baseline level, level of the
+      last ``stable_s`` seconds), i.e. until latency reaches its *new* level;
+    * ``peak`` (``peaks`` of the period), ``spike`` (peak max / baseline level),
+      ``spike_p99``, ``spike_over_weighted_mean``, ``baseline_spike`` (the baseline's own peak
+      max / its level: the noise floor) and ``dip`` (``throughput_dip`` of the period);
+    * ``tail_mean_ms``, ``tail_level_ms`` (last ``stable_s`` seconds) and ``post_request``
+      (mean and records/s from the request to the end).
+
+    ``ended`` is the time the run stopped observing (the second it fell in is not counted)."""
+    by = _by_second(rows)
+    req_s, done_s, end_s = int(requested), int(completed), int(ended)
+    b0 = req_s - int(baseline_s)
+    base = window(by, b0, req_s)
+    base_level = level(base)
+    base_rate = rate(by, b0, req_s)
+    kw = {"tolerance": tolerance, "stable_s": stable_s, "slack_ms": slack_ms,
+          "empty_ok": empty_ok}
+    period = scaling_period(by, req_s, done_s, base_level, end_s, **kw)
+    tail = window(by, end_s - stable_s, end_s)
+    tail_level = level(tail)
+    settle_level = max((x for x in (base_level, tail_level) if x is not None), default=None)
+    settle = scaling_period(by, req_s, done_s, settle_level, end_s, **kw)
+    p_rows = window(by, period.start, period.end)
+    pk = peaks(p_rows)
+    base_max = peaks(base)["max_ms"]
+    return {
+        "baseline": {"from_second": b0, "to_second": req_s, "mean_ms": weighted_mean(base),
+                     "level_ms": base_level, "max_ms": base_max, "records_per_s": base_rate},
+        "period": {**period.as_dict(), "mean_ms": weighted_mean(p_rows)},
+        "settle": settle.as_dict(),
+        "peak": pk,
+        "spike": ratio(pk["max_ms"], base_level),
+        "spike_p99": ratio(pk["p99_ms"], base_level),
+        "spike_over_weighted_mean": ratio(pk["max_ms"], weighted_mean(base)),
+        "baseline_spike": ratio(base_max, base_level),
+        "dip": throughput_dip(by, period.start, period.end, base_rate),
+        "tail_mean_ms": weighted_mean(tail),
+        "tail_level_ms": tail_level,
+        "post_request": {"mean_ms": weighted_mean(window(by, req_s, end_s)),
+                         "records_per_s": rate(by, req_s, end_s)},
+    }
+
+
 # ----------------------------------------------------------------------------- output gaps
 
 
@@ -213,7 +321,7 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     if not xs:
         return None
     if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be within [0, 1]; got {q!r}")
+        raise BenchError(f"q must be within [0, 1]; got {q!r} (a percent? divide by 100)")
     pos = q * (len(xs) - 1)
     i = math.floor(pos)
     j = min(i + 1, len(xs) - 1)
@@ -229,101 +337,16 @@ def median(values: Iterable[float]) -> float | None:
     return percentile(values, 0.5)
 
 
-# ----------------------------------------------------------------------------- load balance
+def records_to_cover(keys: Sequence[Any] | Any, coverage: float) -> int | None:
+    """How many records of the key sequence ``keys`` it takes until ``coverage`` (0-1] of the
+    distinct keys it holds have appeared (None when ``keys`` is empty)."""
+    import numpy as np
 
-
-def group_loads(key_counts: Mapping[Any, float] | Sequence[float], key_group: Any,
-                num_key_groups: int) -> list[float]:
-    """Per-key-group load from per-key loads (a mapping key -> load, or a sequence indexed by
-    key) and a function ``key -> key group``."""
-    items = key_counts.items() if isinstance(key_counts, Mapping) else enumerate(key_counts)
-    out = [0.0] * num_key_groups
-    for k, v in items:
-        if v:
-            out[key_group(k)] += float(v)
-    return out
-
-
-def task_loads(loads: Sequence[float], assignment: Sequence[int], parallelism: int
-               ) -> list[float]:
-    out = [0.0] * parallelism
-    for g, t in enumerate(assignment):
-        out[t] += loads[g]
-    return out
-
-
-def imbalance(loads: Sequence[float], assignment: Sequence[int], parallelism: int
-              ) -> float | None:
-    """Highest task load over the mean task load (1.0 is perfectly even)."""
-    t = task_loads(loads, assignment, parallelism)
-    mean = sum(t) / parallelism
-    return None if mean == 0 else max(t) / mean
-
-
-def balanced_assignment(loads: Sequence[float], current: Sequence[int], parallelism: int,
-                        theta: float = 0.05) -> tuple[int, ...]:
-    """An assignment of key groups to ``parallelism`` tasks that evens the load while moving
-    few groups. Groups of tasks that no longer exist go first, heaviest first, to the
-    least-loaded task. Then, while the most-loaded task T carries more than
-    ``(1 + theta)`` times the mean, the best single step between T and the least-loaded task
-    U is taken: moving one group of T to U, or swapping a group of T with a lighter one of
-    U, whichever brings the pair closest to even (a move wins a tie); it stops when no step
-    lowers T's load. Finally a task left without groups takes the lightest group of the task
-    holding the most (the parallelism is ``max(assignment) + 1``). Deterministic."""
-    if len(loads) != len(current):
-        raise ValueError("loads and current assignment differ in length")
-    if parallelism < 1:
-        raise ValueError("parallelism must be >= 1")
-    w = [float(x) for x in loads]
-    new = [t if 0 <= t < parallelism else -1 for t in current]
-    load = [0.0] * parallelism
-    for g, t in enumerate(new):
-        if t >= 0:
-            load[t] += w[g]
-    for g in sorted((g for g, t in enumerate(new) if t < 0), key=lambda g: (-w[g], g)):
-        t = min(range(parallelism), key=lambda i: (load[i], i))
-        new[g] = t
-        load[t] += w[g]
-    target = (1.0 + theta) * sum(w) / parallelism
-    for _ in range(4 * len(w) + 16):
-        hi = max(range(parallelism), key=lambda i: (load[i], -i))
-        lo = min(range(parallelism), key=lambda i: (load[i], i))
-        gap = load[hi] - load[lo]
-        if load[hi] <= target or gap <= 0:
-            break
-        mine = [g for g, t in enumerate(new) if t == hi]
-        theirs = [g for g, t in enumerate(new) if t == lo]
-        best: tuple[float, int, int, int | None] | None = None  # (distance, kind, g, h)
-        for g in mine:
-            if 0 < w[g] < gap:
-                cand = (abs(gap / 2 - w[g]), 0, g, None)
-                best = cand if best is None or cand[:3] < best[:3] else best
-            for h in theirs:
-                d = w[g] - w[h]
-                if 0 < d < gap:
-                    cand2 = (abs(gap / 2 - d), 1, g, h)
-                    if best is None or cand2[:3] < best[:3]:
-                        best = cand2
-        if best is None:
-            break
-        _, _, g, h = best
-        new[g] = lo
-        load[hi] -= w[g]
-        load[lo] += w[g]
-        if h is not None:
-            new[h] = hi
-            load[lo] -= w[h]
-            load[hi] += w[h]
-    counts = [0] * parallelism
-    for t in new:
-        counts[t] += 1
-    for t in range(parallelism):
-        if counts[t] == 0:
-            donor = max(range(parallelism), key=lambda i: (counts[i], -i))
-            if counts[donor] < 2:
-                break  # fewer groups than tasks
-            g = min((g for g, o in enumerate(new) if o == donor), key=lambda g: (w[g], g))
-            new[g] = t
-            counts[donor] -= 1
-            counts[t] += 1
-    return tuple(new)
+    if not 0.0 < coverage <= 1.0:
+        raise BenchError(f"coverage is a share of the keys in (0, 1]; got {coverage!r}")
+    arr = np.asarray(keys)
+    if arr.size == 0:
+        return None
+    uniq, first = np.unique(arr, return_index=True)
+    want = max(1, math.ceil(coverage * uniq.size))
+    return int(np.sort(first)[want - 1]) + 1

@@ -1,16 +1,32 @@
-"""What code a benchmark measured, for its ``results.json`` (driver side; no Ray).
+"""What a benchmark run measured, where and how: the provenance part of ``results.json``.
 
-``code_state(root)``: the commit, and whether ``engine/`` or ``migration/`` differ from it;
-with ``files_hash`` also a hash of their ``.py`` files (others may edit them while a long
-run goes on: compare the state at the start with the state at the end).
+Why: results are compared across days on a shared machine whose code changes under long
+runs (others edit ``engine/`` and ``migration/`` meanwhile); without the command, the code
+state at both ends and the load average a figure cannot be trusted or reproduced.
+
+Format (``begin`` then ``finish`` add these keys to a results dict):
+
+* ``command``: ``python examples/bench/NAME.py ARGS`` as run;
+* ``code``: ``{"commit", "engine_dirty", "engine_sha256"}`` at the start — the commit,
+  whether ``engine/`` or ``migration/`` differ from it, and a hash of their ``.py`` files;
+  ``code_at_end``: the same at the end (the hashes differ when the code changed mid-run);
+* ``machine``: ``cpus``, ``python``, ``platform``, ``loadavg_at_start``, and at the end
+  ``loadavg_at_end``; ``total_seconds``.
+
+Driver side only; nothing here imports Ray.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import subprocess
+import sys
+import time
 from typing import Any
+
+from examples.bench.harness import ROOT
 
 MEASURED = ("engine", "migration")
 
@@ -36,7 +52,9 @@ def _files_hash(root: str) -> str:
     return h.hexdigest()[:16]
 
 
-def code_state(root: str, *, files_hash: bool = False) -> dict[str, Any]:
+def code_state(root: str = ROOT, *, files_hash: bool = True) -> dict[str, Any]:
+    """The commit, whether the measured code differs from it and (``files_hash``) a hash of
+    the measured ``.py`` files."""
     state: dict[str, Any] = {
         "commit": _git(root, "rev-parse", "HEAD"),
         "engine_dirty": bool(_git(root, "status", "--porcelain", "--", *MEASURED)),
@@ -44,3 +62,34 @@ def code_state(root: str, *, files_hash: bool = False) -> dict[str, Any]:
     if files_hash:
         state["engine_sha256"] = _files_hash(root)
     return state
+
+
+def machine() -> dict[str, Any]:
+    """CPUs, Python, platform and the load average now."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "loadavg_at_start": os.getloadavg()}
+
+
+def command(script: str, argv: list[str] | None) -> str:
+    """``python <script relative to the root> <args>``; ``argv`` None: this process's."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join(["python", os.path.relpath(os.path.abspath(script), ROOT), *args])
+
+
+def begin(script: str, argv: list[str] | None) -> dict[str, Any]:
+    """A new results dict with ``command``, ``code``, ``machine`` and the start time."""
+    return {"command": command(script, argv), "code": code_state(), "machine": machine(),
+            "_t0": time.monotonic()}
+
+
+def finish(results: dict[str, Any]) -> None:
+    """Adds ``total_seconds``, ``code_at_end`` and ``machine.loadavg_at_end``; warns on
+    stdout when the measured code changed during the run."""
+    t0 = results.pop("_t0", None)
+    if t0 is not None:
+        results["total_seconds"] = time.monotonic() - t0
+    results["code_at_end"] = code_state()
+    if results["code_at_end"].get("engine_sha256") != results.get("code", {}).get(
+            "engine_sha256"):
+        print("WARNING: engine/ or migration/ changed during the run; figures mix versions")
+    results["machine"]["loadavg_at_end"] = os.getloadavg()

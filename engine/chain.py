@@ -1,0 +1,101 @@
+"""A task's operator chain: what a record goes through inside one task (pure).
+
+Why apart from the task core: the core (``engine.task``) schedules inputs, aligns barriers
+and handles control; the chain is fixed when the task is deployed: the keyed head (with
+the task's state backend) or none, then the stateless operators, then the sink. Keeping it
+apart keeps the core about scheduling, and gives one place that opens, flushes and closes
+every writer a task owns (sinks, late-data sinks, dead-letter sinks).
+
+Format: ``process``/``process_rest`` take and return parallel lists (values, timestamps),
+as the runners do (``engine.operators``); what comes out is for the task's output router.
+
+Guarantees: every writer is opened once, in the constructor; ``flush`` and ``close`` reach
+each of them, dead-letter writers included. Errors of user functions are raised as the
+runners raise them (``UserFunctionError`` and friends); the core decides what they do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine import graph as g
+from engine.clock import Clock
+from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner
+from engine.sinks import SinkWriter
+from engine.state import KeyedStateBackend
+
+
+class OperatorChain:
+    """The operators of task ``task_index`` of ``parallelism`` (a source head is not run
+    here). ``keyed``/``backend``: the keyed head and its state backend, owning
+    ``key_groups`` (None when the head is not keyed); ``runners``: the operators after it.
+    ``watermark``: the watermark user code sees."""
+
+    def __init__(self, operators: tuple[g.OperatorDef, ...], task_index: int, parallelism: int,
+                 num_key_groups: int, key_groups: tuple[int, ...], clock: Clock,
+                 watermark: Callable[[], int]) -> None:
+        self.task_index, self.parallelism, self.clock = task_index, parallelism, clock
+        self.writers: dict[str, SinkWriter] = {}
+        self.policies: list[ErrorPolicy] = []
+        self.backend: KeyedStateBackend | None = None
+        self.keyed: KeyedRunner | None = None
+        head = operators[0]
+        for op in operators:
+            if op.kind == g.SINK:
+                self.writers[op.name] = op.fn.open(task_index, parallelism, clock)
+        if head.keyed:
+            self.backend = KeyedStateBackend(num_key_groups)
+            for kg in key_groups:
+                self.backend.own(kg)
+            late = None
+            if head.late_sink is not None:
+                late = head.late_sink.open(task_index, parallelism, clock)
+                self.writers[f"{head.name}/late"] = late
+            self.keyed = KeyedRunner(head, self._policy(head), self.backend, task_index, clock,
+                                     watermark, late)
+        rest = operators[1:] if (head.kind == g.SOURCE or head.keyed) else operators
+        self.runners = [StatelessRunner(op, self._policy(op), self.writers.get(op.name))
+                        for op in rest]
+        self.has_sink = any(op.kind == g.SINK for op in operators)
+
+    def _policy(self, op: g.OperatorDef) -> ErrorPolicy:
+        writer = None
+        if op.dead_letter is not None:
+            writer = op.dead_letter.open(self.task_index, self.parallelism, self.clock)
+        pol = ErrorPolicy(op.name, self.task_index, writer)
+        self.policies.append(pol)
+        return pol
+
+    def process(self, values: list[Any], timestamps: list[int], keys: Any = None,
+                kgs: Any = None, port: int = 0) -> Batch:
+        """Records through the whole chain (the keyed head needs ``keys`` and ``kgs``)."""
+        if self.keyed is not None:
+            values, timestamps = self.keyed.process(values, timestamps, keys, kgs, port)
+        return self.process_rest(values, timestamps)
+
+    def process_rest(self, values: list[Any], timestamps: list[int]) -> Batch:
+        """Records through the operators after the head (a source's or timers' output)."""
+        for r in self.runners:
+            if not values:
+                break
+            values, timestamps = r.process(values, timestamps)
+        return values, timestamps
+
+    def flush(self) -> None:
+        for w in self.writers.values():
+            w.flush()
+        for p in self.policies:
+            if p.dead_letter is not None:
+                p.dead_letter.flush()
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
+        for p in self.policies:
+            if p.dead_letter is not None:
+                p.dead_letter.close()
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(p.dead_letters for p in self.policies)

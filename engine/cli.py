@@ -2,9 +2,13 @@
 
     reflow metrics URL            per-operator summary of a running job's metrics endpoint
     reflow example wordcount ...  run an example job (arguments pass through)
-    reflow bench steady ...       run a benchmark (arguments pass through)
-    reflow bench rescale ...      the cross-protocol rescale benchmark
-                                  (examples/bench/rescale.py; e.g. --scenario q7 --quick)
+    reflow bench NAME ...         run examples/bench/NAME.py of the checkout in the current
+                                  directory (e.g. ``reflow bench rescale --scenario q7 --quick``)
+
+The benchmarks are not part of the installed package (``examples/`` is not packaged), so
+``reflow bench`` never imports them: it runs the script of the checkout it is started in as
+a subprocess with this interpreter and returns its exit code; without a checkout it exits 2
+saying where to run it.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import runpy
+import subprocess
 import sys
 import urllib.request
 from collections import defaultdict
@@ -51,15 +56,11 @@ def _metrics(url: str) -> int:
     return 0
 
 
-_HELPERS = ("timeline.py", "provenance.py")  # bench modules that are not benches
-
-
 def _script(kind: str, name: str, rest: list[str]) -> int:
-    folder = "examples" if kind == "example" else os.path.join("examples", "bench")
-    path = os.path.join(ROOT, folder, f"{name}.py")
+    path = os.path.join(ROOT, "examples", f"{name}.py")
     if not os.path.exists(path):
-        found = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, folder))
-                       if f.endswith(".py") and f not in _HELPERS)
+        found = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "examples"))
+                       if f.endswith(".py"))
         print(f"reflow {kind}: no {kind} {name!r}; available: {', '.join(found)}", file=sys.stderr)
         return 2
     sys.argv = [path, *rest]
@@ -70,16 +71,28 @@ def _script(kind: str, name: str, rest: list[str]) -> int:
     return 0
 
 
-def _bench_rescale(rest: list[str]) -> int:
-    """``reflow bench rescale [args]``: ``examples/bench/rescale.py``'s ``main(args)``."""
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
-    from examples.bench import rescale
+BENCH_DIR = os.path.join("examples", "bench")
 
-    try:
-        return int(rescale.main(rest, prog="reflow bench rescale") or 0)
-    except SystemExit as exc:  # argparse: --help, bad arguments
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+
+def _bench(name: str, rest: list[str], cwd: str | None = None) -> int:
+    """``reflow bench NAME [args]``: ``examples/bench/NAME.py`` under ``cwd`` (default: the
+    current directory) run with this interpreter; its exit code, or 2 when there is no such
+    script (the message says what to do)."""
+    cwd = os.path.abspath(cwd or os.getcwd())
+    folder = os.path.join(cwd, BENCH_DIR)
+    path = os.path.join(folder, f"{name}.py")
+    if not os.path.isdir(folder):
+        print(f"reflow bench: no {BENCH_DIR}/ under {cwd}: the benchmarks are not installed "
+              f"with the package; run `reflow bench {name}` from the root of a reflow "
+              f"checkout (git clone, then cd into it)", file=sys.stderr)
+        return 2
+    if os.sep in name or not os.path.isfile(path):
+        found = sorted(f[:-3] for f in os.listdir(folder)
+                       if f.endswith(".py") and not f.startswith("_"))
+        print(f"reflow bench: no {BENCH_DIR}/{name}.py under {cwd}; available: "
+              f"{', '.join(found) or 'none'}", file=sys.stderr)
+        return 2
+    return subprocess.run([sys.executable, path, *rest], cwd=cwd).returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,15 +100,16 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("metrics", help="summarise a job's Prometheus endpoint")
     m.add_argument("url")
-    for kind in ("example", "bench"):
-        p = sub.add_parser(kind, help=f"run an {kind} script from the repository")
+    for kind, where in (("example", "the repository"),
+                        ("bench", "the checkout in the current directory")):
+        p = sub.add_parser(kind, help=f"run an {kind} script from {where}")
         p.add_argument("name")
         p.add_argument("args", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     if args.cmd == "metrics":
         return _metrics(args.url)
-    if args.cmd == "bench" and args.name == "rescale":
-        return _bench_rescale(args.args)
+    if args.cmd == "bench":
+        return _bench(args.name, args.args)
     return _script(args.cmd, args.name, args.args)
 
 

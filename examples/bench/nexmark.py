@@ -8,7 +8,8 @@ For each query one job runs an open-loop ``NexmarkSource`` whose rate climbs a g
 ladder (from ``--start-rate``, default per query, times ``--factor`` per step, ``--step-s``
 seconds per step; a ``RateSchedule``). Record timestamps are the scheduled emission times, so
 the windows are over wall-clock time and the latency of a window result (``LatencySink``:
-sink arrival - window end) includes any lag of the source behind its schedule. A step is *sustainable* when,
+sink arrival - window end) includes any lag of the source behind its schedule. A step is
+*sustainable* when,
 over the wall seconds of the step after ``--warmup-s`` (results arriving in them):
 
 * window results keep arriving (at least one in the step),
@@ -42,30 +43,31 @@ Writes ``examples/bench/out/nexmark/results.json`` and ``nexmark.png`` (p50/p99 
 step vs rate, per query). The machine is shared and noisy: the load average is recorded.
 """
 
+# ruff: noqa: E402  (the repository root goes on sys.path before reflow's imports)
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import platform
 import sys
 import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-from engine import JobConfig, StreamJob  # noqa: E402
-from engine.clock import SystemClock  # noqa: E402
-from engine.latency import LatencyHistogram  # noqa: E402
-from engine.sinks import LatencySink  # noqa: E402
-from examples.nexmark import queries  # noqa: E402
-from examples.nexmark.generator import NexmarkConfig, NexmarkGenerator  # noqa: E402
-from examples.nexmark.run import init_ray  # noqa: E402
-from examples.nexmark.source import NexmarkSource, RateSchedule  # noqa: E402
+from engine import JobConfig, StreamJob
+from engine.clock import SystemClock
+from engine.latency import LatencyHistogram
+from engine.names import JobState
+from engine.sinks import LatencySink
+from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
+from examples.bench.harness import analysis as an
+from examples.nexmark import queries
+from examples.nexmark.generator import NexmarkConfig, NexmarkGenerator
+from examples.nexmark.source import NexmarkSource, RateSchedule
 
-OUT_DIR = os.path.join(ROOT, "examples", "bench", "out", "nexmark")
 SEED = 42
 VARIANTS: dict[str, tuple[str, dict[str, int]]] = {
     "q5": ("q5", {"size_ms": 2000, "slide_ms": 500}),
@@ -108,11 +110,6 @@ def generator_speed(events: int) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ one ladder
 
 
-def per_second(sink: LatencySink) -> dict[int, LatencyHistogram]:
-    """The sink's per-wall-second histograms (``LatencySink._load``, as steady.py does)."""
-    return sink._load()[1]
-
-
 def judge(seconds: dict[int, LatencyHistogram], a: float, b: float, args: argparse.Namespace,
           ) -> dict[str, Any]:
     """Verdict of a step that ran over wall time [a, b): look at results arriving in the whole
@@ -126,14 +123,13 @@ def judge(seconds: dict[int, LatencyHistogram], a: float, b: float, args: argpar
     if not picked:
         row.update(ok=False, reason="no results")
         return row
-    h = LatencyHistogram()
-    for _, hs in picked:
-        h.merge(hs)
+    h = an.merged(dict(picked))
     half = max(1, len(picked) // 2)
-    early = _mean([hs for _, hs in picked[:half]])
-    late = _mean([hs for _, hs in picked[half:]]) if len(picked) > 1 else early
-    row.update(count=h.count, p50_ms=h.quantile(0.5), p99_ms=h.quantile(0.99), max_ms=h.max,
-               mean_first_half_ms=early, mean_second_half_ms=late)
+    early = an.merged(dict(picked[:half])).mean if picked[:half] else 0.0
+    late = an.merged(dict(picked[half:])).mean if len(picked) > 1 else early
+    stats = an.latency_stats(h)
+    row.update(count=h.count, p50_ms=stats["p50_ms"], p99_ms=stats["p99_ms"],
+               max_ms=stats["max_ms"], mean_first_half_ms=early, mean_second_half_ms=late)
     if row["p99_ms"] > args.threshold_ms:
         row.update(ok=False, reason=f"p99 {row['p99_ms']:.0f} ms > {args.threshold_ms:.0f} ms")
     elif late > early + max(args.growth_ms, 0.25 * early):
@@ -141,11 +137,6 @@ def judge(seconds: dict[int, LatencyHistogram], a: float, b: float, args: argpar
     else:
         row.update(ok=True, reason="")
     return row
-
-
-def _mean(hs: list[LatencyHistogram]) -> float:
-    n = sum(h.count for h in hs)
-    return sum(h.sum_ms for h in hs) / n if n else 0.0
 
 
 def run_ladder(name: str, rates: list[float], args: argparse.Namespace) -> dict[str, Any]:
@@ -170,18 +161,18 @@ def run_ladder(name: str, rates: list[float], args: argparse.Namespace) -> dict[
     window_s = params["size_ms"] / 1000.0
     grace = 1.0 + LatencySink.SAVE_INTERVAL_S  # results of a second are saved within 0.5 s
     verdicts: list[dict[str, Any]] = []
-    state = "running"
+    state = JobState.RUNNING
     finished_at = None
     try:
         while True:
-            state = handle.status().state
+            state = JobState(handle.status().state)
             now = time.time()
-            if state not in ("created", "running"):
+            if not state.active:
                 finished_at = now
                 break
             i = len(verdicts)
             if i < len(rates) and now >= bounds[i][1] + grace:
-                v = judge(per_second(sink), *bounds[i], args)
+                v = judge(jobs.latency_seconds(sink), *bounds[i], args)
                 verdicts.append(v)
                 _print_step(rates[i], v)
                 if _confirmed_failure(verdicts):
@@ -194,14 +185,15 @@ def run_ladder(name: str, rates: list[float], args: argparse.Namespace) -> dict[
             time.sleep(0.25)
     finally:
         handle.stop()
-    seconds = per_second(sink)
-    while (len(verdicts) < len(rates) and state not in ("created", "running", "failed")
+    seconds = jobs.latency_seconds(sink)
+    while (len(verdicts) < len(rates) and not state.active and state != JobState.FAILED
            and not _confirmed_failure(verdicts)):
         i = len(verdicts)  # the job ended before the driver judged the last steps
         verdicts.append(judge(seconds, *bounds[i], args))
         _print_step(rates[i], verdicts[-1])
-    if state == "failed":
-        raise RuntimeError(f"{name}: the job failed")
+    if state == JobState.FAILED:
+        raise BenchRunError(f"{name}: the job failed; see its log above (the driver prints the "
+                            f"task logs)")
     rows = []
     for i, (r, v) in enumerate(zip(rates, verdicts, strict=False)):
         rows.append({"rate": r, "step": i, **v})
@@ -299,9 +291,7 @@ def print_table(results: dict[str, Any]) -> None:
 def plot(results: dict[str, Any], path: str) -> None:
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = render.pyplot()
     names = list(results["queries"])
     fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 4), squeeze=False)
     thr = results["args"]["threshold_ms"]
@@ -338,73 +328,67 @@ def plot(results: dict[str, Any], path: str) -> None:
         ax.grid(True, which="both", alpha=0.3)
     fig.suptitle(f"NEXMark on reflow, parallelism {results['args']['parallelism']} "
                  f"({os.cpu_count()} cores)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    render.save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------- main
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke run (~1-2 min)")
+LADDER = {"factor": (1.5, 2.0), "steps": (8, 5), "step_s": (6.0, 4.0), "warmup_s": (2.0, 1.5),
+          "refine": (3, 0), "generator_events": (1_000_000, 200_000)}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = cli.parser(__doc__, "nexmark")
     ap.add_argument("--queries", default="q5,q7,q8", help=f"of {','.join(VARIANTS)}")
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--source-parallelism", type=int, default=1)
     ap.add_argument("--key-groups", type=int, default=128)
     ap.add_argument("--start-rate", type=float, default=None,
                     help=f"first rate, events/s (default per query: {START_RATES})")
-    ap.add_argument("--factor", type=float, default=None, help="ladder factor (1.5; quick 2)")
-    ap.add_argument("--steps", type=int, default=None, help="ladder steps (8; quick 5)")
-    ap.add_argument("--step-s", type=float, default=None, help="seconds per step (6; quick 4)")
-    ap.add_argument("--warmup-s", type=float, default=None,
-                    help="seconds of a step not judged (2; quick 1.5)")
-    ap.add_argument("--refine", type=int, default=None, help="refinement steps (3; quick 0)")
+    ap.add_argument("--factor", type=float, help="ladder factor (1.5; quick 2)")
+    ap.add_argument("--steps", type=int, help="ladder steps (8; quick 5)")
+    ap.add_argument("--step-s", type=float, help="seconds per step (6; quick 4)")
+    ap.add_argument("--warmup-s", type=float, help="seconds of a step not judged (2; quick 1.5)")
+    ap.add_argument("--refine", type=int, help="refinement steps (3; quick 0)")
     ap.add_argument("--threshold-ms", type=float, default=1000.0)
     ap.add_argument("--growth-ms", type=float, default=150.0)
     ap.add_argument("--split-events", type=int, default=512)
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--linger-ms", type=float, default=5.0)
-    ap.add_argument("--generator-events", type=int, default=None, help="(1M; quick 200k)")
-    ap.add_argument("--out", default=OUT_DIR)
+    ap.add_argument("--generator-events", type=int, help="(1M; quick 200k)")
     args = ap.parse_args(argv)
-    quick = args.quick
-    for name, full, fast in (("factor", 1.5, 2.0),
-                             ("steps", 8, 5), ("step_s", 6.0, 4.0), ("warmup_s", 2.0, 1.5),
-                             ("refine", 3, 0), ("generator_events", 1_000_000, 200_000)):
-        if getattr(args, name) is None:
-            setattr(args, name, fast if quick else full)
-    names = [n.strip() for n in args.queries.split(",") if n.strip()]
-    unknown = [n for n in names if n not in VARIANTS]
+    cli.fill_defaults(args, LADDER)
+    args.out = cli.out_dir(args, "nexmark")
+    args.names = cli.comma_list(args.queries)
+    unknown = [n for n in args.names if n not in VARIANTS]
     if unknown:
         ap.error(f"unknown queries {unknown}; choose from {list(VARIANTS)}")
-    os.makedirs(args.out, exist_ok=True)
-    started = time.time()
-    results: dict[str, Any] = {
-        "args": vars(args), "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                                        "python": platform.python_version(),
-                                        "loadavg_start": os.getloadavg()},
-        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = provenance.begin(__file__, argv)
+    results["args"] = vars(args)
+    results["started"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    results["machine"]["loadavg_start"] = results["machine"]["loadavg_at_start"]
     print(f"generator speed ({args.generator_events:,} events)...")
     results["generator"] = generator_speed(args.generator_events)
-    init_ray()
     results["queries"] = {}
-    for name in names:
-        print(f"{name}:")
-        results["queries"][name] = bench_query(name, args)
-    results["machine"]["loadavg_end"] = os.getloadavg()
-    results["total_s"] = time.time() - started
+    run.init_ray()
+    try:
+        for name in args.names:
+            print(f"{name}:")
+            results["queries"][name] = bench_query(name, args)
+    finally:
+        run.shutdown_ray()
+    provenance.finish(results)
+    results["machine"]["loadavg_end"] = results["machine"]["loadavg_at_end"]
+    results["total_s"] = results["total_seconds"]
     print_table(results)
-    path = os.path.join(args.out, "results.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=1)
-    png = os.path.join(args.out, "nexmark.png")
-    plot(results, png)
-    print(f"\nwrote {os.path.relpath(path, ROOT)} and {os.path.relpath(png, ROOT)} "
-          f"in {results['total_s']:.0f} s (load average {results['machine']['loadavg_start'][0]:.1f}"
-          f" -> {results['machine']['loadavg_end'][0]:.1f} on {os.cpu_count()} cores)")
+    render.write_outputs(args.out, results, png="nexmark.png", plot=plot)
+    print(f"in {results['total_s']:.0f} s ({render.load_title(results)})")
     return 0
 
 

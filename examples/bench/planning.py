@@ -1,7 +1,7 @@
 """Spacker's adaptive planning strategy against fixed planning settings, in three phases.
 
     python examples/bench/planning.py                     # 3 phases, 18 runs, ~10 min
-    python examples/bench/planning.py --quick             # smaller, 64 key groups, 16 runs, ~5-7 min
+    python examples/bench/planning.py --quick             # 64 key groups, 16 runs, ~5-7 min
     python examples/bench/planning.py --repeats 3         # medians of 3 runs per setting
     python examples/bench/planning.py --phases large --settings all-at-once,one-by-one,adaptive
 
@@ -17,7 +17,7 @@ latency spike and completion time. The same here, with the ``non-disruptive`` pr
   started or was last asked, over that time), ``agg`` *rebalanced* at 4 tasks to an
   assignment that evens the per-key-group load. Like the paper's phase 3 it reshuffles the key
   space: longest-processing-time-first from scratch (heaviest group to the least-loaded task;
-  ``timeline.balanced_assignment`` with no current owner), over the loads counted on the
+  ``harness.balance.lpt_assignment``), over the loads counted on the
   generator's deterministic key sequence up to the request (the records the job processed).
 
 Job: GeneratorSource (open loop, one task) -> key_by -> ``PaddedCount`` (per key a count and
@@ -51,19 +51,17 @@ Each run: deploy, build state (``--build`` s, longer when the keys need it), bas
 Per phase: the best fixed setting on spike and on completion, adaptive's values and the
 ratios adaptive / best (target: <= 1.2 on spike *or* completion). Prints a table, writes
 ``examples/bench/out/planning/results.json`` (``--quick``: ``.../planning/quick/``),
-``summary.md`` and ``planning.png`` (bars per phase). The machine is shared and noisy: compare within one run.
+``summary.md`` and ``planning.png`` (bars per phase). The machine is shared and noisy: compare
+within one run.
 """
 
+# ruff: noqa: E402  (the repository root goes on sys.path before reflow's imports)
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
 import shutil
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -72,16 +70,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine import KeyedProcessFunction  # noqa: E402
-from examples.bench import timeline as tl  # noqa: E402
-from examples.bench.provenance import code_state  # noqa: E402
-from migration.planning import Planning  # noqa: E402
+from engine import JobConfig
+from examples.bench.harness import BenchError, balance, cli, jobs, provenance, render, run
+from examples.bench.harness import analysis as an
+from examples.bench.harness.render import fmt, md_table
+from examples.bench.harness.run import RunStatus
+from migration.planning import Planning
 
-SEED = 0
 PROTOCOL = "non-disruptive"
 ADAPTIVE = "adaptive"
 TARGET_RATIO = 1.2
-OUT_DIR = os.path.join(ROOT, "examples", "bench", "out", "planning")
 
 # setting name -> Planning knobs (None: adaptive). "equal-time" gets its bandwidth per phase.
 SETTINGS: dict[str, dict[str, Any] | None] = {
@@ -117,6 +115,14 @@ class Phase:
     rebalance: bool
     settings: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        if self.keys < 1 or self.state_bytes < 0 or self.rate <= 0:
+            raise BenchError(f"phase {self.name!r}: keys >= 1, state_bytes >= 0 and rate > 0; "
+                             f"got {self.keys}, {self.state_bytes}, {self.rate}")
+        if self.from_p < 1 or self.to_p < 1:
+            raise BenchError(f"phase {self.name!r}: parallelism must be >= 1; got "
+                             f"{self.from_p} -> {self.to_p}")
+
     @property
     def expected_state_bytes(self) -> int:
         return self.keys * self.state_bytes
@@ -137,8 +143,8 @@ def default_phases(quick: bool) -> dict[str, Phase]:
 
 TIMING = {  # (full, quick)
     "build": (6.0, 3.0), "baseline": (6.0, 3.0), "after": (6.0, 4.0), "stable": (3, 2),
+    "key_groups": (128, 64),
 }
-DEPLOY_GUESS_S = 5.0
 RESCALE_GUESS_S = {"small": 3.0, "large": 8.0, "skewed": 6.0}
 
 
@@ -146,11 +152,11 @@ RESCALE_GUESS_S = {"small": 3.0, "large": 8.0, "skewed": 6.0}
 
 
 def make_planning(name: str, *, bandwidth: float, chunk_seconds: float = 0.5,
-                  seed: int = SEED) -> Planning | None:
+                  seed: int = jobs.SEED) -> Planning | None:
     """The ``Planning`` of a setting in ``SETTINGS`` (None for adaptive). ``bandwidth`` and
     ``chunk_seconds`` shape the equal-transfer-time chunks."""
     if name not in SETTINGS:
-        raise ValueError(f"unknown planning setting {name!r}; known: {', '.join(SETTINGS)}")
+        raise BenchError(f"unknown planning setting {name!r}; known: {', '.join(SETTINGS)}")
     knobs = SETTINGS[name]
     if knobs is None:
         return None
@@ -160,14 +166,15 @@ def make_planning(name: str, *, bandwidth: float, chunk_seconds: float = 0.5,
 
 def parse_settings(text: str | None, phase: Phase) -> tuple[str, ...]:
     """``--settings`` (comma-separated, or None for the phase's own list) kept in the phase's
-    order where it has one; unknown names raise ValueError. "all-at-once" goes first (the
+    order where it has one; unknown names raise ``BenchError``. "all-at-once" goes first (the
     equal-time setting uses its bandwidth)."""
     if text is None:
         return phase.settings
     want = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in want if s not in SETTINGS]
     if unknown:
-        raise ValueError(f"unknown planning setting(s) {unknown}; known: {', '.join(SETTINGS)}")
+        raise BenchError(f"unknown planning setting(s) {unknown}; known: "
+                         f"{', '.join(SETTINGS)}")
     order = {s: i for i, s in enumerate(SKEW_SETTINGS)}
     return tuple(sorted(dict.fromkeys(want), key=lambda s: order.get(s, len(order))))
 
@@ -181,89 +188,16 @@ def transfer_bandwidth(report: Mapping[str, Any] | None) -> float | None:
     return report["bytes_moved"] / span if span > 0 else None
 
 
-def lpt_assignment(loads: Sequence[float], parallelism: int) -> tuple[int, ...]:
-    """Longest-processing-time-first from scratch (heaviest group to the least-loaded task),
-    then ``timeline.balanced_assignment``'s evening steps: the paper's phase-3 reshuffle."""
-    return tl.balanced_assignment(loads, [-1] * len(loads), parallelism)
+def _ok(r: Mapping[str, Any]) -> bool:
+    return r.get("status") == RunStatus.OK and r.get("report") is not None
 
 
-def zipf_keys(n: int, num_keys: int, zipf: float | None, gen_chunk: int) -> Any:
-    """The first ``n`` keys of GeneratorSource task 0 of 1 with ``seed`` SEED (its
-    deterministic sequence: chunks of ``gen_chunk`` keys seeded by (seed, task, chunk))."""
-    import numpy as np
-
-    cdf = None
-    if zipf is not None:
-        w = np.arange(1, num_keys + 1, dtype=np.float64) ** -zipf
-        cdf = np.cumsum(w)
-        cdf /= cdf[-1]
-    parts = []
-    for chunk in range(math.ceil(n / gen_chunk)):
-        rng = np.random.default_rng([SEED, 0, chunk])
-        if cdf is None:
-            keys = rng.integers(0, num_keys, size=gen_chunk, dtype=np.int64)
-        else:
-            keys = np.minimum(np.searchsorted(cdf, rng.random(gen_chunk), side="right"),
-                              num_keys - 1)
-        parts.append(keys)
-    return np.concatenate(parts)[:n] if parts else np.zeros(0, dtype=np.int64)
+def completion(r: Mapping[str, Any]) -> float | None:
+    return r["report"]["duration_s"] if _ok(r) else None
 
 
-def records_to_cover(keys: Any, coverage: float) -> int | None:
-    """How many records of the key sequence ``keys`` it takes until ``coverage`` of the
-    distinct keys it holds have appeared (None when it never gets there)."""
-    import numpy as np
-
-    keys = np.asarray(keys)
-    if keys.size == 0:
-        return None
-    uniq, first = np.unique(keys, return_index=True)
-    want = max(1, math.ceil(coverage * uniq.size))
-    return int(np.sort(first)[want - 1]) + 1
-
-
-def measure(rows: Sequence[Mapping[str, Any]], requested: float, completed: float,
-            ended: float, *, baseline_s: float, stable_s: int, tolerance: float,
-            slack_ms: float) -> dict[str, Any]:
-    """Latency figures of one run from per-second sink rows (``timeline`` rows, wall seconds):
-    baseline (the ``baseline_s`` whole seconds before the request second; its mean latency is
-    the *level*, the median of the per-second means, so one noisy second does not move it), the
-    scaling period, the spike (peak per-second max in the period / baseline level) and the
-    baseline's own peak max over its level (``baseline_spike``, the noise floor)."""
-    req_s, done_s, end_s = int(requested), int(completed), int(ended)
-    b0 = req_s - int(baseline_s)
-    base = tl.window(rows, b0, req_s)
-    base_mean = tl.weighted_mean(base)
-    base_level = tl.level(base)
-    base_max = tl.peaks(base)["max_ms"]
-    period = tl.scaling_period(rows, req_s, done_s, base_level, end_s, tolerance=tolerance,
-                               stable_s=stable_s, slack_ms=slack_ms)
-    prow = tl.window(rows, period.start, period.end)
-    pk = tl.peaks(prow)
-    return {
-        "baseline": {"from_second": b0, "to_second": req_s, "mean_ms": base_mean,
-                     "level_ms": base_level, "max_ms": base_max,
-                     "records_per_s": tl.rate(rows, b0, req_s)},
-        "period": {**period.as_dict(), "mean_ms": tl.weighted_mean(prow)},
-        "peak": pk,
-        "spike": tl.ratio(pk["max_ms"], base_level),
-        "spike_p99": tl.ratio(pk["p99_ms"], base_level),
-        "spike_over_weighted_mean": tl.ratio(pk["max_ms"], base_mean),
-        "baseline_spike": tl.ratio(base_max, base_level),
-        "dip": tl.throughput_dip(rows, period.start, period.end, tl.rate(rows, b0, req_s)),
-    }
-
-
-def _ok(run: Mapping[str, Any]) -> bool:
-    return run.get("status") == "ok" and run.get("report") is not None
-
-
-def completion(run: Mapping[str, Any]) -> float | None:
-    return run["report"]["duration_s"] if _ok(run) else None
-
-
-def spike(run: Mapping[str, Any]) -> float | None:
-    return run.get("spike") if _ok(run) else None
+def spike(r: Mapping[str, Any]) -> float | None:
+    return r.get("spike") if _ok(r) else None
 
 
 def per_setting(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -279,11 +213,12 @@ def per_setting(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
             e["_r"].append(r)
     for e in out.values():
         rs = e.pop("_r")
-        e["spike"] = tl.median(x for x in (spike(r) for r in rs) if x is not None)
-        e["completion_s"] = tl.median(x for x in (completion(r) for r in rs) if x is not None)
-        e["migration_s"] = tl.median(r["migration_s"] for r in rs if r.get("migration_s") is not None)
-        e["bytes_moved"] = tl.median(r["report"]["bytes_moved"] for r in rs)
-        e["steps"] = tl.median(r["report"].get("steps", 0) for r in rs)
+        e["spike"] = an.median(x for x in (spike(r) for r in rs) if x is not None)
+        e["completion_s"] = an.median(x for x in (completion(r) for r in rs) if x is not None)
+        e["migration_s"] = an.median(r["migration_s"] for r in rs
+                                     if r.get("migration_s") is not None)
+        e["bytes_moved"] = an.median(r["report"]["bytes_moved"] for r in rs)
+        e["steps"] = an.median(r["report"].get("steps", 0) for r in rs)
         e["planning_reason"] = rs[0]["report"].get("planning_reason", "") if rs else ""
     return out
 
@@ -324,9 +259,9 @@ def pooled_by_plan(runs: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
         out[setting] = {
             "plan": k,
             "settings": sorted({r["setting"] for r in rs}),
-            "spike": tl.median(x for x in (spike(r) for r in rs) if x is not None),
-            "completion_s": tl.median(x for x in (completion(r) for r in rs) if x is not None),
-            "migration_s": tl.median(r["migration_s"] for r in rs
+            "spike": an.median(x for x in (spike(r) for r in rs) if x is not None),
+            "completion_s": an.median(x for x in (completion(r) for r in rs) if x is not None),
+            "migration_s": an.median(r["migration_s"] for r in rs
                                      if r.get("migration_s") is not None),
         }
     return out
@@ -370,15 +305,15 @@ def phase_summary(runs: Sequence[Mapping[str, Any]], target: float = TARGET_RATI
                            "planning_reason": reason, "chose": adaptive_choice(reason),
                            "inputs": adaptive_inputs(reason),
                            "same_plan_as": [k for k in ap["settings"] if k != ADAPTIVE]}
-        out["spike_ratio"] = tl.ratio(ap["spike"], None if bs is None else bs["spike"])
-        out["completion_ratio"] = tl.ratio(ap["completion_s"],
+        out["spike_ratio"] = an.ratio(ap["spike"], None if bs is None else bs["spike"])
+        out["completion_ratio"] = an.ratio(ap["completion_s"],
                                            None if bc is None else bc["completion_s"])
         rbs, rbc = best("spike", fixed), best("completion_s", fixed)
-        out["raw_spike_ratio"] = tl.ratio(ad["spike"], None if rbs is None else rbs["spike"])
-        out["raw_completion_ratio"] = tl.ratio(ad["completion_s"],
+        out["raw_spike_ratio"] = an.ratio(ad["spike"], None if rbs is None else rbs["spike"])
+        out["raw_completion_ratio"] = an.ratio(ad["completion_s"],
                                                None if rbc is None else rbc["completion_s"])
         out["best_migration"] = bm
-        out["migration_ratio"] = tl.ratio(ap["migration_s"],
+        out["migration_ratio"] = an.ratio(ap["migration_s"],
                                           None if bm is None else bm["migration_s"])
         ratios = [x for x in (out["spike_ratio"], out["completion_ratio"]) if x is not None]
         out["meets_target"] = any(x <= target for x in ratios) if ratios else None
@@ -410,50 +345,44 @@ def adaptive_inputs(reason: str) -> dict[str, Any]:
             "state_total": m.group(2) if m else None}
 
 
-def _f(x: float | None, spec: str = ",.1f") -> str:
-    return "-" if x is None else format(x, spec)
+def _adaptive_notes(r: Mapping[str, Any], summary: Mapping[str, Any]) -> list[str]:
+    reason = r["report"].get("planning_reason", "")
+    seen = adaptive_inputs(reason)
+    saw = ([] if seen["input_rate"] is None else [f"{seen['input_rate']:,.0f} rec/s"]) + [
+        f"skew {fmt(seen['skew'], '.1f')}", f"{seen['state_per_group'] or '?'}/group"]
+    notes = [f"chose: {adaptive_choice(reason)} (saw {', '.join(saw)})"]
+    same = summary.get("adaptive") or {}
+    if same.get("same_plan_as"):
+        notes.append(f"same plan as {', '.join(same['same_plan_as'])}")
+    return notes
 
 
 def table(results: Mapping[str, Any]) -> str:
-    """The markdown table of every run, per phase, and the per-phase verdict."""
-    lines: list[str] = []
+    """The markdown table of every run, per phase."""
     cols = ["phase", "setting", "spike x", "peak max ms", "base ms", "base max/level",
             "completion s", "migration s", "steps", "groups", "MB moved", "period s", "notes"]
-    lines.append("| " + " | ".join(cols) + " |")
-    lines.append("|" + "|".join("---" if c in ("phase", "setting", "notes") else "---:"
-                                for c in cols) + "|")
+    rows = []
     for ph in results["phases"]:
         for r in ph["runs"]:
             if not _ok(r):
-                lines.append(f"| {ph['name']} | {r['setting']} |" + " |" * (len(cols) - 3)
-                             + f" {r.get('status')}: {str(r.get('reason', ''))[:160]} |")
+                rows.append([ph["name"], r["setting"], *[""] * (len(cols) - 3),
+                             f"{r.get('status')}: {str(r.get('reason', ''))[:160]}"])
                 continue
-            rep = r["report"]
-            per = r["period"]
-            notes = []
-            if r["setting"] == ADAPTIVE:
-                reason = rep.get("planning_reason", "")
-                seen = adaptive_inputs(reason)
-                saw = ([] if seen["input_rate"] is None else
-                       [f"{seen['input_rate']:,.0f} rec/s"]) + [
-                    f"skew {_f(seen['skew'], '.1f')}", f"{seen['state_per_group'] or '?'}/group"]
-                notes.append(f"chose: {adaptive_choice(reason)} (saw {', '.join(saw)})")
-                same = ph["summary"].get("adaptive") or {}
-                if same.get("same_plan_as"):
-                    notes.append(f"same plan as {', '.join(same['same_plan_as'])}")
+            rep, per = r["report"], r["period"]
+            notes = _adaptive_notes(r, ph["summary"]) if r["setting"] == ADAPTIVE else []
             if r.get("bandwidth") is not None and "equal-time" in r["setting"]:
                 notes.append(f"chunks of ~{r['chunk_seconds']:g} s at "
                              f"{r['bandwidth'] / 1e6:.1f} MB/s")
             name = r["setting"] + (f" #{r['repeat'] + 1}" if r.get("repeats", 1) > 1 else "")
-            cells = [ph["name"], f"**{name}**" if r["setting"] == ADAPTIVE else name,
-                     _f(r["spike"], ".1f"), _f(r["peak"]["max_ms"], ",.0f"),
-                     _f(r["baseline"]["level_ms"]), _f(r["baseline_spike"], ".1f"),
-                     _f(rep["duration_s"], ".2f"), _f(r.get("migration_s"), ".2f"),
-                     str(rep.get("steps", "-")), str(rep["key_groups_moved"]),
-                     _f(rep["bytes_moved"] / 1e6, ",.1f"),
-                     f"{per['seconds']}" + ("" if per["stabilized"] else "+"), "; ".join(notes)]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([ph["name"], f"**{name}**" if r["setting"] == ADAPTIVE else name,
+                         fmt(r["spike"], ".1f"), fmt(r["peak"]["max_ms"], ",.0f"),
+                         fmt(r["baseline"]["level_ms"]), fmt(r["baseline_spike"], ".1f"),
+                         fmt(rep["duration_s"], ".2f"), fmt(r.get("migration_s"), ".2f"),
+                         str(rep.get("steps", "-")), str(rep["key_groups_moved"]),
+                         fmt(rep["bytes_moved"] / 1e6, ",.1f"),
+                         f"{per['seconds']}" + ("" if per["stabilized"] else "+"),
+                         "; ".join(notes)])
+    return "\n".join(md_table(cols, rows, left=["setting", "notes"]))
 
 
 def verdicts(results: Mapping[str, Any]) -> str:
@@ -461,35 +390,48 @@ def verdicts(results: Mapping[str, Any]) -> str:
     cols = ["phase", "best spike (fixed)", "best completion (fixed)", "adaptive spike",
             "adaptive completion s", "adaptive / best spike", "adaptive / best completion",
             "by setting alone", f"<= {TARGET_RATIO:g} on either"]
-    lines = ["| " + " | ".join(cols) + " |",
-             "|---|---|---|" + "---:|" * (len(cols) - 4) + "---|"]
+    rows = []
     for ph in results["phases"]:
         s = ph["summary"]
         bs, bc, ad = s["best_spike"], s["best_completion"], s["adaptive"]
-        cells = [
+        rows.append([
             ph["name"],
-            "-" if bs is None else f"{bs['setting']} ({_f(bs['spike'], '.1f')}x)",
-            "-" if bc is None else f"{bc['setting']} ({_f(bc['completion_s'], '.2f')} s)",
-            "-" if ad is None else _f(ad["spike"], ".1f") + "x",
-            "-" if ad is None else _f(ad["completion_s"], ".2f"),
-            _f(s["spike_ratio"], ".2f"), _f(s["completion_ratio"], ".2f"),
-            f"{_f(s.get('raw_spike_ratio'), '.2f')} / {_f(s.get('raw_completion_ratio'), '.2f')}",
+            "-" if bs is None else f"{bs['setting']} ({fmt(bs['spike'], '.1f')}x)",
+            "-" if bc is None else f"{bc['setting']} ({fmt(bc['completion_s'], '.2f')} s)",
+            "-" if ad is None else fmt(ad["spike"], ".1f") + "x",
+            "-" if ad is None else fmt(ad["completion_s"], ".2f"),
+            fmt(s["spike_ratio"], ".2f"), fmt(s["completion_ratio"], ".2f"),
+            f"{fmt(s.get('raw_spike_ratio'), '.2f')} / {fmt(s.get('raw_completion_ratio'), '.2f')}",
             {True: "yes", False: "**no**", None: "-"}[s["meets_target"]],
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        ])
+    return "\n".join(md_table(cols, rows, left=cols[1:3] + cols[-1:]))
+
+
+# the table legend, one paragraph
+LEGEND = """
+*spike x*: highest per-second max latency in the scaling period / baseline level (median of
+the baseline's per-second mean latencies, *base ms*); *base max/level*: the same for the
+baseline seconds (the noise floor); *completion*: `RescaleReport.duration_s` (request ->
+last group active; new tasks come from {warm_standby_tasks} warm standby actors);
+*migration*: from the first step to completion; the verdict compares plans: settings that
+ran the same plan (e.g. all-at-once, an equal-time chunk holding everything and adaptive
+choosing all-at-once) pool their runs and take the medians, so a plan is not compared with a
+luckier run of itself (*by setting alone*: spike / completion ratios without pooling);
+*period*: scaling period, s ('+': not stable before the end of the run). Target: adaptive
+within {target:g}x of the best fixed setting on spike or on completion.
+""".strip().replace("\n", " ")
 
 
 def markdown(results: Mapping[str, Any]) -> str:
     c = results["config"]
-    m = results["machine"]
     lines = [f"### planning benchmark: adaptive vs fixed (`{PROTOCOL}`)"
              + (" — quick" if c["quick"] else ""), ""]
     for ph in results["phases"]:
         p = ph["phase"]
         keys = "uniform" if p["zipf"] is None else f"Zipf {p['zipf']:g}"
         what = (f"rebalance at {p['from_p']} tasks (LPT reshuffle, load imbalance "
-                f"{_f(ph.get('imbalance_before'), '.2f')} -> {_f(ph.get('imbalance_after'), '.2f')}, "
+                f"{fmt(ph.get('imbalance_before'), '.2f')} -> "
+                f"{fmt(ph.get('imbalance_after'), '.2f')}, "
                 f"{ph.get('planned_groups_moved')} groups move)" if p["rebalance"]
                 else f"scale out {p['from_p']} -> {p['to_p']}")
         lines.append(f"- **{ph['name']}**: {p['keys']:,} keys ({keys}) x {p['state_bytes']:,} B "
@@ -502,36 +444,21 @@ def markdown(results: Mapping[str, Any]) -> str:
         if ad:
             bm = s.get("best_migration") or {}
             lines.append(f"- {ph['name']}: adaptive `planning_reason`: {ad['planning_reason']} "
-                         f"— migration (first step -> done) {_f(ad.get('migration_s'), '.2f')} s "
+                         f"— migration (first step -> done) "
+                         f"{fmt(ad.get('migration_s'), '.2f')} s "
                          f"vs best fixed {bm.get('setting', '-')} "
-                         f"{_f(bm.get('migration_s'), '.2f')} s (ratio "
-                         f"{_f(s.get('migration_ratio'), '.2f')})")
-    lines += ["", f"*spike x*: highest per-second max latency in the scaling period / baseline "
-              f"level (median of the baseline's per-second mean latencies, *base ms*); *base "
-              f"max/level*: the same for the baseline seconds (the noise floor); *completion*: "
-              f"`RescaleReport.duration_s` (request -> last group active; new tasks come from "
-              f"{c['warm_standby_tasks']} warm standby actors); *migration*: from the first step "
-              f"to completion; the verdict compares plans: settings that ran the same plan "
-              f"(e.g. all-at-once, an equal-time chunk holding everything and adaptive choosing "
-              f"all-at-once) pool their runs and take the medians, so a plan is not compared "
-              f"with a luckier run of itself (*by setting alone*: spike / completion ratios "
-              f"without pooling); "
-              f"*period*: scaling period, s ('+': not stable before the end of the run). "
-              f"Target: adaptive within {TARGET_RATIO:g}x of the best fixed setting on spike or "
-              f"on completion. Total {results.get('total_seconds', 0):.0f} s, load average "
-              f"{m['loadavg_at_start'][0]:.1f} -> {m.get('loadavg_at_end', [0])[0]:.1f} on "
-              f"{m['cpus']} CPUs.", ""]
+                         f"{fmt(bm.get('migration_s'), '.2f')} s (ratio "
+                         f"{fmt(s.get('migration_ratio'), '.2f')})")
+    lines += ["", LEGEND.format(target=TARGET_RATIO, **c)
+              + f" Total {results.get('total_seconds', 0):.0f} s, {render.load_title(results)}.",
+              ""]
     return "\n".join(lines)
 
 
 def plot(results: Mapping[str, Any], path: str) -> None:
     """Per phase: spike (top) and completion time (bottom) per setting; adaptive in red, the
     best fixed setting outlined."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = render.pyplot()
     phases = results["phases"]
     fig, axes = plt.subplots(2, max(1, len(phases)), figsize=(5.2 * max(1, len(phases)), 7.5),
                              squeeze=False)
@@ -561,215 +488,135 @@ def plot(results: Mapping[str, Any], path: str) -> None:
             if i == 0:
                 ratio = s.get("spike_ratio")
                 ax.set_title(f"{ph['name']}: {ph['phase']['title']}\nadaptive/best spike "
-                             f"{_f(ratio, '.2f')}, completion {_f(s.get('completion_ratio'), '.2f')}",
+                             f"{fmt(ratio, '.2f')}, completion "
+                             f"{fmt(s.get('completion_ratio'), '.2f')}",
                              fontsize=9)
             if i == 0 and any(r.get("baseline_spike") for r in runs):
-                floor = tl.median(r["baseline_spike"] for r in runs if r.get("baseline_spike"))
+                floor = an.median(r["baseline_spike"] for r in runs if r.get("baseline_spike"))
                 if floor:
                     ax.axhline(floor, color="0.4", ls=":", lw=1)
-    m = results["machine"]
     fig.suptitle(f"reflow non-disruptive rescale: Spacker adaptive planning (red) vs fixed "
-                 f"settings (best outlined; dotted: median baseline max/level) — {m['cpus']} CPUs, load "
-                 f"{m['loadavg_at_start'][0]:.1f}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+                 f"settings (best outlined; dotted: median baseline max/level) — "
+                 f"{render.load_title(results)}", fontsize=10)
+    render.save_figure(fig, path)
 
 
-# ------------------------------------------------------------------------------ the job
-
-
-class PaddedCount(KeyedProcessFunction):
-    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record)."""
-
-    def open(self, ctx: Any) -> None:
-        self.pad = ctx.value_state("pad", None)
-        self.n = ctx.value_state("n", 0)
-
-    def process_element(self, value: Any, ctx: Any) -> Any:
-        if self.pad.value() is None:
-            self.pad.update(bytes(value[2]))
-        n = self.n.value() + 1
-        self.n.update(n)
-        yield (ctx.key, n)
-
-
-def key_of(record: Any) -> Any:
-    return record[0]
-
-
-class Progress:
-    """A plain progress line per step on stderr: elapsed, estimated time left, what runs."""
-
-    def __init__(self, planned_s: float) -> None:
-        self.planned = planned_s
-        self.t0 = time.monotonic()
-        self.done = 0.0
-        self.step_planned = 0.0
-
-    def step(self, label: str, planned_s: float) -> None:
-        self.done += self.step_planned
-        self.step_planned = planned_s
-        el = time.monotonic() - self.t0
-        left = max(0.0, self.planned - self.done)
-        print(f"[{int(el) // 60}:{int(el) % 60:02d} elapsed, ~{int(left) // 60}:"
-              f"{int(left) % 60:02d} left] {label}", file=sys.stderr, flush=True)
-
-
-def build_job(phase: Phase, args: argparse.Namespace, sink: Any, config: Any) -> Any:
-    from engine import StreamJob
-    from engine.sources import GeneratorSource
-
-    job = StreamJob(f"planning-{phase.name}", num_key_groups=args.key_groups,
-                    parallelism=phase.from_p, config=config)
-    src = GeneratorSource(rate=phase.rate, num_keys=phase.keys,
-                          skew="uniform" if phase.zipf is None else "zipf",
-                          zipf_exponent=phase.zipf or 1.0, state_bytes_per_key=phase.state_bytes,
-                          seed=SEED)
-    (job.source(src, name="gen", parallelism=1)
-        .key_by(key_of)
-        .process(PaddedCount(), name="agg", parallelism=phase.from_p)
-        .sink(sink, name="sink"))
-    return job
-
-
-def _report_dict(report: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in report.__dataclass_fields__:
-        v = getattr(report, f)
-        if isinstance(v, tuple):
-            v = [list(x) if isinstance(x, tuple) else x for x in v]
-        out[f] = v
-    return out
-
-
-def _agg_metrics(handle: Any) -> dict[str, Any]:
-    ts = [t for t in handle.metrics().tasks if t.vertex == "agg"]
-    return {"state_bytes": sum(t.state_bytes for t in ts), "tasks": len(ts),
-            "key_groups": sum(t.key_groups for t in ts),
-            "records_in": sum(t.records_in for t in ts)}
-
-
-def run_one(phase: Phase, setting: str, planning: Planning | None, ctx: dict[str, Any],
-            args: argparse.Namespace, progress: Progress, label: str) -> dict[str, Any]:
-    """One fresh job, one request with ``planning``; never raises for a refused or failed
-    rescale (recorded in ``status``)."""
-    from engine import JobConfig
-    from engine.errors import JobFailedError, RescaleRefused
-    from engine.sinks import LatencySink
-
-    out: dict[str, Any] = {"setting": setting, "status": "ok",
-                           "planning": None if planning is None else planning.describe()}
-    sink = LatencySink()
-    job = build_job(phase, args, sink, JobConfig(warm_standby_tasks=args.warm_standby))
-    progress.step(f"{label}: deploy", DEPLOY_GUESS_S)
-    handle = job.run()
-    started = time.time()
-    report = None
-    try:
-        build_s = ctx["build_s"]
-        progress.step(f"{label}: build state {build_s:.0f} s", build_s)
-        time.sleep(max(0.0, started + build_s - time.time()))
-        out["metrics_before"] = _agg_metrics(handle)
-        progress.step(f"{label}: baseline {args.baseline:g} s", args.baseline)
-        time.sleep(args.baseline)
-        progress.step(f"{label}: {'rebalance' if phase.rebalance else 'rescale'} "
-                      f"({out['planning'] or 'adaptive'})", RESCALE_GUESS_S[phase.name])
-        requested = time.time()
-        try:
-            if phase.rebalance:
-                report = handle.rebalance("agg", ctx["assignment"], protocol=PROTOCOL,
-                                          planning=planning)
-            else:
-                report = handle.rescale("agg", phase.to_p, protocol=PROTOCOL, planning=planning)
-        except RescaleRefused as exc:
-            out.update(status="skipped", reason=f"RescaleRefused: {exc}")
-            return out
-        except JobFailedError as exc:
-            out.update(status="failed", reason=f"JobFailedError: {exc}")
-            return out
-        returned = time.time()
-        progress.step(f"{label}: {report.duration_s:.1f} s, {report.bytes_moved / 1e6:.1f} MB "
-                      f"in {report.steps} steps; after {args.after:g} s", args.after)
-        time.sleep(max(0.0, returned + args.after - time.time()))
-        ended = time.time()
-        st = handle.status()
-        if st.state != "running":
-            out.update(status="failed", reason=f"job {st.state} after the request: {st.error}")
-            return out
-        out["metrics_after"] = _agg_metrics(handle)
-    finally:
-        handle.stop()
-        rows = sink.timeline()
-        shutil.rmtree(sink.directory, ignore_errors=True)
-    rep = _report_dict(report)
-    out.update(job_id=handle.job_id, started_at=started, requested_at=requested,
-               returned_at=returned, ended_at=ended, report=rep,
-               deploy_s=max(0.0, rep["first_subscale_at"] - rep["requested_at"]),
-               migration_s=rep["completed_at"] - rep["first_subscale_at"])
-    out.update(measure(rows, requested, rep["completed_at"], ended, baseline_s=args.baseline,
-                       stable_s=args.stable, tolerance=args.tolerance, slack_ms=args.slack_ms))
-    out["timeline"] = [{**r, "t": r["second"] + 0.5 - requested}
-                       for r in tl.dense(rows, int(started) + 1, int(ended))]
-    out["loadavg_at_end"] = os.getloadavg()
-    return out
+# ------------------------------------------------------------------------------ the runs
 
 
 def prepare_phase(phase: Phase, args: argparse.Namespace) -> dict[str, Any]:
     """Build time (long enough to see ``--coverage`` of the keys the run will see), and for
     the rebalance the loads and the LPT assignment, from the generator's key sequence."""
-    from engine.keygroups import key_group_of, uniform_assignment
-    from engine.sources import _GEN_CHUNK
-
-    n_total = int(phase.rate * (args.build + args.baseline))
-    keys = zipf_keys(max(n_total, int(phase.rate * 120)), phase.keys, phase.zipf, _GEN_CHUNK)
-    need = records_to_cover(keys, args.coverage) if phase.zipf is None else None
-    build_s = max(args.build, (need or 0) / phase.rate)
-    n_req = int(phase.rate * (build_s + args.baseline))
     import numpy as np
 
+    n_total = int(phase.rate * (args.build + args.baseline))
+    keys = jobs.generator_keys(max(n_total, int(phase.rate * 120)), keys=phase.keys,
+                               zipf=phase.zipf)
+    need = an.records_to_cover(keys, args.coverage) if phase.zipf is None else None
+    build_s = max(args.build, (need or 0) / phase.rate)
+    n_req = int(phase.rate * (build_s + args.baseline))
     seen = keys[:n_req]
     ctx: dict[str, Any] = {"build_s": build_s, "records_at_request": n_req,
                            "keys_seen": int(np.unique(seen).size)}
     ctx["expected_state_mb"] = ctx["keys_seen"] * phase.state_bytes / 1e6
     if phase.rebalance:
-        counts = np.bincount(seen, minlength=phase.keys)
-        loads = tl.group_loads(counts.tolist(), lambda k: key_group_of(int(k), args.key_groups),
-                               args.key_groups)
-        cur = uniform_assignment(args.key_groups, phase.from_p)
-        new = lpt_assignment(loads, phase.to_p)
-        mean = sum(loads) / len(loads)
-        ctx.update(assignment=new, group_loads=loads,
-                   group_skew=max(loads) / mean if mean else None,
-                   imbalance_before=tl.imbalance(loads, cur, phase.from_p),
-                   imbalance_after=tl.imbalance(loads, new, phase.to_p),
-                   planned_groups_moved=sum(1 for a, b in zip(cur, new, strict=True) if a != b))
+        ctx.update(balance.rebalance_target(seen, phase.keys, args.key_groups, phase.from_p,
+                                            phase.to_p, reshuffle=True))
     return ctx
 
 
+def run_one(phase: Phase, setting: str, planning: Planning | None, ctx: dict[str, Any],
+            args: argparse.Namespace, progress: run.Progress, label: str) -> dict[str, Any]:
+    """One fresh job, one request with ``planning``; never raises for a refused or failed
+    rescale (recorded in ``status``)."""
+    sink = jobs.WriteLogLatencySink()
+    src = jobs.generator(rate=phase.rate, keys=phase.keys, zipf=phase.zipf,
+                         state_bytes=phase.state_bytes)
+    job = jobs.keyed_count_job(f"planning-{phase.name}", src, sink, parallelism=phase.from_p,
+                               key_groups=args.key_groups,
+                               config=JobConfig(warm_standby_tasks=args.warm_standby))
+
+    def request(handle: Any) -> Any:
+        if phase.rebalance:
+            return handle.rebalance("agg", ctx["assignment"], protocol=PROTOCOL,
+                                    planning=planning)
+        return handle.rescale("agg", phase.to_p, protocol=PROTOCOL, planning=planning)
+
+    described = None if planning is None else planning.describe()
+    try:
+        out = {"setting": setting, "planning": described, **run.rescale_run(
+            job, op="agg", request=request, build_s=ctx["build_s"], baseline_s=args.baseline,
+            after_s=args.after, progress=progress, label=label,
+            what=f"{'rebalance' if phase.rebalance else 'rescale'} ({described or ADAPTIVE})",
+            guess_s=RESCALE_GUESS_S[phase.name])}
+        if out["status"] != RunStatus.OK:
+            return out
+        rows = an.histogram_rows(jobs.latency_seconds(sink))
+    finally:
+        shutil.rmtree(sink.directory, ignore_errors=True)
+    rep = out["report"]
+    out.update(deploy_s=max(0.0, rep["first_subscale_at"] - rep["requested_at"]),
+               migration_s=rep["completed_at"] - rep["first_subscale_at"])
+    out.update(an.measure(rows, out["requested_at"], rep["completed_at"], out["ended_at"],
+                          baseline_s=args.baseline, stable_s=args.stable,
+                          tolerance=args.tolerance, slack_ms=args.slack_ms))
+    out["timeline"] = [{**r, "t": r["second"] + 0.5 - out["requested_at"]}
+                       for r in an.dense(rows, int(out["started_at"]) + 1,
+                                         int(out["ended_at"]))]
+    out["loadavg_at_end"] = os.getloadavg()
+    return out
+
+
+def run_phase(phase: Phase, ctx: dict[str, Any], args: argparse.Namespace,
+              progress: run.Progress, counter: list[int], total_runs: int) -> dict[str, Any]:
+    """Every setting of ``phase``, ``--repeats`` times; the phase's results entry."""
+    ph: dict[str, Any] = {"name": phase.name, "phase": asdict(phase),
+                          **{x: v for x, v in ctx.items() if x != "assignment"}, "runs": []}
+    if "assignment" in ctx:
+        ph["assignment"] = list(ctx["assignment"])
+    bandwidth, bw_from = args.bandwidth, "--bandwidth"
+    for rep in range(args.repeats):
+        for setting in phase.settings:
+            counter[0] += 1
+            planning = make_planning(setting, bandwidth=bandwidth,
+                                     chunk_seconds=args.chunk_seconds)
+            label = f"run {counter[0]}/{total_runs} {phase.name} {setting}"
+            try:
+                r = run_one(phase, setting, planning, ctx, args, progress, label)
+            except Exception as exc:  # a broken run must not lose the others
+                r = {"setting": setting, "status": RunStatus.FAILED,
+                     "reason": f"{type(exc).__name__}: {exc}"}
+            r.update(repeat=rep, repeats=args.repeats)
+            if planning is not None:
+                r.update(bandwidth=planning.bandwidth_bytes_per_s, bandwidth_from=bw_from,
+                         chunk_seconds=planning.chunk_seconds)
+            ph["runs"].append(r)
+            if r["status"] != RunStatus.OK:
+                print(f"{label}: {r['status']}: {r.get('reason')}", file=sys.stderr, flush=True)
+            elif setting == "all-at-once" and rep == 0:
+                bw = transfer_bandwidth(r["report"])
+                if bw:
+                    bandwidth, bw_from = bw, "all-at-once run"
+    ph["summary"] = phase_summary(ph["runs"])
+    return ph
+
+
+# ------------------------------------------------------------------------------ main
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smaller state, shorter runs")
+    ap = cli.parser(__doc__, "planning (quick: planning/quick)")
     ap.add_argument("--phases", default="small,large,skewed",
                     help="comma-separated subset of small,large,skewed")
     ap.add_argument("--settings", default=None,
                     help=f"comma-separated planning settings for every phase (default: the "
                          f"phase's list); known: {', '.join(SETTINGS)}")
-    ap.add_argument("--key-groups", type=int, help="key groups (128; quick 64)")
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per setting (the summary takes medians)")
     ap.add_argument("--warm-standby", type=int, default=2,
                     help="JobConfig(warm_standby_tasks=n): task actors started before the "
                          "request, so completion times do not include actor start-up (0: off)")
-    ap.add_argument("--build", type=float, help="min seconds of state building (6; quick 3)")
-    ap.add_argument("--baseline", type=float, help="baseline seconds (6; quick 3)")
-    ap.add_argument("--after", type=float, help="seconds after the request returned (6; quick 4)")
-    ap.add_argument("--stable", type=int, help="stability window, s (3; quick 2)")
-    ap.add_argument("--coverage", type=float, default=0.99,
-                    help="uniform phases: build until this share of the keys was seen")
-    ap.add_argument("--tolerance", type=float, default=1.10)
-    ap.add_argument("--slack-ms", type=float, default=5.0)
+    cli.add_rescale_run(ap, TIMING, coverage=0.99, key_groups="128; quick 64")
     ap.add_argument("--chunk-seconds", type=float, default=0.5,
                     help="equal-time setting: seconds of transfer per chunk")
     ap.add_argument("--bandwidth", type=float, default=20e6,
@@ -778,17 +625,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--large-state-bytes", type=int)
     ap.add_argument("--large-keys", type=int)
     ap.add_argument("--skewed-rate", type=float)
-    ap.add_argument("--out", default=None,
-                    help="output directory (examples/bench/out/planning; quick: .../quick)")
     args = ap.parse_args(argv)
-    q = 1 if args.quick else 0
-    for k, v in TIMING.items():
-        if getattr(args, k) is None:
-            setattr(args, k, v[q])
-    if args.out is None:
-        args.out = os.path.join(OUT_DIR, "quick") if args.quick else OUT_DIR
-    if args.key_groups is None:
-        args.key_groups = 64 if args.quick else 128
+    cli.fill_defaults(args, TIMING)
+    args.out = cli.out_dir(args, "planning", *(["quick"] if args.quick else []))
     if args.repeats < 1:
         ap.error("--repeats must be >= 1")
     phases = default_phases(args.quick)
@@ -800,35 +639,30 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         phases["large"] = replace(phases["large"], keys=args.large_keys)
     if args.skewed_rate:
         phases["skewed"] = replace(phases["skewed"], rate=args.skewed_rate)
-    names = [p.strip() for p in args.phases.split(",") if p.strip()]
+    names = cli.comma_list(args.phases)
     bad = [p for p in names if p not in phases]
     if bad:
         ap.error(f"unknown phase(s) {bad}; use small, large, skewed")
     try:
         args.phase_list = [replace(phases[p], settings=parse_settings(args.settings, phases[p]))
                            for p in names]
-    except ValueError as exc:
+    except BenchError as exc:
         ap.error(str(exc))
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    import ray
-
     args = parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
-    t_all = time.monotonic()
-    results: dict[str, Any] = {
-        "command": "python examples/bench/planning.py " + " ".join(
-            sys.argv[1:] if argv is None else argv),
+    results = provenance.begin(__file__, argv)
+    results.update({
         "config": {"quick": args.quick, "protocol": PROTOCOL, "key_groups": args.key_groups,
                    "repeats": args.repeats, "warm_standby_tasks": args.warm_standby,
                    "build_s": args.build, "baseline_s": args.baseline, "after_s": args.after,
                    "stable_s": args.stable, "tolerance": args.tolerance,
                    "slack_ms": args.slack_ms, "coverage": args.coverage,
                    "chunk_seconds": args.chunk_seconds, "fallback_bandwidth": args.bandwidth,
-                   "seed": SEED, "target_ratio": TARGET_RATIO,
-                   "settings": {k: v for k, v in SETTINGS.items()}},
+                   "seed": jobs.SEED, "target_ratio": TARGET_RATIO,
+                   "settings": dict(SETTINGS)},
         "definitions": {
             "spike": "highest per-second max latency (sink arrival - scheduled emission) in "
                      "the scaling period / baseline level (median of the baseline seconds' "
@@ -843,72 +677,31 @@ def main(argv: list[str] | None = None) -> int:
                               "+ slack_ms; capped at the end of the run",
             "meets_target": "adaptive / best fixed <= target_ratio on spike or on completion",
         },
-        "code": code_state(ROOT),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "phases": [],
-    }
+    })
+    results["machine"]["ray"] = run.ray_version()
     preps = {p.name: prepare_phase(p, args) for p in args.phase_list}
-    planned = sum(args.repeats * len(p.settings) * (DEPLOY_GUESS_S + preps[p.name]["build_s"] + args.baseline
-                                     + RESCALE_GUESS_S[p.name] + args.after + 1.0)
+    planned = sum(args.repeats * len(p.settings)
+                  * (run.DEPLOY_GUESS_S + preps[p.name]["build_s"] + args.baseline
+                     + RESCALE_GUESS_S[p.name] + args.after + 1.0)
                   for p in args.phase_list)
     total_runs = args.repeats * sum(len(p.settings) for p in args.phase_list)
     print(f"planning benchmark: {len(args.phase_list)} phases, {total_runs} runs, "
           f"~{planned / 60:.0f} min planned", flush=True)
-    progress = Progress(planned)
-    ray.init(namespace="reflow", log_to_driver=True, configure_logging=False)
-    k = 0
+    progress = run.Progress(planned)
+    run.init_ray()
+    counter = [0]
     try:
         for phase in args.phase_list:
-            ctx = preps[phase.name]
-            ph: dict[str, Any] = {"name": phase.name, "phase": asdict(phase),
-                                  **{x: v for x, v in ctx.items()
-                                     if x not in ("assignment", "group_loads")},
-                                  "runs": []}
-            if "assignment" in ctx:
-                ph["assignment"] = list(ctx["assignment"])
-                ph["group_loads"] = ctx["group_loads"]
-            results["phases"].append(ph)
-            bandwidth, bw_from = args.bandwidth, "--bandwidth"
-            for rep in range(args.repeats):
-                for setting in phase.settings:
-                    k += 1
-                    planning = make_planning(setting, bandwidth=bandwidth,
-                                             chunk_seconds=args.chunk_seconds)
-                    label = f"run {k}/{total_runs} {phase.name} {setting}"
-                    try:
-                        r = run_one(phase, setting, planning, ctx, args, progress, label)
-                    except Exception as exc:  # a broken run must not lose the others
-                        r = {"setting": setting, "status": "failed",
-                             "reason": f"{type(exc).__name__}: {exc}"}
-                    r.update(repeat=rep, repeats=args.repeats)
-                    if planning is not None:
-                        r.update(bandwidth=planning.bandwidth_bytes_per_s,
-                                 bandwidth_from=bw_from, chunk_seconds=planning.chunk_seconds)
-                    ph["runs"].append(r)
-                    if r["status"] != "ok":
-                        print(f"{label}: {r['status']}: {r.get('reason')}", file=sys.stderr,
-                              flush=True)
-                    elif setting == "all-at-once" and rep == 0:
-                        bw = transfer_bandwidth(r["report"])
-                        if bw:
-                            bandwidth, bw_from = bw, "all-at-once run"
-            ph["summary"] = phase_summary(ph["runs"])
+            results["phases"].append(run_phase(phase, preps[phase.name], args, progress,
+                                               counter, total_runs))
     finally:
-        ray.shutdown()
-    results["total_seconds"] = time.monotonic() - t_all
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
+        progress.close()
+        run.shutdown_ray()
+    provenance.finish(results)
     results["summary"] = {ph["name"]: ph["summary"] for ph in results["phases"]}
-    md = markdown(results)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    with open(os.path.join(args.out, "summary.md"), "w") as f:
-        f.write(md)
-    plot(results, os.path.join(args.out, "planning.png"))
-    print()
-    print(md)
-    rel = os.path.relpath(args.out, ROOT)
-    print(f"wrote {rel}/results.json, {rel}/summary.md, {rel}/planning.png")
+    render.write_outputs(args.out, results, markdown=markdown(results), png="planning.png",
+                         plot=plot)
     return 0
 
 

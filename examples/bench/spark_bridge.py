@@ -31,15 +31,15 @@ Spark runs in local mode (``local[2]``), Ray is started here; both on this machi
    micro-batch arriving as one burst that the job then works through.
 
 The machine is shared and noisy: the load average at start is recorded; compare within
-one run. Writes ``examples/bench/out/spark_bridge/results.json``.
+one run. Writes ``examples/bench/out/spark_bridge/results.json`` and ``spark_bridge.png``
+(throughput per direction, latency per feed).
 """
 
+# ruff: noqa: E402  (the repository root goes on sys.path before reflow's imports)
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -47,34 +47,23 @@ import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-import ray  # noqa: E402
+from engine import JobConfig, StreamJob
+from engine.sinks import LatencySink, Sink, SinkWriter
+from engine.sources import GeneratorSource
+from engine.spark import OutputLogSink, SparkSource, local_spark
+from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
+from examples.bench.harness import analysis as an
+from examples.bench.harness.jobs import NullSink
 
-from engine import JobConfig, StreamJob  # noqa: E402
-from engine.latency import LatencyHistogram  # noqa: E402
-from engine.sinks import LatencySink, Sink, SinkWriter  # noqa: E402
-from engine.sources import GeneratorSource  # noqa: E402
-from engine.spark import OutputLogSink, SparkSource, local_spark  # noqa: E402
-
-OUT_DIR = os.path.join(ROOT, "examples", "bench", "out", "spark_bridge")
 NUM_KEYS = 1000
 CONFIG = JobConfig(metrics_port=None)
+MODES = ("foreach_batch", "datasource")
 
 
 # ------------------------------------------------------------------------------ job parts
-
-
-class NullSink(Sink):
-    """Takes records and drops them (bridge-only throughput)."""
-
-    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
-        return _NullWriter()
-
-
-class _NullWriter(SinkWriter):
-    def write(self, values: Any, timestamps: Any) -> None:
-        pass
 
 
 class DualLatencySink(Sink):
@@ -126,18 +115,10 @@ def running_count(a: Any, b: Any) -> tuple[Any, Any, int]:
 
 
 def latency_after(sink: LatencySink, since_s: float) -> dict[str, Any]:
-    """Percentiles over the per-second histograms from wall second ``since_s`` on (uses
-    ``LatencySink._load()``, as examples/bench/steady.py does)."""
-    _, per_second = sink._load()
-    h = LatencyHistogram()
-    for second, hist in per_second.items():
-        if second >= since_s:
-            h.merge(hist)
-    if not h.count:
-        return {"count": 0}
-    return {"count": h.count, "p50_ms": round(h.quantile(0.5), 1),
-            "p90_ms": round(h.quantile(0.9), 1), "p99_ms": round(h.quantile(0.99), 1),
-            "max_ms": round(h.max, 1), "mean_ms": round(h.mean, 1)}
+    """count, p50/p90/p99, max and mean (ms, to 0.1) over the sink's seconds from wall
+    second ``since_s`` on."""
+    h = an.merged(jobs.latency_seconds(sink), since_s)
+    return an.latency_stats(h, (0.5, 0.9, 0.99), digits=1)
 
 
 # ------------------------------------------------------------------------------ phases
@@ -185,7 +166,7 @@ def spark_to_reflow(spark: Any, inp: str, records: int, mode: str, work: str) ->
         if taken >= records:
             break
         if not q.isActive and q.exception() is not None:
-            raise RuntimeError(str(q.exception()))
+            raise BenchRunError(f"the Spark query failed: {q.exception()}")
         time.sleep(0.01)
     end = time.monotonic()
     q.awaitTermination(60)
@@ -201,15 +182,20 @@ def spark_to_reflow(spark: Any, inp: str, records: int, mode: str, work: str) ->
             "seconds": round(end - first, 2), "micro_batches": stats["batches"]}
 
 
-def spark_noop_baseline(spark: Any, inp: str, records: int, work: str) -> dict[str, Any]:
+def into_noop(df: Any, checkpoint: str) -> tuple[int, float, float]:
+    """Run streaming ``df`` into Spark's ``noop`` sink (``availableNow``) to its end:
+    (rows read, seconds the micro-batches executed, wall seconds with query start-up)."""
     t0 = time.monotonic()
-    q = (input_df(spark, inp).writeStream.format("noop")
-         .option("checkpointLocation", os.path.join(work, "ckpt-noop"))
+    q = (df.writeStream.format("noop").option("checkpointLocation", checkpoint)
          .trigger(availableNow=True).start())
     q.awaitTermination()
     wall = time.monotonic() - t0
     busy = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
-    rows = sum(p["numInputRows"] for p in q.recentProgress)
+    return sum(p["numInputRows"] for p in q.recentProgress), busy, wall
+
+
+def spark_noop_baseline(spark: Any, inp: str, records: int, work: str) -> dict[str, Any]:
+    rows, busy, wall = into_noop(input_df(spark, inp), os.path.join(work, "ckpt-noop"))
     return {"records": rows, "records_per_s": round(rows / busy) if busy else None,
             "records_per_s_with_startup": round(rows / wall)}
 
@@ -229,14 +215,8 @@ def reflow_to_spark(spark: Any, records: int, work: str) -> dict[str, Any]:
         handle.stop()
         out[f"job_into_{name}_records_per_s"] = round(records / dt)
     log_dir = os.path.join(work, "log")
-    t0 = time.monotonic()
-    q = (spark.readStream.format("reflow").load(log_dir).writeStream.format("noop")
-         .option("checkpointLocation", os.path.join(work, "ckpt-out"))
-         .trigger(availableNow=True).start())
-    q.awaitTermination()
-    wall = time.monotonic() - t0
-    busy = sum(p["durationMs"].get("triggerExecution", 0) for p in q.recentProgress) / 1000
-    rows = sum(p["numInputRows"] for p in q.recentProgress)
+    rows, busy, wall = into_noop(spark.readStream.format("reflow").load(log_dir),
+                                 os.path.join(work, "ckpt-out"))
     assert rows == records, (rows, records)
     out.update({"spark_read_records_per_s": round(rows / busy),
                 "spark_read_records_per_s_with_startup": round(rows / wall),
@@ -281,7 +261,8 @@ def latency_spark(spark: Any, mode: str, rate: float, duration: float, warmup: f
     deadline = time.monotonic() + 300
     while src.stats()["rows_taken"] == 0:  # query start-up (and executors joining Ray)
         if time.monotonic() > deadline or (not q.isActive and q.exception() is not None):
-            raise RuntimeError(f"no rows reached reflow: {q.exception()}")
+            raise BenchRunError(f"no rows reached reflow within 300 s (Spark query: "
+                                    f"{q.exception()}); check that Spark's executors can reach Ray")
         time.sleep(0.05)
     t0 = time.time()
     base = src.stats()
@@ -305,85 +286,114 @@ def latency_spark(spark: Any, mode: str, rate: float, duration: float, warmup: f
 # ------------------------------------------------------------------------------ main
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=None, help="per direction (default 1M)")
-    ap.add_argument("--rate", type=float, default=5000.0, help="latency runs, records/s")
-    ap.add_argument("--duration", type=float, default=None, help="latency runs, s (default 20)")
-    ap.add_argument("--warmup", type=float, default=None, help="excluded from latency, s")
-    ap.add_argument("--trigger-ms", type=int, default=100)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=OUT_DIR)
-    args = ap.parse_args(argv)
-    records = args.records or (200_000 if args.quick else 1_000_000)
-    duration = args.duration or (8.0 if args.quick else 20.0)
-    warmup = args.warmup if args.warmup is not None else (3.0 if args.quick else 5.0)
+def measure(spark: Any, records: int, duration: float, warmup: float,
+            args: argparse.Namespace, work: str) -> dict[str, Any]:
+    """The three measurements (see the module docstring), printed as they come."""
+    results: dict[str, Any] = {}
+    inp = os.path.join(work, "input")
+    write_input(inp, records)
+    print(f"spark -> reflow, {records:,} records ...")
+    base = spark_noop_baseline(spark, inp, records, work)
+    print(f"  spark alone (noop sink):  {base['records_per_s']:>10,} records/s")
+    into = {"spark_noop_baseline": base}
+    for mode in MODES:
+        r = spark_to_reflow(spark, inp, records, mode, work)
+        into[mode] = r
+        print(f"  {mode + ':':<25} {r['records_per_s']:>10,} records/s "
+              f"({r['records_per_s_with_startup']:,} with query start-up)")
+    results["spark_to_reflow"] = into
+    print(f"reflow -> spark, {records:,} records ...")
+    out = reflow_to_spark(spark, records, work)
+    results["reflow_to_spark"] = out
+    print(f"  job into a null sink:     {out['job_into_null_records_per_s']:>10,} records/s")
+    print(f"  job into the output log:  {out['job_into_log_records_per_s']:>10,} records/s")
+    print(f"  spark reading the log:    {out['spark_read_records_per_s']:>10,} records/s "
+          f"({out['spark_read_records_per_s_with_startup']:,} with query start-up)")
+    print(f"latency at {args.rate:,.0f} records/s, {duration:.0f} s runs ...")
+    lat = {"generator": latency_generator(args.rate, duration, warmup)}
+    g = lat["generator"]["engine"]
+    print(f"  generator source:         p50 {g.get('p50_ms')} ms  p99 {g.get('p99_ms')} ms")
+    for mode in MODES:
+        r = latency_spark(spark, mode, args.rate, duration, warmup, args.trigger_ms, work)
+        b, c = r["bridge"], r["from_spark_row_creation"]
+        for q in ("p50_ms", "p99_ms"):
+            r[f"added_{q}"] = (None if b.get(q) is None or g.get(q) is None
+                               else round(b[q] - g[q], 1))
+        lat[mode] = r
+        print(f"  {mode + ':':<25} from hand-over p50 {b.get('p50_ms')} ms p99 "
+              f"{b.get('p99_ms')} ms (added vs generator: p50 {r['added_p50_ms']} ms, p99 "
+              f"{r['added_p99_ms']} ms); bridge queue wait mean "
+              f"{r['bridge_queue_wait_ms_mean']} ms; from Spark row creation p50 "
+              f"{c.get('p50_ms')} ms p99 {c.get('p99_ms')} ms")
+    results["latency"] = lat
+    return results
 
-    started = time.time()
-    results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(),
-                    "python": platform.python_version(), "ray": ray.__version__},
-        "params": {"records": records, "rate": args.rate, "duration_s": duration,
-                   "warmup_s": warmup, "trigger_ms": args.trigger_ms, "spark_master": "local[2]",
-                   "source_tasks": 2},
-    }
+
+def plot(results: dict[str, Any], path: str) -> None:
+    """Throughput per direction (left) and latency p50/p99 per feed (right)."""
+    plt = render.pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    into, out = results["spark_to_reflow"], results["reflow_to_spark"]
+    bars = {"spark alone (noop)": into["spark_noop_baseline"]["records_per_s"] or 0,
+            **{f"spark -> reflow\n{m}": into[m]["records_per_s"] for m in MODES},
+            "job -> null sink": out["job_into_null_records_per_s"],
+            "job -> output log": out["job_into_log_records_per_s"],
+            "spark reads log": out["spark_read_records_per_s"]}
+    ax1.bar(range(len(bars)), list(bars.values()), color="tab:blue")
+    ax1.set_xticks(range(len(bars)), list(bars), rotation=30, ha="right", fontsize=8)
+    ax1.set_ylabel("records/s")
+    ax1.set_title(f"throughput, {results['params']['records']:,} records")
+    lat = results["latency"]
+    feeds = {"generator": lat["generator"]["engine"],
+             **{f"{m}\n(hand-over)": lat[m]["bridge"] for m in MODES},
+             **{f"{m}\n(row created)": lat[m]["from_spark_row_creation"] for m in MODES}}
+    x = range(len(feeds))
+    for k, (q, w) in enumerate((("p50_ms", -0.2), ("p99_ms", 0.2))):
+        ax2.bar([i + w for i in x], [f.get(q) or 0 for f in feeds.values()], 0.4,
+                label=q[:-3], color=f"C{k}")
+    ax2.set_xticks(list(x), list(feeds), rotation=30, ha="right", fontsize=8)
+    ax2.set_yscale("log")
+    ax2.set_ylabel("latency, ms (log)")
+    ax2.set_title(f"keyed count at {results['params']['rate']:,.0f} records/s")
+    ax2.legend(fontsize=8)
+    fig.suptitle(f"reflow Spark bridges, Spark local[2] — {render.load_title(results)}",
+                 fontsize=10)
+    render.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = cli.parser(__doc__, "spark_bridge")
+    ap.add_argument("--records", type=int, help="per direction (1M; quick 200k)")
+    ap.add_argument("--rate", type=float, default=5000.0, help="latency runs, records/s")
+    ap.add_argument("--duration", type=float, help="latency runs, s (20; quick 8)")
+    ap.add_argument("--warmup", type=float, help="excluded from latency, s (5; quick 3)")
+    ap.add_argument("--trigger-ms", type=int, default=100)
+    args = ap.parse_args(argv)
+    cli.fill_defaults(args, {"records": (1_000_000, 200_000), "duration": (20.0, 8.0),
+                             "warmup": (5.0, 3.0)})
+    args.out = cli.out_dir(args, "spark_bridge")
+    results = provenance.begin(__file__, argv)
+    results["machine"].update(load_average_at_start=results["machine"]["loadavg_at_start"],
+                              ray=run.ray_version())
+    results["params"] = {"records": args.records, "rate": args.rate,
+                         "duration_s": args.duration, "warmup_s": args.warmup,
+                         "trigger_ms": args.trigger_ms, "spark_master": "local[2]",
+                         "source_tasks": 2}
     work = tempfile.mkdtemp(prefix="reflow-bench-spark-")
     spark = local_spark("reflow-bench", master="local[2]", shuffle_partitions=2)
     import pyspark
 
     results["machine"]["pyspark"] = pyspark.__version__
-    ray.init(namespace="reflow", include_dashboard=False, configure_logging=False,
-             log_to_driver=False)
+    run.init_ray(log_to_driver=False, include_dashboard=False)
     try:
-        inp = os.path.join(work, "input")
-        write_input(inp, records)
-        print(f"spark -> reflow, {records:,} records ...")
-        base = spark_noop_baseline(spark, inp, records, work)
-        print(f"  spark alone (noop sink):  {base['records_per_s']:>10,} records/s")
-        into = {"spark_noop_baseline": base}
-        for mode in ("foreach_batch", "datasource"):
-            r = spark_to_reflow(spark, inp, records, mode, work)
-            into[mode] = r
-            print(f"  {mode + ':':<25} {r['records_per_s']:>10,} records/s "
-                  f"({r['records_per_s_with_startup']:,} with query start-up)")
-        results["spark_to_reflow"] = into
-        print(f"reflow -> spark, {records:,} records ...")
-        out = reflow_to_spark(spark, records, work)
-        results["reflow_to_spark"] = out
-        print(f"  job into a null sink:     {out['job_into_null_records_per_s']:>10,} records/s")
-        print(f"  job into the output log:  {out['job_into_log_records_per_s']:>10,} records/s")
-        print(f"  spark reading the log:    {out['spark_read_records_per_s']:>10,} records/s "
-              f"({out['spark_read_records_per_s_with_startup']:,} with query start-up)")
-        print(f"latency at {args.rate:,.0f} records/s, {duration:.0f} s runs ...")
-        lat = {"generator": latency_generator(args.rate, duration, warmup)}
-        g = lat["generator"]["engine"]
-        print(f"  generator source:         p50 {g.get('p50_ms')} ms  p99 {g.get('p99_ms')} ms")
-        for mode in ("foreach_batch", "datasource"):
-            r = latency_spark(spark, mode, args.rate, duration, warmup, args.trigger_ms, work)
-            b, c = r["bridge"], r["from_spark_row_creation"]
-            r["added_p50_ms"] = (round(b["p50_ms"] - g["p50_ms"], 1)
-                                 if b.get("p50_ms") is not None and g.get("p50_ms") is not None
-                                 else None)
-            r["added_p99_ms"] = (round(b["p99_ms"] - g["p99_ms"], 1)
-                                 if b.get("p99_ms") is not None and g.get("p99_ms") is not None
-                                 else None)
-            lat[mode] = r
-            print(f"  {mode + ':':<25} from hand-over p50 {b.get('p50_ms')} ms p99 "
-                  f"{b.get('p99_ms')} ms (added vs generator: p50 {r['added_p50_ms']} ms, p99 "
-                  f"{r['added_p99_ms']} ms); bridge queue wait mean "
-                  f"{r['bridge_queue_wait_ms_mean']} ms; from Spark row creation p50 "
-                  f"{c.get('p50_ms')} ms p99 {c.get('p99_ms')} ms")
-        results["latency"] = lat
+        results.update(measure(spark, args.records, args.duration, args.warmup, args, work))
     finally:
         spark.stop()
-        ray.shutdown()
+        run.shutdown_ray()
         shutil.rmtree(work, ignore_errors=True)
-    results["total_seconds"] = round(time.time() - started, 1)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "results.json")
-    with open(path, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"total {results['total_seconds']:.0f} s; wrote {os.path.relpath(path, ROOT)}")
+    provenance.finish(results)
+    render.write_outputs(args.out, results, png="spark_bridge.png", plot=plot)
+    print(f"total {results['total_seconds']:.0f} s")
     return 0
 
 

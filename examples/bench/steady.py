@@ -16,8 +16,8 @@ For every parallelism p of the count operator, two phases:
        last), so this span covers all processing plus end-of-stream drain and the finish
        reports; it excludes Ray/actor start-up.
      * sink throughput = records counted at the sink / (wall time of the sink's first
-       ``write()`` -> its last ``write()``, over all sink writers; noted by a thin wrapper
-       around the ``LatencySink`` writer, exact to one batch).
+       ``write()`` -> its last ``write()``, over all sink writers; logged by
+       ``harness.jobs.WriteLogLatencySink``, exact to one batch).
      * interior rate   = records at the sink in the whole wall-clock seconds strictly between
        the first and the last second with any record (``LatencySink.timeline()``), per second.
    Run ``--repeats`` times; the run with the median job throughput is reported.
@@ -33,36 +33,37 @@ doing ``counts[k] = counts.get(k, 0) + 1`` and appending every update to a list.
 Writes ``examples/bench/out/steady/results.json`` and ``steady.png``.
 """
 
+# ruff: noqa: E402  (the repository root goes on sys.path before reflow's imports)
 from __future__ import annotations
 
 import argparse
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
-import ray  # noqa: E402
-
-from engine import JobConfig, StreamJob  # noqa: E402
-from engine.clock import SystemClock  # noqa: E402
-from engine.latency import LatencyHistogram  # noqa: E402
-from engine.sinks import LatencySink  # noqa: E402
-from engine.sources import GeneratorSource  # noqa: E402
-from examples.bench.provenance import code_state  # noqa: E402
+from engine import JobConfig, StreamJob
+from engine.clock import SystemClock
+from engine.names import JobState
+from engine.sinks import LatencySink, Sink
+from engine.sources import GeneratorSource
+from examples.bench.harness import BenchRunError, cli, jobs, procs, profile, provenance, render, run
+from examples.bench.harness import analysis as an
 
 NUM_KEYS = 100_000
-SKEW = "zipf"
 ZIPF_EXPONENT = 1.2
-SEED = 0
-OUT_DIR = os.path.join(ROOT, "examples", "bench", "out", "steady")
+TIMING = {"parallelism": ([1, 2, 4], [1, 2]), "records": (2_000_000, 200_000),
+          "duration": (20.0, 8.0), "repeats": (3, 1)}
+
+
+def fmt0(x: float | None, spec: str = ",.0f") -> str:
+    return render.fmt(x, spec)
 
 
 # ------------------------------------------------------------------------------ the job
@@ -72,355 +73,31 @@ def to_pair(record: Any) -> tuple[Any, int]:
     return (record[0], 1)
 
 
-def key_of(record: Any) -> Any:
-    return record[0]
-
-
 def add_counts(a: Any, b: Any) -> tuple[Any, int]:
     return (a[0], a[1] + b[1])
 
 
-def build(parallelism: int, source_parallelism: int, rate: float | None,
-          num_records: int | None, duration_s: float | None, sink: LatencySink,
+def source(rate: float | None, num_records: int | None, duration_s: float | None
+           ) -> GeneratorSource:
+    return GeneratorSource(rate=rate, num_records=num_records, duration_s=duration_s,
+                           num_keys=NUM_KEYS, skew="zipf", zipf_exponent=ZIPF_EXPONENT,
+                           seed=jobs.SEED)
+
+
+def build(parallelism: int, source_parallelism: int, src: GeneratorSource, sink: Sink,
           config: JobConfig) -> StreamJob:
     job = StreamJob("steady", parallelism=parallelism, config=config)
-    src = GeneratorSource(rate=rate, num_records=num_records, duration_s=duration_s,
-                          num_keys=NUM_KEYS, skew=SKEW, zipf_exponent=ZIPF_EXPONENT, seed=SEED)
     (
         job.source(src, name="gen", parallelism=source_parallelism)
         .map(to_pair, name="pair")
-        .key_by(key_of)
+        .key_by(jobs.key_of)
         .reduce(add_counts, name="count", parallelism=parallelism)
         .sink(sink, name="latency")
     )
     return job
 
 
-class SpanLatencySink(LatencySink):
-    """A ``LatencySink`` whose writers also note the wall time of their first and last
-    ``write()`` (one ``clock.now()`` per batch) and save it on ``flush()`` to
-    ``span-*.json`` beside the latency files (which ``LatencySink`` ignores). Gives the exact
-    first/last-record-at-sink times without polling the tasks."""
-
-    def open(self, task_index: int, parallelism: int, clock: Any) -> Any:
-        return _SpanWriter(super().open(task_index, parallelism, clock), clock,
-                           os.path.join(self.directory, f"span-{task_index}-{os.getpid()}.json"))
-
-    def span(self) -> dict[str, Any] | None:
-        """{first, last, count} over every writer (epoch seconds), None when nothing came."""
-        rows = []
-        for name in os.listdir(self.directory):
-            if name.startswith("span-") and name.endswith(".json"):
-                with open(os.path.join(self.directory, name)) as f:
-                    rows.append(json.load(f))
-        rows = [r for r in rows if r["first"] is not None]
-        if not rows:
-            return None
-        return {"first": min(r["first"] for r in rows), "last": max(r["last"] for r in rows),
-                "count": sum(r["count"] for r in rows), "writers": len(rows)}
-
-
-class _SpanWriter:
-    def __init__(self, inner: Any, clock: Any, path: str) -> None:
-        self.inner, self.clock, self.path = inner, clock, path
-        self.first: float | None = None
-        self.last: float | None = None
-        self.count = 0
-
-    def write(self, values: Any, timestamps: Any) -> None:
-        if values:
-            now = self.clock.now()
-            if self.first is None:
-                self.first = now
-            self.last = now
-            self.count += len(values)
-        self.inner.write(values, timestamps)
-
-    def flush(self) -> None:
-        self.inner.flush()
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"first": self.first, "last": self.last, "count": self.count}, f)
-        os.replace(tmp, self.path)
-
-    def close(self) -> None:
-        self.flush()
-
-
-# ------------------------------------------------------------------------------ processes
-
-
-def _rss_bytes(pid: int) -> int | None:
-    try:
-        import psutil  # type: ignore[import-not-found]
-
-        return int(psutil.Process(pid).memory_info().rss) or None
-    except ImportError:
-        pass
-    except Exception:
-        return None
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        return rss or None  # a zombie (killed actor not yet reaped) reports 0
-
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def job_actor_pids(job_id: str) -> dict[str, int]:
-    """Actor name -> pid of every ALIVE actor of this job (task actors and JobMaster)."""
-    from ray.util.state import list_actors
-
-    out: dict[str, int] = {}
-    # the GCS address of the cluster this driver is connected to (other Ray instances may
-    # run on the same machine, so auto-discovery would be ambiguous)
-    address = ray.get_runtime_context().gcs_address
-    for a in list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=10_000,
-                         raise_on_missing_output=False):
-        name = getattr(a, "name", None) or ""
-        pid = getattr(a, "pid", None)
-        if name.startswith(job_id + "/") and pid:
-            out[name] = int(pid)
-    return out
-
-
-def wait_for_pids(job_id: str, expected: int, timeout: float = 10.0) -> dict[str, int]:
-    deadline = time.monotonic() + timeout
-    pids: dict[str, int] = {}
-    while time.monotonic() < deadline:
-        try:
-            pids = job_actor_pids(job_id)
-        except Exception as exc:  # state API unavailable
-            print(f"  (could not list actors: {exc})")
-            return {}
-        if len(pids) >= expected:
-            break
-        time.sleep(0.2)
-    return pids
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process (Linux /proc), None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _machine_busy_seconds() -> float | None:
-    """CPU seconds all cores spent not idle since boot (/proc/stat)."""
-    try:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")  # minus idle, iowait
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class RssSampler(threading.Thread):
-    """Sums the RSS of the given pids every ``interval`` s until stopped; also notes the
-    CPU time of those pids and of the whole machine, to tell how much CPU other processes
-    (Ray daemons, the driver, anything else running) took meanwhile."""
-
-    def __init__(self, pids: dict[str, int], t0: float, interval: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.pids = pids
-        self.t0 = t0
-        self.interval = interval
-        self.samples: list[dict[str, Any]] = []
-        self._halt = threading.Event()
-        self._cpu0 = {n: _cpu_seconds(p) for n, p in pids.items()}
-        self._cpu_last = dict(self._cpu0)
-        self._busy0 = _machine_busy_seconds()
-        self._busy_last = self._busy0
-        self._wall0 = time.monotonic()
-        self._wall_last = self._wall0
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            per = {n: _rss_bytes(p) for n, p in self.pids.items()}
-            alive = {n: v for n, v in per.items() if v is not None}
-            if alive:
-                self.samples.append({
-                    "t": round(time.monotonic() - self.t0, 3),
-                    "rss_bytes": sum(alive.values()),
-                    "processes": len(alive),
-                    "per_actor": alive,
-                })
-                # CPU counters only while every actor lives (a killed one loses its count)
-                if len(alive) == len(self.pids):
-                    self._cpu_last = {n: _cpu_seconds(p) for n, p in self.pids.items()}
-                    self._busy_last = _machine_busy_seconds()
-                    self._wall_last = time.monotonic()
-            self._halt.wait(self.interval)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=5)
-
-    def cpu(self) -> dict[str, Any]:
-        """Average cores used over the sampled span: by each actor, by the job, by the
-        whole machine, and by everything else."""
-        wall = self._wall_last - self._wall0
-        if wall <= 0 or self._busy0 is None or self._busy_last is None:
-            return {}
-        per = {n: (self._cpu_last[n] - self._cpu0[n]) / wall for n in self.pids
-               if self._cpu_last.get(n) is not None and self._cpu0.get(n) is not None}
-        job = sum(per.values())
-        machine = (self._busy_last - self._busy0) / wall
-        return {"span_s": wall, "job_cores": job, "machine_cores": machine,
-                "other_cores": machine - job, "per_actor_cores": per}
-
-
-def memory_summary(samples: list[dict[str, Any]], full_processes: int,
-                   warmup_s: float | None = None) -> dict[str, Any]:
-    """start/end/max/min of the summed RSS (MB); with ``warmup_s``, also the growth from the
-    first sample after the warm-up to the end, over the second half of the run, and a
-    least-squares slope after the warm-up."""
-    # only samples in which every process of the job was still alive (the tail of a run,
-    # while actors are being killed, would look like a drop)
-    s = [x for x in samples if x["processes"] == full_processes] or samples
-    if not s:
-        return {"samples": 0}
-    mb = [x["rss_bytes"] / 2**20 for x in s]
-    out: dict[str, Any] = {"samples": len(s), "start_mb": mb[0], "end_mb": mb[-1],
-                           "max_mb": max(mb), "min_mb": min(mb), "growth_mb": mb[-1] - mb[0]}
-    if warmup_s is None:
-        return out
-    post = [(x["t"], m) for x, m in zip(s, mb, strict=True) if x["t"] >= warmup_s]
-    if len(post) >= 2:
-        n = len(post)
-        mt = sum(t for t, _ in post) / n
-        mm = sum(m for _, m in post) / n
-        var = sum((t - mt) ** 2 for t, _ in post)
-        slope = sum((t - mt) * (m - mm) for t, m in post) / var if var else 0.0
-        half = [(t, m) for t, m in post if t >= s[-1]["t"] / 2]
-        out.update({
-            "after_warmup_start_mb": post[0][1],
-            "after_warmup_growth_mb": post[-1][1] - post[0][1],
-            "after_warmup_slope_mb_per_min": slope * 60.0,
-            "second_half_growth_mb": half[-1][1] - half[0][1] if len(half) >= 2 else None,
-            "second_half_seconds": half[-1][0] - half[0][0] if len(half) >= 2 else None,
-        })
-    return out
-
-
-# ------------------------------------------------------------------------------ py-spy
-
-
-def profile_pids(targets: dict[str, int], seconds: float, out_dir: str,
-                 gil: bool = False) -> dict[str, Any]:
-    """Start ``py-spy record --format raw`` on each pid (``--gil``: only the thread holding
-    the GIL, i.e. on-CPU Python); returns {label: (Popen, path)}."""
-    procs: dict[str, Any] = {}
-    for label, pid in targets.items():
-        path = os.path.join(out_dir, f"profile-{label}{'-gil' if gil else ''}.txt")
-        cmd = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)),
-               "--format", "raw", "-o", path] + (["--gil"] if gil else [])
-        procs[label] = (subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE), path)
-    return procs
-
-
-def _function_of(frame: str) -> str:
-    """'f (path/x.py:12)' -> 'f (path/x.py)'."""
-    head, sep, tail = frame.rpartition(":")
-    return f"{head})" if sep and tail.rstrip(")").isdigit() else frame
-
-
-# Leaf frames where a thread waits rather than runs (py-spy's idle filter does not catch
-# them inside Ray workers): the asyncio loop's epoll, Ray's main thread in the C++ core
-# worker, the GC thread's and the sync-call threads' condition waits.
-_WAITING_LEAVES = ("EpollSelector.select", "Worker.main_loop", "Condition.wait", "Future.result")
-
-# Where busy samples go, first match wins (substring of any frame of the stack).
-_CATEGORIES: list[tuple[str, tuple[str, ...]]] = [
-    ("TaskActor.metrics (JobMaster poll, packs state samples)", ("TaskActor.metrics",)),
-    ("actor call submit: ActorMethod.remote", ("ActorMethod.remote",)),
-    ("actor call receive: TaskActor.push + Ray deserialise", ("TaskActor.push", "_private/serialization.py")),
-    ("frame encode: encode_frame/pack_fast", ("encode_frame",)),
-    ("frame decode: decode_frame/unpack_fast", ("decode_frame",)),
-    ("source: GeneratorReader.poll", ("_GeneratorReader.poll",)),
-    ("key_by + key groups: _emit_keyed", ("_emit_keyed",)),
-    ("latency sink: _LatencyWriter.write", ("_LatencyWriter",)),
-    ("map to_pair: StatelessRunner", ("StatelessRunner",)),
-    ("reduce: KeyedRunner (incl. user fn)", ("KeyedRunner",)),
-    ("acks/credits: _ack_consumed/_await_ack/_send_outbox", ("_ack_consumed", "_await_ack", "_send_outbox")),
-    ("rest of TaskActor._loop/TaskCore", ("engine/runtime.py", "engine/task.py")),
-    ("asyncio event loop itself", ("asyncio/",)),
-]
-
-
-def _function_of(frame: str) -> str:
-    """'f (path/x.py:12)' -> 'f (path/x.py)'."""
-    head, sep, tail = frame.rpartition(":")
-    return f"{head})" if sep and tail.rstrip(")").isdigit() else frame
-
-
-def summarise_raw_profile(path: str, top: int = 15) -> dict[str, Any]:
-    """Sample shares from a py-spy raw (collapsed-stack) file.
-
-    ``total_samples`` counts every thread sample; ``waiting`` those in a known waiting leaf
-    or with no Python frame; the rest are ``busy``. Self time by line and by function, and
-    inclusive time by function, are shares of busy samples; ``categories`` splits busy
-    samples by what the engine was doing."""
-    self_line: dict[str, int] = {}
-    self_fn: dict[str, int] = {}
-    incl_fn: dict[str, int] = {}
-    cats: dict[str, int] = {}
-    total = waiting = 0
-    with open(path) as f:
-        for line in f:
-            stack, _, n = line.rstrip("\n").rpartition(" ")
-            if not n.strip().isdigit():
-                continue
-            count = int(n)
-            total += count
-            stack = stack.strip()
-            frames = stack.split(";") if stack else []
-            if not frames or frames[-1].split(" (")[0] in _WAITING_LEAVES:
-                waiting += count
-                continue
-            self_line[frames[-1]] = self_line.get(frames[-1], 0) + count
-            leaf = _function_of(frames[-1])
-            self_fn[leaf] = self_fn.get(leaf, 0) + count
-            for fn in {_function_of(fr) for fr in frames}:
-                incl_fn[fn] = incl_fn.get(fn, 0) + count
-            for name, needles in _CATEGORIES:
-                if any(nd in fr for fr in frames for nd in needles):
-                    cats[name] = cats.get(name, 0) + count
-                    break
-            else:
-                cats["other"] = cats.get("other", 0) + count
-    busy = total - waiting
-
-    def rows(c: dict[str, int], k: int = top) -> list[dict[str, Any]]:
-        return [{"frame": key, "samples": v, "pct": 100.0 * v / busy if busy else 0.0}
-                for key, v in sorted(c.items(), key=lambda kv: -kv[1])[:k]]
-
-    return {"total_samples": total, "waiting_samples": waiting, "busy_samples": busy,
-            "busy_pct": 100.0 * busy / total if total else 0.0,
-            "categories": rows(cats, len(cats)), "self_by_line": rows(self_line),
-            "self_by_function": rows(self_fn), "inclusive_by_function": rows(incl_fn)}
-
-
 # ------------------------------------------------------------------------------ phases
-
-
-def poll_until_finished(handle: Any, poll: float, timeout: float, t0: float) -> tuple[float | None, str]:
-    """Poll the JobMaster's status (cheap: no task is asked) until the job leaves running;
-    returns (time since t0 of the first poll that saw it ended, state)."""
-    deadline = t0 + timeout
-    state = "running"
-    while time.monotonic() < deadline:
-        state = handle.status().state
-        now = time.monotonic()
-        if state not in ("created", "running"):
-            return now - t0, state
-        time.sleep(poll)
-    return None, state
 
 
 def interior_rate(timeline: list[dict[str, Any]]) -> tuple[float | None, int]:
@@ -433,137 +110,112 @@ def interior_rate(timeline: list[dict[str, Any]]) -> tuple[float | None, int]:
     return sum(r["count"] for r in inner) / seconds, seconds
 
 
-def run_full_speed(p: int, args: argparse.Namespace, config: JobConfig,
-                   profile: bool) -> dict[str, Any]:
-    sink = SpanLatencySink()
-    job = build(p, args.source_parallelism, None, args.records, None, sink, config)
+def _sampled(p: int, args: argparse.Namespace, src: GeneratorSource, sink: Sink,
+             config: JobConfig, profile_it: bool) -> dict[str, Any]:
+    """Run the job to its end while sampling its processes (and py-spying its first source
+    and count task when ``profile_it``): deploy time, span, state, pids, sampler, profiles,
+    wall start."""
     t0 = time.monotonic()
-    handle = job.run()
+    handle = build(p, args.source_parallelism, src, sink, config).run()
     t_started = time.monotonic()
     wall_started = time.time()
+    profiles: dict[str, Any] = {}
     try:
-        pids = wait_for_pids(handle.job_id, args.source_parallelism + p + 1)
-        sampler = RssSampler(pids, t_started)
+        pids = procs.wait_for_pids(handle.job_id, args.source_parallelism + p + 1)
+        sampler = procs.RssSampler(pids, t_started)
         sampler.start()
-        profs: dict[str, Any] = {}
-        if profile:
-            targets = {}
-            for name, pid in pids.items():
-                if "/gen/0/" in name:
-                    targets["source"] = pid
-                elif "/count/0/" in name:
-                    targets["count"] = pid
+        recorders: dict[str, Any] = {}
+        if profile_it:
+            targets = {label: pid for name, pid in pids.items()
+                       for label, part in (("source", "/gen/0/"), ("count", "/count/0/"))
+                       if part in name}
             print(f"  py-spy on {targets} for {args.profile_seconds:.0f} s")
-            profs = profile_pids(targets, args.profile_seconds, args.out, args.profile_gil)
-        t_fin, state = poll_until_finished(handle, args.poll, args.timeout, t_started)
+            recorders = profile.profile_pids(targets, args.profile_seconds, args.out,
+                                             args.profile_gil)
+        timeout = args.timeout + (0.0 if src.rate is None else args.duration)
+        span, state = run.wait_finished(handle, args.poll if src.rate is None else 0.5,
+                                        timeout, since=t_started)
         sampler.stop()
-        if state != "finished":
-            raise RuntimeError(f"full-speed run p={p} ended in state {state!r}")
-        profiles = {}
-        for label, (proc, path) in profs.items():
-            _, err = proc.communicate(timeout=args.profile_seconds + 30)
-            if os.path.exists(path):
-                profiles[label] = summarise_raw_profile(path)
-                profiles[label]["file"] = os.path.relpath(path, ROOT)
-            else:
-                profiles[label] = {"error": err.decode(errors="replace")[-500:]}
+        if state != JobState.FINISHED or span is None:
+            raise BenchRunError(f"run p={p} ended in state {state!r}; see the task logs above, "
+                                f"or raise --timeout ({args.timeout:g} s)")
+        profiles = profile.collect_profiles(recorders, args.profile_seconds)
     finally:
         handle.stop()
-    assert t_fin is not None
+    return {"deploy_s": t_started - t0, "span": span, "pids": pids, "sampler": sampler,
+            "profiles": profiles, "wall_started": wall_started}
+
+
+def _timeline(sink: LatencySink, wall_started: float) -> list[dict[str, Any]]:
+    """The sink's per-second rows, each with ``t``: the middle of that wall second since the
+    job started."""
+    return [{**row, "t": row["second"] + 0.5 - wall_started} for row in sink.timeline()]
+
+
+def run_full_speed(p: int, args: argparse.Namespace, config: JobConfig,
+                   profile_it: bool) -> dict[str, Any]:
+    sink = jobs.WriteLogLatencySink()
+    s = _sampled(p, args, source(None, args.records, None), sink, config, profile_it)
     n_sink = sink.summary()["count"]
     span = sink.span()
-    timeline = sink.timeline()
-    for row in timeline:
-        row["t"] = row["second"] + 0.5 - wall_started
+    timeline = _timeline(sink, s["wall_started"])
     steady, steady_seconds = interior_rate(timeline)
     sink_span = (span["last"] - span["first"]) if span else None
     return {
         "parallelism": p,
         "records": args.records,
         "records_at_sink": n_sink,
-        "deploy_s": t_started - t0,
-        "job_span_s": t_fin,
-        "job_throughput": args.records / t_fin,
-        "sink_first_s": span["first"] - wall_started if span else None,
-        "sink_last_s": span["last"] - wall_started if span else None,
+        "deploy_s": s["deploy_s"],
+        "job_span_s": s["span"],
+        "job_throughput": args.records / s["span"],
+        "sink_first_s": span["first"] - s["wall_started"] if span else None,
+        "sink_last_s": span["last"] - s["wall_started"] if span else None,
         "sink_span_s": sink_span,
         "sink_throughput": (n_sink / sink_span) if sink_span else None,
         "interior_seconds_throughput": steady,
         "interior_seconds": steady_seconds,
         "status_poll_interval_s": args.poll,
         "sink_timeline": timeline,
-        "memory": memory_summary(sampler.samples, len(pids)),
-        "memory_samples": [{k: v for k, v in s.items() if k != "per_actor"} for s in sampler.samples],
-        "cpu": sampler.cpu(),
+        "memory": procs.memory_summary(s["sampler"].samples, len(s["pids"])),
+        "memory_samples": [{k: v for k, v in x.items() if k != "per_actor"}
+                           for x in s["sampler"].samples],
+        "cpu": s["sampler"].cpu(),
         "loadavg_at_end": os.getloadavg(),
-        "actors": pids,
-        "profiles": profiles,
+        "actors": s["pids"],
+        "profiles": s["profiles"],
     }
 
 
-def merged_histogram(sink: LatencySink, from_second: int) -> LatencyHistogram:
-    """The sink's latency histogram over every wall second >= ``from_second``.
-
-    Uses ``LatencySink._load()`` (per-second histograms); the public ``summary()`` covers the
-    whole run and ``clear()`` cannot drop the writers' in-memory totals."""
-    _, per_second = sink._load()
-    h = LatencyHistogram()
-    for s, hs in per_second.items():
-        if s >= from_second:
-            h.merge(hs)
-    return h
-
-
-def run_half_load(p: int, rate: float, args: argparse.Namespace, config: JobConfig) -> dict[str, Any]:
+def run_half_load(p: int, rate: float, args: argparse.Namespace, config: JobConfig
+                  ) -> dict[str, Any]:
     sink = LatencySink()  # the plain one: what a user measures latency with
-    job = build(p, args.source_parallelism, rate, None, args.duration, sink, config)
-    handle = job.run()
-    t_started = time.monotonic()
-    wall_started = time.time()
-    try:
-        pids = wait_for_pids(handle.job_id, args.source_parallelism + p + 1)
-        sampler = RssSampler(pids, t_started)
-        sampler.start()
-        t_fin, state = poll_until_finished(handle, 0.5, args.duration + args.timeout, t_started)
-        sampler.stop()
-        if state != "finished":
-            raise RuntimeError(f"half-load run p={p} ended in state {state!r}")
-    finally:
-        handle.stop()
-    warm_second = math.ceil(wall_started + args.warmup)
-    h = merged_histogram(sink, warm_second)
-    whole = sink.summary()
-    timeline = sink.timeline()
-    for row in timeline:
-        row["t"] = row["second"] + 0.5 - wall_started  # middle of that wall second
-    expected = GeneratorSource(rate=rate, duration_s=args.duration).task_records(0, 1)
+    src = source(rate, None, args.duration)
+    s = _sampled(p, args, src, sink, config, False)
+    warm_second = math.ceil(s["wall_started"] + args.warmup)
+    h = an.merged(jobs.latency_seconds(sink), warm_second)
     return {
         "parallelism": p,
         "rate": rate,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
-        "records_expected": expected if args.source_parallelism == 1 else None,
-        "records_at_sink": whole["count"],
-        "job_span_s": t_fin,
-        "latency_after_warmup": {
-            "count": h.count, "mean_ms": h.mean, "p50_ms": h.quantile(0.5),
-            "p99_ms": h.quantile(0.99), "p999_ms": h.quantile(0.999), "max_ms": h.max,
-            "from_epoch_second": warm_second,
-        },
-        "latency_whole_run": whole,
-        "sink_timeline": timeline,
-        "memory": memory_summary(sampler.samples, len(pids), args.warmup),
-        "memory_samples": sampler.samples,
-        "cpu": sampler.cpu(),
+        "records_expected": src.task_records(0, 1) if args.source_parallelism == 1 else None,
+        "records_at_sink": sink.summary()["count"],
+        "job_span_s": s["span"],
+        "latency_after_warmup": {**an.latency_stats(h, (0.5, 0.99, 0.999)),
+                                 "from_epoch_second": warm_second},
+        "latency_whole_run": sink.summary(),
+        "sink_timeline": _timeline(sink, s["wall_started"]),
+        "memory": procs.memory_summary(s["sampler"].samples, len(s["pids"]), args.warmup),
+        "memory_samples": s["sampler"].samples,
+        "cpu": s["sampler"].cpu(),
         "loadavg_at_end": os.getloadavg(),
-        "actors": pids,
+        "actors": s["pids"],
     }
 
 
 def measure_ceiling(records: int, repeats: int = 3) -> dict[str, Any]:
     """Single-process loop over the same records; best of ``repeats``."""
-    reader = GeneratorSource(rate=None, num_records=records, num_keys=NUM_KEYS, skew=SKEW,
-                             zipf_exponent=ZIPF_EXPONENT, seed=SEED).open(0, 1, None, SystemClock())
+    reader = source(None, records, None).open(0, 1, None, SystemClock())
     data: list[Any] = []
     while True:
         b = reader.poll(65536)
@@ -598,10 +250,6 @@ def measure_ceiling(records: int, repeats: int = 3) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ output
 
 
-def fmt(x: float | None, spec: str = ",.0f") -> str:
-    return "-" if x is None else format(x, spec)
-
-
 def _cores(r: dict[str, Any]) -> str:
     c = r.get("cpu") or {}
     if not c:
@@ -609,36 +257,40 @@ def _cores(r: dict[str, Any]) -> str:
     return f"{c['job_cores']:.2f}/{c['other_cores']:.2f}"
 
 
+def _print_rows(cols: list[tuple[str, int]], rows: list[list[str]]) -> None:
+    """Right-aligned columns of the given widths under their headers."""
+    print(" ".join(f"{h:>{w}}" for h, w in cols))
+    for r in rows:
+        print(" ".join(f"{c:>{w}}" for c, (_, w) in zip(r, cols, strict=True)))
+
+
 def print_table(results: dict[str, Any]) -> None:
     ceil = results["ceiling"]["throughput"]
-    print()
-    print(f"per-core ceiling (plain Python loop, same {results['ceiling']['records']:,} records): "
-          f"{ceil:,.0f} records/s")
-    print()
-    print("full speed (records/s)")
-    hdr = (f"{'p':>3} {'job':>10} {'sink':>10} {'interior':>10} {'job span s':>11} "
-           f"{'sink span s':>12} {'job/ceil':>9} {'sink/ceil':>9} {'cores job/other':>16}")
-    print(hdr)
-    for r in results["full_speed"]:
-        print(f"{r['parallelism']:>3} {fmt(r['job_throughput']):>10} {fmt(r['sink_throughput']):>10} "
-              f"{fmt(r['interior_seconds_throughput']):>10} {r['job_span_s']:>11.2f} "
-              f"{fmt(r['sink_span_s'], '.2f'):>12} "
-              f"{r['job_throughput'] / ceil:>9.3f} {fmt(r['sink_throughput'] and r['sink_throughput'] / ceil, '.3f'):>9} "
-              f"{_cores(r):>16}")
-    print()
-    print(f"half load (open loop, 50% of job throughput; latency excludes first {results['config']['warmup_s']:g} s)")
-    print(f"{'p':>3} {'rate/s':>9} {'at sink':>9} {'p50 ms':>8} {'p99 ms':>8} {'p999 ms':>8} {'max ms':>8} "
-          f"{'RSS start':>10} {'RSS end':>8} {'RSS max':>8} {'+warm':>7} {'+2nd half':>9} "
-          f"{'cores job/other':>16}")
+    warmup = results["config"]["warmup_s"]
+    print(f"\nper-core ceiling (plain Python loop, same {results['ceiling']['records']:,} "
+          f"records): {ceil:,.0f} records/s\n\nfull speed (records/s)")
+    _print_rows(
+        [("p", 3), ("job", 10), ("sink", 10), ("interior", 10), ("job span s", 11),
+         ("sink span s", 12), ("job/ceil", 9), ("sink/ceil", 9), ("cores job/other", 16)],
+        [[str(r["parallelism"]), fmt0(r["job_throughput"]), fmt0(r["sink_throughput"]),
+          fmt0(r["interior_seconds_throughput"]), f"{r['job_span_s']:.2f}",
+          fmt0(r["sink_span_s"], ".2f"), f"{r['job_throughput'] / ceil:.3f}",
+          fmt0(r["sink_throughput"] and r["sink_throughput"] / ceil, ".3f"), _cores(r)]
+         for r in results["full_speed"]])
+    print(f"\nhalf load (open loop, 50% of job throughput; latency excludes first {warmup:g} s)")
+    rows = []
     for r in results["half_load"]:
         lat, mem = r["latency_after_warmup"], r["memory"]
-        print(f"{r['parallelism']:>3} {r['rate']:>9,.0f} {r['records_at_sink']:>9,} {lat['p50_ms']:>8.1f} "
-              f"{lat['p99_ms']:>8.1f} {lat['p999_ms']:>8.1f} {lat['max_ms']:>8.1f} "
-              f"{fmt(mem.get('start_mb'), '.1f'):>10} {fmt(mem.get('end_mb'), '.1f'):>8} "
-              f"{fmt(mem.get('max_mb'), '.1f'):>8} {fmt(mem.get('after_warmup_growth_mb'), '+.1f'):>7} "
-              f"{fmt(mem.get('second_half_growth_mb'), '+.1f'):>9} {_cores(r):>16}")
+        rows.append([str(r["parallelism"]), f"{r['rate']:,.0f}", f"{r['records_at_sink']:,}",
+                     *(f"{lat[k]:.1f}" for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")),
+                     *(fmt0(mem.get(k), ".1f") for k in ("start_mb", "end_mb", "max_mb")),
+                     fmt0(mem.get("after_warmup_growth_mb"), "+.1f"),
+                     fmt0(mem.get("second_half_growth_mb"), "+.1f"), _cores(r)])
+    _print_rows([("p", 3), ("rate/s", 9), ("at sink", 9), ("p50 ms", 8), ("p99 ms", 8),
+                 ("p999 ms", 8), ("max ms", 8), ("RSS start", 10), ("RSS end", 8),
+                 ("RSS max", 8), ("+warm", 7), ("+2nd half", 9), ("cores job/other", 16)], rows)
     print(f"RSS: MB summed over the job's actor processes (task actors + JobMaster), sampled every "
-          f"1 s; +warm = end - first sample after {results['config']['warmup_s']:g} s, "
+          f"1 s; +warm = end - first sample after {warmup:g} s, "
           f"+2nd half = growth over the second half of the run")
     print("cores job/other: average CPU cores used by the job's actor processes / by every "
           "other process on the machine (Ray daemons, driver, other users) during the run")
@@ -646,12 +298,9 @@ def print_table(results: dict[str, Any]) -> None:
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
+    plt = render.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 6))
     full = results["full_speed"]
     ps = [str(r["parallelism"]) for r in full]
@@ -661,7 +310,8 @@ def plot(results: dict[str, Any], path: str) -> None:
     lo = [r["job_throughput"] - min(x["job_throughput"] for x in r.get("runs", [r])) for r in full]
     hi = [max(x["job_throughput"] for x in r.get("runs", [r])) - r["job_throughput"] for r in full]
     ax1.bar([i - w / 2 for i in x], job, w, yerr=[lo, hi], capsize=3,
-            label=f"job (run() → finished); median of {results['config']['repeats']}, bars = range")
+            label=f"job (run() → finished); median of {results['config']['repeats']}, "
+                  f"bars = range")
     ax1.bar([i + w / 2 for i in x], [r["sink_throughput"] or 0 for r in full], w,
             label="sink, first → last record")
     ceil = results["ceiling"]["throughput"]
@@ -678,11 +328,11 @@ def plot(results: dict[str, Any], path: str) -> None:
     ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
 
     for r in results["half_load"]:
-        tl = r["sink_timeline"]
-        t = [row["t"] for row in tl]
-        line, = ax2.plot(t, [row["p99_ms"] for row in tl], marker=".",
+        rows = r["sink_timeline"]
+        t = [row["t"] for row in rows]
+        line, = ax2.plot(t, [row["p99_ms"] for row in rows], marker=".",
                          label=f"p={r['parallelism']} p99 ({r['rate']:,.0f}/s)")
-        ax2.plot(t, [row["p50_ms"] for row in tl], ls="--", color=line.get_color(),
+        ax2.plot(t, [row["p50_ms"] for row in rows], ls="--", color=line.get_color(),
                  label=f"p={r['parallelism']} p50")
     ax2.axvspan(0, results["config"]["warmup_s"], color="0.9", label="warm-up (excluded)")
     ax2.set_yscale("log")
@@ -694,9 +344,7 @@ def plot(results: dict[str, Any], path: str) -> None:
     fig.suptitle(f"reflow keyed count, zipf {ZIPF_EXPONENT} over {NUM_KEYS:,} keys — "
                  f"{la['cpus']} CPUs, load avg {la['loadavg_at_start'][0]:.1f} at start, "
                  f"{la.get('loadavg_at_end', [0])[0]:.1f} at end")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    render.save_figure(fig, path)
 
 
 # ------------------------------------------------------------------------------ main
@@ -704,22 +352,24 @@ def plot(results: dict[str, Any], path: str) -> None:
 
 def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str, Any]) -> int:
     p = args.parallelism[0]
-    ray.init(namespace="reflow", log_to_driver=True, configure_logging=False)
+    run.init_ray()
     try:
         print(f"p={p}: full speed, {args.records:,} records, profiled ...")
-        full = run_full_speed(p, args, config, profile=True)
+        full = run_full_speed(p, args, config, profile_it=True)
     finally:
-        ray.shutdown()
-    print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s (with py-spy attached)")
+        run.shutdown_ray()
+    print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s (with py-spy "
+          f"attached)")
     results["full_speed_profiled"] = {k: v for k, v in full.items() if k != "profiles"}
-    results["code_at_end"] = code_state(ROOT, files_hash=True)
     results["profiles"] = full["profiles"]
-    with open(os.path.join(args.out, f"profile{'-gil' if args.profile_gil else ''}.json"), "w") as f:
+    provenance.finish(results)
+    with open(os.path.join(args.out, f"profile{'-gil' if args.profile_gil else ''}.json"),
+              "w") as f:
         json.dump(results, f, indent=1, default=str)
     for label, prof in full["profiles"].items():
         print(f"\n{label}: {prof.get('total_samples')} thread samples, "
-              f"{prof.get('busy_samples')} busy ({prof.get('busy_pct', 0):.0f}%); shares below are "
-              f"of busy samples ({prof.get('file')})")
+              f"{prof.get('busy_samples')} busy ({prof.get('busy_pct', 0):.0f}%); shares below "
+              f"are of busy samples ({prof.get('file')})")
         for kind in ("categories", "self_by_line", "self_by_function", "inclusive_by_function"):
             print(f"  top {kind}:")
             for row in prof.get(kind, [])[:15]:
@@ -727,15 +377,46 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
     return 0
 
 
+def parallelism_point(p: int, args: argparse.Namespace, config: JobConfig
+                      ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Full speed ``--repeats`` times at count parallelism ``p`` (the median run stands for
+    it), then half load at 50 % of its job throughput."""
+    print(f"p={p}: full speed, {args.records:,} records ...")
+    runs = []
+    for i in range(args.repeats):
+        runs.append(run_full_speed(p, args, config,
+                                   profile_it=args.profile and p == args.parallelism[0] and i == 0))
+        if args.repeats > 1:
+            print(f"    run {i + 1}/{args.repeats}: job {runs[-1]['job_throughput']:,.0f}/s")
+    full = sorted(runs, key=lambda r: r["job_throughput"])[(len(runs) - 1) // 2]
+    full["runs"] = [{k: r[k] for k in ("job_throughput", "sink_throughput",
+                                        "interior_seconds_throughput", "job_span_s",
+                                        "sink_span_s", "cpu")} for r in runs]
+    full["profiles"] = next((r["profiles"] for r in runs if r["profiles"]), {})
+    print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s; "
+          f"sink {fmt0(full['sink_throughput'])}/s over {fmt0(full['sink_span_s'], '.2f')} s; "
+          f"interior seconds {fmt0(full['interior_seconds_throughput'])}/s")
+    for label, prof in full["profiles"].items():
+        print(f"  profile {label}: {prof.get('total_samples')} samples -> {prof.get('file')}")
+    rate = 0.5 * full["job_throughput"]
+    print(f"p={p}: half load, {rate:,.0f} records/s for {args.duration:g} s ...")
+    half = run_half_load(p, rate, args, config)
+    lat = half["latency_after_warmup"]
+    print(f"  p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms  max {lat['max_ms']:.1f} ms; "
+          f"RSS {fmt0(half['memory'].get('start_mb'))} -> "
+          f"{fmt0(half['memory'].get('end_mb'))} MB")
+    return full, half
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = cli.parser(__doc__, "steady")
     ap.add_argument("--parallelism", type=int, nargs="+", default=None,
                     help="count operator parallelisms (default 1 2 4; --quick: 1 2)")
     ap.add_argument("--source-parallelism", type=int, default=1)
-    ap.add_argument("--records", type=int, default=None, help="full-speed records (default 2,000,000)")
-    ap.add_argument("--duration", type=float, default=None, help="half-load seconds (default 20)")
-    ap.add_argument("--warmup", type=float, default=3.0, help="half-load seconds excluded from latency")
+    ap.add_argument("--records", type=int, help="full-speed records (2,000,000; quick 200,000)")
+    ap.add_argument("--duration", type=float, help="half-load seconds (20; quick 8)")
+    ap.add_argument("--warmup", type=float, default=3.0,
+                    help="half-load seconds excluded from latency")
     ap.add_argument("--repeats", type=int, default=None,
                     help="full-speed runs per parallelism; the median (by job throughput) is "
                          "reported and drives the half-load rate (default 3; --quick: 1)")
@@ -752,34 +433,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-only", action="store_true",
                     help="only the profiled full-speed run at the first parallelism; writes "
                          "profile.json (not results.json)")
-    ap.add_argument("--quick", action="store_true", help="200k records, 8 s half load, p 1 2")
-    ap.add_argument("--out", default=OUT_DIR)
     args = ap.parse_args(argv)
-    args.parallelism = args.parallelism or ([1, 2] if args.quick else [1, 2, 4])
-    args.records = args.records or (200_000 if args.quick else 2_000_000)
-    args.duration = args.duration or (8.0 if args.quick else 20.0)
-    args.repeats = args.repeats or (1 if args.quick else 3)
-    os.makedirs(args.out, exist_ok=True)
-    if args.profile_only:
-        args.profile = True
-    config = JobConfig(batch_size=args.batch_size, linger_ms=args.linger_ms)
+    cli.fill_defaults(args, TIMING)
+    args.out = cli.out_dir(args, "steady")
+    args.profile = args.profile or args.profile_only
+    return args
 
-    t_all = time.monotonic()
-    results: dict[str, Any] = {
-        "command": "python " + " ".join([os.path.relpath(os.path.abspath(__file__), ROOT)]
-                                        + (sys.argv[1:] if argv is None else argv)),
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    config = JobConfig(batch_size=args.batch_size, linger_ms=args.linger_ms)
+    results = provenance.begin(__file__, argv)
+    results["machine"]["ray"] = run.ray_version()
+    results.update({
         "config": {
             "parallelism": args.parallelism, "source_parallelism": args.source_parallelism,
             "records": args.records, "duration_s": args.duration, "warmup_s": args.warmup,
-            "num_keys": NUM_KEYS, "skew": SKEW, "zipf_exponent": ZIPF_EXPONENT, "seed": SEED,
-            "poll_interval_s": args.poll, "quick": args.quick, "repeats": args.repeats,
+            "num_keys": NUM_KEYS, "skew": "zipf", "zipf_exponent": ZIPF_EXPONENT,
+            "seed": jobs.SEED, "poll_interval_s": args.poll, "quick": args.quick,
+            "repeats": args.repeats,
             "job_config": {k: getattr(config, k) for k in config.__dataclass_fields__},
             "pipeline": "GeneratorSource -> map (k,seq)->(k,1) [chained] -> key_by k -> "
                         "reduce (a,b)->(a0,a1+b1) -> LatencySink [chained]",
         },
-        "code": code_state(ROOT, files_hash=True),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                    "ray": ray.__version__, "loadavg_at_start": os.getloadavg()},
         "definitions": {
             "job_throughput": "records / (job.run() returned -> first JobMaster status poll "
                               "seeing the job finished); includes end-of-stream drain, excludes "
@@ -794,63 +471,30 @@ def main(argv: list[str] | None = None) -> int:
             "rss": "sum of RSS of the job's ALIVE actor processes (task actors + JobMaster), "
                    "every 1 s; start/end/max over samples where all were alive",
         },
-    }
+    })
     if args.profile_only:
         return profile_only(args, config, results)
     print(f"ceiling: plain loop over {args.records:,} pre-generated records ...")
     results["ceiling"] = measure_ceiling(args.records)
     print(f"  {results['ceiling']['throughput']:,.0f} records/s")
-
-    ray.init(namespace="reflow", log_to_driver=True, configure_logging=False)
     results["full_speed"], results["half_load"] = [], []
+    run.init_ray()
     try:
         for p in args.parallelism:
-            print(f"p={p}: full speed, {args.records:,} records ...")
-            runs = []
-            for i in range(args.repeats):
-                runs.append(run_full_speed(p, args, config,
-                                           profile=args.profile and p == args.parallelism[0] and i == 0))
-                if args.repeats > 1:
-                    print(f"    run {i + 1}/{args.repeats}: job {runs[-1]['job_throughput']:,.0f}/s")
-            # the run with the median job throughput stands for p; every run is kept
-            full = sorted(runs, key=lambda r: r["job_throughput"])[(len(runs) - 1) // 2]
-            full["runs"] = [{k: r[k] for k in ("job_throughput", "sink_throughput",
-                                                "interior_seconds_throughput", "job_span_s",
-                                                "sink_span_s", "cpu")} for r in runs]
-            full["profiles"] = next((r["profiles"] for r in runs if r["profiles"]), {})
+            full, half = parallelism_point(p, args, config)
             results["full_speed"].append(full)
-            print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s; "
-                  f"sink {fmt(full['sink_throughput'])}/s over {fmt(full['sink_span_s'], '.2f')} s; "
-                  f"interior seconds {fmt(full['interior_seconds_throughput'])}/s")
-            for label, prof in full["profiles"].items():
-                print(f"  profile {label}: {prof.get('total_samples')} samples -> {prof.get('file')}")
-            rate = 0.5 * full["job_throughput"]
-            print(f"p={p}: half load, {rate:,.0f} records/s for {args.duration:g} s ...")
-            half = run_half_load(p, rate, args, config)
             results["half_load"].append(half)
-            lat = half["latency_after_warmup"]
-            print(f"  p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms  max {lat['max_ms']:.1f} ms; "
-                  f"RSS {fmt(half['memory'].get('start_mb'), '.0f')} -> "
-                  f"{fmt(half['memory'].get('end_mb'), '.0f')} MB")
     finally:
-        ray.shutdown()
-    results["total_seconds"] = time.monotonic() - t_all
-    results["code_at_end"] = code_state(ROOT, files_hash=True)
-    if results["code_at_end"]["engine_sha256"] != results["code"]["engine_sha256"]:
-        print("WARNING: engine/ or migration/ changed during the run; figures mix versions")
-    results["machine"]["loadavg_at_end"] = os.getloadavg()
+        run.shutdown_ray()
+    provenance.finish(results)
     ceil = results["ceiling"]["throughput"]
     results["ratios"] = [{"parallelism": r["parallelism"],
                           "job_over_ceiling": r["job_throughput"] / ceil,
                           "sink_over_ceiling": (r["sink_throughput"] or 0) / ceil,
                           "interior_over_ceiling": (r["interior_seconds_throughput"] or 0) / ceil}
                          for r in results["full_speed"]]
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(results, f, indent=1, default=str)
-    plot(results, os.path.join(args.out, "steady.png"))
     print_table(results)
-    print(f"total {results['total_seconds']:.0f} s; wrote {os.path.relpath(args.out, ROOT)}/results.json "
-          f"and steady.png")
+    render.write_outputs(args.out, results, png="steady.png", plot=plot)
     return 0
 
 

@@ -1,25 +1,20 @@
 """The pure helpers of the planning benchmark (examples/bench/planning.py): settings, the
 per-run measurement on synthetic latency series, the per-phase verdict, the skewed phase's
-load counting and assignment, the report text. No Ray; the end-to-end run is marked slow."""
+load counting and assignment, the report text. No Ray, no job; the quick run end to end is in
+tests/integration/test_bench_e2e.py."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from engine.clock import ManualClock
 from engine.keygroups import key_group_of, uniform_assignment
-from engine.sources import _GEN_CHUNK, GeneratorSource
 from examples.bench import planning as pb
-from examples.bench import timeline as tl
+from examples.bench.harness import BenchError, balance, jobs
+from examples.bench.harness import analysis as tl
 from migration.planning import Planning, plan_steps
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 
 # ------------------------------------------------------------------------------ settings
 
@@ -35,7 +30,7 @@ def test_every_setting_makes_a_valid_planning_and_adaptive_is_none() -> None:
         assert p.replication == "none"
         assert p.prioritisation == ("hot-first" if name.startswith("hot-first") else "random")
     assert pb.make_planning("chunks-4", bandwidth=1e6).chunk_size == 4
-    with pytest.raises(ValueError, match="unknown planning setting"):
+    with pytest.raises(BenchError, match="unknown planning setting"):
         pb.make_planning("chunks-5", bandwidth=1e6)
 
 
@@ -67,7 +62,7 @@ def test_parse_settings_keeps_order_and_rejects_unknown() -> None:
     assert pb.parse_settings(None, ph) == ph.settings
     assert pb.parse_settings("one-by-one, adaptive,all-at-once,adaptive", ph) == (
         "all-at-once", "adaptive", "one-by-one")
-    with pytest.raises(ValueError, match="unknown planning setting"):
+    with pytest.raises(BenchError, match="unknown planning setting"):
         pb.parse_settings("all-at-once,fast", ph)
 
 
@@ -84,36 +79,38 @@ def test_transfer_bandwidth_excludes_start_up() -> None:
 # ------------------------------------------------------------------------------ skewed phase
 
 
-def test_zipf_keys_match_the_generator_sequence() -> None:
-    for zipf in (None, 1.0):
-        src = GeneratorSource(rate=None, num_records=70_000, num_keys=500,
-                              skew="uniform" if zipf is None else "zipf",
-                              zipf_exponent=zipf or 1.0, seed=pb.SEED)
-        reader = src.open(0, 1, None, ManualClock())
-        got: list[int] = []
-        while (batch := reader.poll(50_000)) is not None:
-            got.extend(v[0] for v in batch.values)
-        assert got == pb.zipf_keys(70_000, 500, zipf, _GEN_CHUNK).tolist()
-
-
 def test_lpt_assignment_evens_zipf_load_and_uses_every_task() -> None:
-    keys = pb.zipf_keys(100_000, 2_000, 1.0, _GEN_CHUNK)
+    keys = jobs.generator_keys(100_000, keys=2_000, zipf=1.0)
     counts = [0] * 2_000
     for k in keys.tolist():
         counts[k] += 1
-    loads = tl.group_loads(counts, lambda k: key_group_of(k, 64), 64)
+    loads = balance.group_loads(counts, lambda k: key_group_of(k, 64), 64)
     cur = uniform_assignment(64, 4)
-    new = pb.lpt_assignment(loads, 4)
+    new = balance.lpt_assignment(loads, 4)
     assert len(new) == 64 and set(new) == {0, 1, 2, 3}
-    assert tl.imbalance(loads, new, 4) < tl.imbalance(loads, cur, 4)
-    assert tl.imbalance(loads, new, 4) < 1.15
+    assert balance.imbalance(loads, new, 4) < balance.imbalance(loads, cur, 4)
+    assert balance.imbalance(loads, new, 4) < 1.15
     assert max(loads) / (sum(loads) / 64) > 2  # skewed enough for hot-first
 
 
 def test_records_to_cover() -> None:
-    assert pb.records_to_cover([3, 3, 1, 2, 1, 0], 1.0) == 6
-    assert pb.records_to_cover([3, 3, 1, 2, 1, 0], 0.5) == 3
-    assert pb.records_to_cover([], 0.9) is None
+    assert tl.records_to_cover([3, 3, 1, 2, 1, 0], 1.0) == 6
+    assert tl.records_to_cover([3, 3, 1, 2, 1, 0], 0.5) == 3
+    assert tl.records_to_cover([], 0.9) is None
+
+
+def test_prepare_phase_builds_until_the_keys_are_seen_and_plans_the_reshuffle() -> None:
+    args = pb.parse_args(["--quick"])
+    small, _, skewed = args.phase_list
+    ctx = pb.prepare_phase(small, args)
+    keys = jobs.generator_keys(int(small.rate * 120), keys=small.keys, zipf=None)
+    need = tl.records_to_cover(keys, args.coverage)
+    assert ctx["build_s"] == pytest.approx(max(args.build, need / small.rate))
+    assert ctx["keys_seen"] >= args.coverage * small.keys and "assignment" not in ctx
+    ctx = pb.prepare_phase(skewed, args)
+    assert ctx["build_s"] == args.build  # Zipf keys: no coverage rule
+    assert set(ctx["assignment"]) == set(range(skewed.to_p))
+    assert ctx["imbalance_after"] < ctx["imbalance_before"] and ctx["planned_groups_moved"] > 0
 
 
 # ------------------------------------------------------------------------------ measurement
@@ -131,7 +128,7 @@ def test_measure_spike_over_baseline_level() -> None:
     series.update({100: (40.0, 500.0), 101: (20.0, 200.0)})  # the rescale
     series.update({s: (10.0, 25.0) for s in range(102, 110)})
     series[108] = (10.0, 900.0)  # after the period: not part of the spike
-    m = pb.measure(rows(series), 100.2, 101.5, 110.0, baseline_s=10, stable_s=3,
+    m = tl.measure(rows(series), 100.2, 101.5, 110.0, baseline_s=10, stable_s=3,
                    tolerance=1.1, slack_ms=0.0)
     assert m["baseline"]["level_ms"] == 10.0
     assert m["baseline"]["mean_ms"] == pytest.approx(14.0)
@@ -145,11 +142,11 @@ def test_measure_spike_over_baseline_level() -> None:
 def test_measure_unstable_run_is_capped_and_without_baseline_has_no_spike() -> None:
     series = {s: (10.0, 20.0) for s in range(90, 100)}
     series.update({s: (100.0, 300.0) for s in range(100, 106)})
-    m = pb.measure(rows(series), 100.0, 101.0, 106.0, baseline_s=10, stable_s=3,
+    m = tl.measure(rows(series), 100.0, 101.0, 106.0, baseline_s=10, stable_s=3,
                    tolerance=1.1, slack_ms=5.0)
     assert not m["period"]["stabilized"] and m["period"]["end"] == 106
     assert m["spike"] == pytest.approx(30.0)
-    empty = pb.measure(rows({s: (10.0, 20.0) for s in range(100, 106)}), 100.0, 101.0, 106.0,
+    empty = tl.measure(rows({s: (10.0, 20.0) for s in range(100, 106)}), 100.0, 101.0, 106.0,
                        baseline_s=5, stable_s=2, tolerance=1.1, slack_ms=0.0)
     assert empty["spike"] is None and empty["baseline"]["level_ms"] is None
 
@@ -288,21 +285,3 @@ def test_markdown_and_plot(tmp_path: object) -> None:
     path = os.path.join(str(tmp_path), "p.png")
     pb.plot(res, path)
     assert os.path.getsize(path) > 10_000
-
-
-# ------------------------------------------------------------------------------ end to end
-
-
-@pytest.mark.slow
-def test_quick_run_end_to_end(tmp_path: object) -> None:
-    out = os.path.join(str(tmp_path), "out")
-    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "bench", "planning.py"),
-                    "--quick", "--phases", "small", "--settings", "all-at-once,adaptive",
-                    "--out", out], check=True, cwd=ROOT, timeout=900)
-    with open(os.path.join(out, "results.json")) as f:
-        res = json.load(f)
-    (ph,) = res["phases"]
-    assert [r["status"] for r in ph["runs"]] == ["ok", "ok"]
-    assert ph["summary"]["adaptive"]["planning_reason"].startswith("adaptive:")
-    assert os.path.exists(os.path.join(out, "summary.md"))
-    assert os.path.exists(os.path.join(out, "planning.png"))

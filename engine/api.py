@@ -1,7 +1,9 @@
 """Fluent builders producing the logical graph: ``StreamJob``, ``Stream``, ``KeyedStream``.
 
 Every builder call validates at once, so an invalid job fails where it is written, with the
-operator named.
+operator named. Counts (parallelism, num_key_groups, lateness) go through
+``engine.config.check_count``: a bool is never a count. A name given is used as given: an
+empty one is refused, never replaced by a generated one (only ``name=None`` generates).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from engine import graph as g
-from engine.config import JobConfig
+from engine.config import JobConfig, check_count
 from engine.errors import JobDefinitionError
 from engine.functions import KeyedProcessFunction, ReduceFunction
 from engine.keygroups import DEFAULT_NUM_KEY_GROUPS
@@ -34,15 +36,20 @@ class StreamJob:
         config: JobConfig | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
-            raise JobDefinitionError("a job needs a non-empty name")
-        if not isinstance(num_key_groups, int) or num_key_groups < 1:
-            raise JobDefinitionError(f"job {name!r}: num_key_groups must be >= 1")
-        if not isinstance(parallelism, int) or parallelism < 1:
-            raise JobDefinitionError(f"job {name!r}: default parallelism must be >= 1")
+            raise JobDefinitionError(f"a job needs a non-empty name; got {name!r}")
+        num_key_groups = check_count(f"job {name!r}: num_key_groups", num_key_groups,
+                                     error=JobDefinitionError)
+        parallelism = check_count(f"job {name!r}: default parallelism", parallelism,
+                                  error=JobDefinitionError)
+        if config is not None and not isinstance(config, JobConfig):
+            raise JobDefinitionError(
+                f"job {name!r}: config must be an engine.config.JobConfig instance; got "
+                f"{config!r}"
+            )
         self.name = name
         self.num_key_groups = num_key_groups
         self.default_parallelism = parallelism
-        self.config = config or JobConfig()
+        self.config = config if config is not None else JobConfig()
         self._ops: list[g.OperatorDef] = []
         self._counter = 0
 
@@ -81,7 +88,8 @@ class StreamJob:
         late_sink: Sink | None = None,
         watermarks: WatermarkStrategy | None = None,
     ) -> g.OperatorDef:
-        name = name or self._auto_name(kind)
+        if name is None:
+            name = self._auto_name(kind)
         if any(o.name == name for o in self._ops):
             raise JobDefinitionError(
                 f"operator name {name!r} is used twice; give each operator a unique name"
@@ -161,6 +169,20 @@ class Stream:
         return self._stateless(g.FILTER, fn, name, parallelism, dead_letter)
 
     def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
+        """Partition by ``key_fn(record)``: records with equal keys go to the same task and
+        share keyed state.
+
+        A key is a str, bytes, int, float, bool, None or a tuple of them; keys equal in Python
+        (``1``, ``1.0``, ``True``) are one key. A NaN key (a float or numpy float, alone or
+        inside a tuple) is refused: NaN never equals itself, so every NaN record would be a key
+        of its own and nothing would group. The check runs in the sending task where the key
+        is hashed to its key group (``engine.keygroups``), which happens only when a key is not
+        in the per-task key-group cache, and NaN never enters it: it costs nothing for str,
+        bytes and int keys and one comparison per uncached float. A refused key (NaN, or a type
+        with no stable hash) fails the job as a key_by error naming the operator before the
+        key_by, the task and the record (``InvalidKeyError`` as the cause); map NaN to a real
+        key (e.g. None) or filter such records out before ``key_by``.
+        """
         _check_callable(key_fn, "key_by", None)
         return KeyedStream(self._job, self._heads, key_fn)
 
@@ -172,13 +194,19 @@ class Stream:
             heads.extend(h for h in o._heads if h not in heads)
         return Stream(self._job, tuple(heads))
 
-    def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None) -> None:
+    def sink(self, sink: Sink, name: str | None = None, parallelism: int | None = None,
+             dead_letter: Sink | None = None) -> None:
+        """Write the stream to ``sink``. A batch whose write raises is never written again
+        (records before the failing one may already be in a non-idempotent sink): with
+        ``dead_letter`` every record of the batch goes there as
+        ``(operator, task_index, record, error)``; without it the job fails naming the
+        operator, the task and the batch's first record."""
         if not isinstance(sink, Sink):
             raise JobDefinitionError(
                 f"sink {name or '?'!r}: {type(sink).__name__} is not an engine.sinks.Sink"
             )
         p = _or(parallelism, self._job._parallelism_of(self._heads))
-        self._job._add(g.SINK, name, sink, p, self._inputs())
+        self._job._add(g.SINK, name, sink, p, self._inputs(), dead_letter)
 
 
 class KeyedStream:
@@ -207,8 +235,8 @@ class KeyedStream:
         go to ``late_sink`` when given."""
         if not isinstance(assigner, WindowAssigner):
             raise JobDefinitionError("window() takes a WindowAssigner from engine.time")
-        if allowed_lateness_ms < 0:
-            raise JobDefinitionError("allowed_lateness_ms must be >= 0")
+        allowed_lateness_ms = check_count("window(): allowed_lateness_ms", allowed_lateness_ms,
+                                          minimum=0, error=JobDefinitionError)
         return WindowedStream(self, assigner, allowed_lateness_ms, late_sink)
 
     def window_join(
@@ -221,9 +249,11 @@ class KeyedStream:
         if not isinstance(other, KeyedStream) or other._job is not self._job:
             raise JobDefinitionError(f"window_join {name or ''!r}: other must be a keyed stream of this job")
         _check_callable(join_fn, "window_join", name)
-        if not isinstance(assigner, WindowAssigner) or allowed_lateness_ms < 0:
-            raise JobDefinitionError(
-                f"window_join {name or ''!r}: needs a WindowAssigner and allowed_lateness_ms >= 0")
+        if not isinstance(assigner, WindowAssigner):
+            raise JobDefinitionError(f"window_join {name or ''!r}: needs a WindowAssigner")
+        allowed_lateness_ms = check_count(f"window_join {name or ''!r}: allowed_lateness_ms",
+                                          allowed_lateness_ms, minimum=0,
+                                          error=JobDefinitionError)
         return self._keyed(g.PROCESS, WindowJoin(assigner, join_fn, allowed_lateness_ms), name,
                            parallelism, None, late_sink, other)
 

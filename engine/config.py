@@ -1,10 +1,84 @@
-"""Job configuration: one frozen dataclass, validated on construction."""
+"""Job configuration (one frozen dataclass) and the count check every layer shares.
+
+Why: a setting of the wrong type fails far from where it was written (``batch_size=1.5``
+surfaces as a slicing error inside a task actor; ``parallelism=True`` deploys one task), so
+every value is checked where it is given. Guarantees: a ``JobConfig`` that constructs holds
+values of its declared types (numpy integers become ``int``, integers in float fields become
+``float``) within their documented ranges; ``check_count`` is the one definition of "a
+count" (an integer, never a bool, at least a minimum), used by the builders, the graph, the
+sources and the JobMaster's rescale validation. Errors are ``ConfigError`` (a
+``JobDefinitionError`` and a ``ValueError``) naming the setting, the value and what is
+expected, unless the caller asks for another ``ReflowError`` class.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 
-from engine.errors import JobDefinitionError
+from engine.errors import ConfigError, ReflowError
+
+
+def check_count(
+    what: str, value: object, minimum: int = 1, error: type[ReflowError] = ConfigError,
+) -> int:
+    """``value`` as an ``int`` when it is an integer >= ``minimum``; otherwise raise
+    ``error(message)`` with a message naming ``what``, the value given and what is expected.
+
+    Booleans are not counts (``True`` is an ``int`` in Python, but ``parallelism=True`` is a
+    slip, not a request for one task); floats are not, even ``2.0``; numpy integers are, and
+    come back as ``int`` (so they encode on the wire). ``what`` is the reader's name for the
+    setting, e.g. ``"operator 'count': parallelism"`` or ``"JobConfig: batch_size"``;
+    ``error`` must take the message as its only required argument (``JobDefinitionError``,
+    ``RescaleRefused``, ...).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(
+            f"{what} must be an integer >= {minimum}; got {value!r} ({type(value).__name__})"
+        )
+    if value < minimum:
+        raise error(f"{what} must be an integer >= {minimum}; got {value!r}")
+    return int(value)
+
+
+# What each annotation of a JobConfig field accepts, for the message of a refused value.
+_EXPECTED = {
+    "int": "an integer", "float": "a number (not NaN)", "bool": "True or False", "str": "a string",
+}
+
+
+def _typed(name: str, annotation: str, value: object) -> object:
+    """``value`` checked against a field annotation (``int``, ``float``, ``bool``, ``str``,
+    each optionally ``| None``) and normalised to that builtin type; ``ConfigError`` else.
+    Another annotation is passed through unchecked (tests/unit/test_validation.py fails
+    until this function learns it)."""
+    optional = annotation.endswith(" | None")
+    base = annotation.removesuffix(" | None")
+    if value is None and optional:
+        return None
+    if base == "int":
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif base == "float":
+        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+              and not math.isnan(value))  # type: ignore[arg-type]
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "str":
+        ok = isinstance(value, str)
+    else:  # a type this check does not know yet: never fail a user's job over it
+        return value
+    if not ok:
+        expected = _EXPECTED[base] + (" or None" if optional else "")
+        raise ConfigError(
+            f"JobConfig: {name} must be {expected}; got {value!r} ({type(value).__name__})"
+        )
+    if base == "int":
+        return int(value)  # type: ignore[call-overload]
+    if base == "float":
+        return float(value)  # type: ignore[arg-type]
+    return value
 
 
 @dataclass(frozen=True)
@@ -30,6 +104,10 @@ class JobConfig:
     some leaves the pool short until ``warm_standby_refill_s`` after it ended (starting
     actors costs CPU, which the rescale should not compete with).
     ``rescale_timeout_s``: how long a rescale phase or subscale may take before the job fails.
+    ``control_timeout_s``: how long the driver's ``JobHandle`` waits for the JobMaster to
+    answer ``status``/``metrics``/``set_replication`` (the JobMaster waits half of it for
+    each task's metrics and reports the tasks that did not answer as unresponsive);
+    ``ControlTimeout`` when it does not (see ``JobHandle`` for the other calls' deadlines).
     ``batched_step_size``/``batched_matching``: key groups per step of the ``batched``
     protocol, or steps in which every task sends and receives at most one group.
     ``step_gap_ms``: pause between the steps of step-wise protocols (fluid, batched,
@@ -68,6 +146,7 @@ class JobConfig:
     warm_standby_tasks: int = 0
     warm_standby_refill_s: float = 10.0
     rescale_timeout_s: float = 300.0
+    control_timeout_s: float = 5.0
     batched_step_size: int = 4
     batched_matching: bool = False
     step_gap_ms: float = 0.0
@@ -79,35 +158,48 @@ class JobConfig:
     data_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
+        """Refuse (``ConfigError``, naming the field, the value and what is expected) a
+        field of the wrong type, then one out of its range."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            typed = _typed(f.name, str(f.type), value)
+            if typed is not value:
+                object.__setattr__(self, f.name, typed)
         checks = [
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.linger_ms >= 0, "linger_ms must be >= 0"),
-            (self.credits >= 1, "credits must be >= 1 (a channel needs one frame in flight)"),
-            (self.latency_marker_interval_ms > 0, "latency_marker_interval_ms must be > 0"),
-            (self.metrics_port is None or 0 <= self.metrics_port < 65536, "metrics_port must be a port number, 0, or None"),
-            (self.metrics_poll_interval_s > 0, "metrics_poll_interval_s must be > 0"),
-            (self.task_num_cpus >= 0, "task_num_cpus must be >= 0"),
-            (self.source_poll_records >= 1, "source_poll_records must be >= 1"),
-            (self.timer_check_interval_ms > 0, "timer_check_interval_ms must be > 0"),
-            (self.drrs_set_aside_cap >= 1, "drrs_set_aside_cap must be >= 1 record"),
-            (self.drrs_subscale_size >= 1, "drrs_subscale_size must be >= 1 key group"),
-            (self.drrs_subscale_bytes is None or self.drrs_subscale_bytes >= 1,
-             "drrs_subscale_bytes must be >= 1 byte or None (no byte budget)"),
-            (self.drrs_max_subscales_per_task >= 1, "drrs_max_subscales_per_task must be >= 1"),
-            (self.drrs_max_subscales is None or self.drrs_max_subscales >= 1,
-             "drrs_max_subscales must be >= 1 or None (as many as the cluster's CPUs)"),
-            (self.warm_standby_tasks >= 0, "warm_standby_tasks must be >= 0"),
-            (self.warm_standby_refill_s >= 0, "warm_standby_refill_s must be >= 0"),
-            (self.rescale_timeout_s > 0, "rescale_timeout_s must be > 0"),
-            (self.batched_step_size >= 1, "batched_step_size must be >= 1 key group"),
-            (self.step_gap_ms >= 0, "step_gap_ms must be >= 0"),
-            (self.replication in ("none", "hot", "all"),
-             "replication must be 'none', 'hot' or 'all'"),
-            (self.replication_period_s > 0, "replication_period_s must be > 0"),
-            (0 < self.replication_hot_fraction <= 1, "replication_hot_fraction must be in (0, 1]"),
-            (self.transport in ("tcp", "ray"), "transport must be 'tcp' or 'ray'"),
-            (bool(self.data_host), "data_host must be an address to bind the data socket to"),
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("linger_ms", self.linger_ms >= 0, ">= 0"),
+            ("credits", self.credits >= 1, ">= 1 (a channel needs one frame in flight)"),
+            ("latency_marker_interval_ms", self.latency_marker_interval_ms > 0, "> 0"),
+            ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536,
+             "a port number, 0 (any free port), or None (no endpoint)"),
+            ("metrics_poll_interval_s", self.metrics_poll_interval_s > 0, "> 0"),
+            ("task_num_cpus", self.task_num_cpus >= 0, ">= 0"),
+            ("source_poll_records", self.source_poll_records >= 1, ">= 1"),
+            ("timer_check_interval_ms", self.timer_check_interval_ms > 0, "> 0"),
+            ("drrs_set_aside_cap", self.drrs_set_aside_cap >= 1, ">= 1 record"),
+            ("drrs_subscale_size", self.drrs_subscale_size >= 1, ">= 1 key group"),
+            ("drrs_subscale_bytes",
+             self.drrs_subscale_bytes is None or self.drrs_subscale_bytes >= 1,
+             ">= 1 byte or None (no byte budget)"),
+            ("drrs_max_subscales_per_task", self.drrs_max_subscales_per_task >= 1, ">= 1"),
+            ("drrs_max_subscales",
+             self.drrs_max_subscales is None or self.drrs_max_subscales >= 1,
+             ">= 1 or None (as many as the cluster's CPUs)"),
+            ("warm_standby_tasks", self.warm_standby_tasks >= 0, ">= 0"),
+            ("warm_standby_refill_s", self.warm_standby_refill_s >= 0, ">= 0"),
+            ("rescale_timeout_s", self.rescale_timeout_s > 0, "> 0"),
+            ("control_timeout_s", self.control_timeout_s > 0, "> 0"),
+            ("batched_step_size", self.batched_step_size >= 1, ">= 1 key group"),
+            ("step_gap_ms", self.step_gap_ms >= 0, ">= 0"),
+            ("replication", self.replication in ("none", "hot", "all"),
+             "'none', 'hot' or 'all'"),
+            ("replication_period_s", self.replication_period_s > 0, "> 0"),
+            ("replication_hot_fraction", 0 < self.replication_hot_fraction <= 1, "in (0, 1]"),
+            ("transport", self.transport in ("tcp", "ray"), "'tcp' or 'ray'"),
+            ("data_host", bool(self.data_host), "an address to bind the data socket to"),
         ]
-        for ok, msg in checks:
+        for name, ok, expected in checks:
             if not ok:
-                raise JobDefinitionError(f"JobConfig: {msg}")
+                raise ConfigError(
+                    f"JobConfig: {name} must be {expected}; got {getattr(self, name)!r}"
+                )

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.config import check_count
 from engine.errors import JobDefinitionError
 
 SOURCE = "source"
@@ -39,8 +40,10 @@ class InputDef:
 class OperatorDef:
     """One logical operator.
 
-    Invariants: sources have no inputs, every other kind has at least one; keyed kinds have
-    a ``key_fn`` on every input; ``parallelism`` >= 1.
+    Invariants: ``name`` is a non-empty string without '/'; sources have no inputs, every
+    other kind has at least one; keyed kinds have a ``key_fn`` on every input;
+    ``parallelism`` is an ``int`` >= 1 (``engine.config.check_count``: never a bool; a numpy
+    integer is stored as ``int``).
     """
 
     name: str
@@ -59,11 +62,8 @@ class OperatorDef:
             )
         if self.kind not in ALL_KINDS:
             raise JobDefinitionError(f"operator {self.name!r} has unknown kind {self.kind!r}")
-        if not isinstance(self.parallelism, int) or self.parallelism < 1:
-            raise JobDefinitionError(
-                f"operator {self.name!r} has parallelism {self.parallelism!r}; it must be an "
-                "integer >= 1"
-            )
+        object.__setattr__(self, "parallelism", check_count(
+            f"operator {self.name!r}: parallelism", self.parallelism, error=JobDefinitionError))
         if self.kind == SOURCE and self.inputs:
             raise JobDefinitionError(f"source {self.name!r} cannot have inputs")
         if self.kind != SOURCE and not self.inputs:
@@ -82,8 +82,9 @@ class OperatorDef:
 class JobGraph:
     """A whole job. Operators are in insertion order, which is a topological order.
 
-    Invariants: names are unique; every input names an earlier operator; keyed operators
-    have parallelism <= ``num_key_groups``.
+    Invariants: ``name`` is a non-empty string; ``num_key_groups`` is an ``int`` >= 1
+    (``check_count``); operator names are unique; every input names an earlier operator;
+    keyed operators have parallelism <= ``num_key_groups``.
     """
 
     name: str
@@ -92,11 +93,10 @@ class JobGraph:
     _by_name: dict[str, OperatorDef] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_key_groups, int) or self.num_key_groups < 1:
-            raise JobDefinitionError(
-                f"job {self.name!r}: num_key_groups must be an integer >= 1, got "
-                f"{self.num_key_groups!r}"
-            )
+        if not isinstance(self.name, str) or not self.name:
+            raise JobDefinitionError(f"a job needs a non-empty name; got {self.name!r}")
+        object.__setattr__(self, "num_key_groups", check_count(
+            f"job {self.name!r}: num_key_groups", self.num_key_groups, error=JobDefinitionError))
         by_name: dict[str, OperatorDef] = {}
         for op in self.operators:
             if op.name in by_name:

@@ -3,6 +3,11 @@
 ``key_group = stable_hash(key) % num_key_groups``. The hash is stable across processes and
 machines (never Python's ``hash()``, which is salted per process for str). An *assignment*
 is a tuple with one task index per key group.
+
+Keys that cannot partition records are refused here, where a key is hashed (a key-group
+cache miss, so the check costs nothing for keys already seen): NaN, which never equals
+itself (every NaN record would be a key of its own), raises ``InvalidKeyError``; a type with
+no stable encoding raises ``UnhashableKeyError``. Both are ``ReflowError``s.
 """
 
 from __future__ import annotations
@@ -11,6 +16,8 @@ import zlib
 from collections.abc import Sequence
 
 import msgpack
+
+from engine.errors import InvalidKeyError, UnhashableKeyError
 
 DEFAULT_NUM_KEY_GROUPS = 128
 _MASK32 = 0xFFFFFFFF
@@ -28,12 +35,19 @@ def _fmix32(h: int) -> int:
 
 
 def _normalise(key: object) -> object:
-    # Keys equal in Python (1 == 1.0 == True) must land in the same key group.
+    # Keys equal in Python (1 == 1.0 == np.float64(1.0) == True) must land in the same key
+    # group; a NaN equals nothing, so it cannot be a key at all.
     t = type(key)
     if t is bool:
         return int(key)  # type: ignore[arg-type]
-    if t is float and key.is_integer():  # type: ignore[attr-defined]
-        return int(key)  # type: ignore[arg-type]
+    if isinstance(key, float):  # float and its subclasses (numpy.float64)
+        if key != key:
+            raise InvalidKeyError(
+                f"the key {key!r} is NaN, which never equals itself: every NaN record would be "
+                "a key of its own and none would share state; map NaN to a real key (e.g. "
+                "None) or filter such records out before key_by"
+            )
+        return int(key) if key.is_integer() else float(key)
     if t is tuple:
         return tuple(_normalise(k) for k in key)  # type: ignore[attr-defined]
     return key
@@ -44,7 +58,8 @@ def stable_hash(key: object) -> int:
 
     str, bytes and int are hashed directly; any other msgpack-encodable key (tuples, floats,
     None) through its msgpack encoding. Keys that compare equal (``1``, ``1.0``, ``True``)
-    hash equally.
+    hash equally. ``InvalidKeyError`` for a NaN (alone or in a tuple), ``UnhashableKeyError``
+    (a ``TypeError``) for a key with no stable encoding.
     """
     if type(key) is str:
         return _fmix32(zlib.crc32(key.encode("utf-8")))
@@ -59,7 +74,7 @@ def stable_hash(key: object) -> int:
         key = norm
         return _fmix32(zlib.crc32(msgpack.packb(key, use_bin_type=True)))
     except (TypeError, OverflowError) as exc:
-        raise TypeError(
+        raise UnhashableKeyError(
             f"key {key!r} of type {type(key).__name__} cannot be hashed stably; "
             "key_by must return str, bytes, int, float, bool, None or tuples of them"
         ) from exc
@@ -95,8 +110,10 @@ class KeyGroupCache:
 
 
 def uniform_assignment(num_key_groups: int, parallelism: int) -> tuple[int, ...]:
-    """Contiguous, balanced ranges of key groups per task (Flink's default assignment)."""
-    if not 1 <= parallelism <= num_key_groups:
+    """Contiguous, balanced ranges of key groups per task (Flink's default assignment).
+
+    ``ValueError`` unless ``parallelism`` is an integer (not a bool) in 1..num_key_groups."""
+    if isinstance(parallelism, bool) or not 1 <= parallelism <= num_key_groups:
         raise ValueError(
             f"parallelism {parallelism} must be between 1 and the number of key groups "
             f"({num_key_groups})"
@@ -110,13 +127,15 @@ def key_groups_of_task(assignment: Sequence[int], task_index: int) -> list[int]:
 
 
 def validate_assignment(assignment: Sequence[int], num_key_groups: int, parallelism: int) -> None:
-    """Raise ValueError unless ``assignment`` maps every key group to a task in range."""
+    """Raise ValueError unless ``assignment`` maps every key group to a task index (an
+    ``int``, never a bool) in range."""
     if len(assignment) != num_key_groups:
         raise ValueError(
             f"the assignment has {len(assignment)} entries; it needs one task index per key "
             f"group ({num_key_groups})"
         )
-    bad = [kg for kg, t in enumerate(assignment) if not (isinstance(t, int) and 0 <= t < parallelism)]
+    bad = [kg for kg, t in enumerate(assignment)
+           if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < parallelism)]
     if bad:
         raise ValueError(
             f"key groups {bad[:8]} map to task indices outside 0..{parallelism - 1}"

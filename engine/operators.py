@@ -3,7 +3,12 @@
 Runners take and return parallel lists (values, timestamps). Fast paths run a whole batch
 through the user function; when it raises, the batch is re-run record by record to find the
 offending record, which then goes to the dead-letter sink (when configured) or fails the job
-with operator, task and record named.
+with operator, task and record named. Re-running is correct for map, flat_map and filter
+(pure per record: a record's output is kept only once) but not for a sink: a writer that
+raised part-way may have written the records before the failing one, and writing them again
+duplicates them in a non-idempotent sink. So a sink's batch is written exactly once: when the
+write raises, the whole batch goes to the dead-letter sink (each record with the error) or
+the job fails naming the operator, the task and the batch's first record.
 """
 
 from __future__ import annotations
@@ -49,9 +54,29 @@ class ErrorPolicy:
         self.dead_letter.write([(self.operator, self.task_index, record, cause)], [timestamp])
         self.dead_letters += 1
 
+    def on_batch_error(
+        self, values: list[Any], timestamps: list[int], exc: BaseException,
+    ) -> None:
+        """A sink's write of a whole batch raised. Nothing of it is written again: with a
+        dead-letter sink every record of the batch goes there as
+        ``(operator, task_index, record, error)`` (in one write); without one
+        ``UserFunctionError`` names the operator, the task and the batch's first record."""
+        n = len(values)
+        error = f"{type(exc).__name__}: {exc}"
+        if self.dead_letter is None:
+            raise UserFunctionError(
+                self.operator, self.task_index, describe(values[0]),
+                f"{error} (writing a batch of {n} records, this one first; the batch was not "
+                "written again, as records before the failing one may already be written)",
+            ) from exc
+        cause = f"{error} (the sink's write of a batch of {n} records raised; not retried)"
+        self.dead_letter.write([(self.operator, self.task_index, v, cause) for v in values],
+                               list(timestamps))
+        self.dead_letters += n
+
 
 class StatelessRunner:
-    """map, flat_map, filter, and sink."""
+    """map, flat_map, filter, and sink (see the module doc for what happens on errors)."""
 
     def __init__(self, op: g.OperatorDef, policy: ErrorPolicy, writer: SinkWriter | None = None) -> None:
         self.op = op
@@ -61,6 +86,9 @@ class StatelessRunner:
         self.writer = writer
 
     def process(self, values: list[Any], timestamps: list[int]) -> Batch:
+        if self.kind == g.SINK:
+            self._write(values, timestamps)
+            return [], []
         try:
             return self._fast(values, timestamps)
         except UserFunctionError:
@@ -84,11 +112,17 @@ class StatelessRunner:
                 out.extend(fn(v))
                 out_ts.extend([t] * (len(out) - n))
             return out, out_ts
-        if self.kind == g.SINK:
-            assert self.writer is not None
-            self.writer.write(values, timestamps)
-            return [], []
         raise AssertionError(self.kind)
+
+    def _write(self, values: list[Any], timestamps: list[int]) -> None:
+        """One write of the batch; never retried (see the module doc)."""
+        assert self.writer is not None
+        if not values:
+            return
+        try:
+            self.writer.write(values, timestamps)
+        except Exception as exc:
+            self.policy.on_batch_error(values, timestamps, exc)
 
     def _slow(self, values: list[Any], timestamps: list[int]) -> Batch:
         out: list[Any] = []

@@ -4,6 +4,12 @@ A ``Sink`` is built on the driver; ``prepare()`` runs there once before deployme
 create directories or Ray actors); ``open(task_index, parallelism, clock)`` runs in each sink
 task and returns a writer. ``flush()`` is called when the job drains (rescale, end of
 stream); after it returns, everything written is durable/visible.
+
+A batch is handed to ``write`` exactly once: a write that raises is never retried, record by
+record or otherwise, because the records before the failing one may already be written and
+a non-idempotent sink would hold them twice. The whole batch then goes to the sink
+operator's dead-letter sink (or the job fails naming its first record), so a writer should
+write a batch all or nothing; the built-in writers do.
 """
 
 from __future__ import annotations
@@ -13,12 +19,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.clock import Clock
+from engine.errors import ConfigError
 
 
 class SinkWriter(abc.ABC):
     @abc.abstractmethod
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
-        """Take records (in order) with their timestamps (ms)."""
+        """Take records (in order) with their timestamps (ms).
+
+        Called once per batch, never again for a batch that raised (see the module doc):
+        write all of it or, when raising, none of it."""
 
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Make everything written so far durable/visible."""
@@ -81,16 +91,16 @@ class ParquetSink(Sink):
         if isinstance(rows_per_file, bool) or not isinstance(rows_per_file, int) or (
             rows_per_file < 1
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"ParquetSink rows_per_file must be an int >= 1; got {rows_per_file!r}"
             )
         if schema is not None:
             if isinstance(schema, str) or not all(isinstance(c, str) for c in schema):
-                raise ValueError("ParquetSink schema must be a list of column names")
+                raise ConfigError("ParquetSink schema must be a list of column names")
             if not schema or len(set(schema)) != len(schema):
-                raise ValueError(f"ParquetSink schema must be non-empty and unique; got {schema}")
+                raise ConfigError(f"ParquetSink schema must be non-empty and unique; got {schema}")
             if include_timestamps and "timestamp" in schema:
-                raise ValueError(
+                raise ConfigError(
                     "ParquetSink: schema has a 'timestamp' column; it clashes with "
                     "include_timestamps=True"
                 )
@@ -122,55 +132,73 @@ class _ParquetWriter(SinkWriter):
         self._ts: list[int] = []
 
     def _start(self, record: Any) -> None:
+        """Decide the column layout from the first record (nothing is set when it raises)."""
+        names = self._names
         if isinstance(record, dict):
-            self._kind = "dict"
-            if self._names is None:
-                self._names = [str(k) for k in record]
+            kind = "dict"
+            if names is None:
+                names = [str(k) for k in record]
         elif isinstance(record, (tuple, list)):
-            self._kind = "seq"
-            if self._names is None:
-                self._names = [f"f{i}" for i in range(len(record))]
+            kind = "seq"
+            if names is None:
+                names = [f"f{i}" for i in range(len(record))]
         else:
-            self._kind = "scalar"
-            if self._names is None:
-                self._names = ["value"]
-            elif len(self._names) != 1:
+            kind = "scalar"
+            if names is None:
+                names = ["value"]
+            elif len(names) != 1:
                 raise ValueError(
-                    f"ParquetSink: scalar record {record!r} does not fit schema {self._names}"
+                    f"ParquetSink: scalar record {record!r} does not fit schema {names}"
                 )
-        if self._sink.include_timestamps and "timestamp" in self._names:
+        if self._sink.include_timestamps and "timestamp" in names:
             raise ValueError("ParquetSink: records have a 'timestamp' field; it clashes with "
                              "include_timestamps=True")
-        self._cols = [[] for _ in self._names]
+        self._names, self._kind = names, kind
+        self._cols = [[] for _ in names]
 
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
+        """All or nothing: every record is checked against the columns before any is
+        buffered, and a file write that fails drops the batch's rows still buffered."""
         if not values:
             return
         if self._names is None or self._kind is None:
             self._start(values[0])
         names = self._names
         assert names is not None
-        cols = self._cols
+        new: list[list[Any]] = [[] for _ in names]
         width = len(names)
         for v in values:
             if self._kind == "seq" and isinstance(v, (tuple, list)) and len(v) == width:
-                for col, x in zip(cols, v, strict=True):
+                for col, x in zip(new, v, strict=True):
                     col.append(x)
             elif self._kind == "dict" and isinstance(v, dict):
                 extra = v.keys() - set(names)
                 if extra:
                     raise ValueError(f"ParquetSink: record has fields {sorted(extra)} not in "
                                      f"the columns {names}")
-                for col, name in zip(cols, names, strict=True):
+                for col, name in zip(new, names, strict=True):
                     col.append(v.get(name))
             elif self._kind == "scalar" and not isinstance(v, (tuple, list, dict)):
-                cols[0].append(v)
+                new[0].append(v)
             else:
                 raise ValueError(f"ParquetSink: record {v!r} does not fit the columns {names}")
-        if self._sink.include_timestamps:
-            self._ts.extend(int(t) for t in timestamps)
-        while len(cols[0]) >= self._sink.rows_per_file:
-            self._write_file(self._sink.rows_per_file)
+        ts = [int(t) for t in timestamps] if self._sink.include_timestamps else []
+        cols = self._cols
+        for col, add in zip(cols, new, strict=True):
+            col.extend(add)
+        self._ts.extend(ts)
+        try:
+            while len(cols[0]) >= self._sink.rows_per_file:
+                self._write_file(self._sink.rows_per_file)
+        except BaseException:
+            # rows of this batch not yet in a file must not reach a later one: the batch
+            # failed and goes to the dead-letter sink as a whole
+            keep = max(0, len(cols[0]) - len(values))
+            for col in cols:
+                del col[keep:]
+            if self._sink.include_timestamps:
+                del self._ts[keep:]
+            raise
 
     def _write_file(self, rows: int) -> None:
         import os
@@ -183,12 +211,13 @@ class _ParquetWriter(SinkWriter):
         table = pa.table(data)
         if self._sink.include_timestamps:
             table = table.append_column("timestamp", pa.array(self._ts[:rows], type=pa.int64()))
-            del self._ts[:rows]
+        path = os.path.join(self._sink.directory, f"{self._prefix}-{self._n:05d}.parquet")
+        _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+        # only once the file is there: a failed write keeps the rows buffered
+        self._n += 1
+        del self._ts[:rows]
         for col in self._cols:
             del col[:rows]
-        path = os.path.join(self._sink.directory, f"{self._prefix}-{self._n:05d}.parquet")
-        self._n += 1
-        _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
 
     def flush(self) -> None:
         if self._cols and self._cols[0]:

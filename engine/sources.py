@@ -4,6 +4,10 @@ A ``Source`` is built on the driver and shipped to each source task, where
 ``open(task_index, parallelism, offset, clock)`` returns a reader. Every source is
 replayable: ``reader.offset()`` is a msgpack-able position, and opening with it resumes
 right after the last record polled before it was taken.
+
+The built-in sources check their parameters when built, on the driver, so a wrong one fails
+where it is written: ``ConfigError`` (a ``ValueError`` too) naming the parameter and the
+value; counts and rates are numbers, never bools.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.clock import Clock
+from engine.errors import ConfigError
 
 
 @dataclass
@@ -111,35 +116,35 @@ class GeneratorSource(Source):
         seed: int = 0,
     ) -> None:
         if rate is not None and not _is_positive_number(rate):
-            raise ValueError(
+            raise ConfigError(
                 f"GeneratorSource rate must be a finite number > 0 records/s, or None for "
                 f"full speed; got {rate!r}"
             )
         if num_records is not None and (not _is_int(num_records) or num_records < 0):
-            raise ValueError(
+            raise ConfigError(
                 f"GeneratorSource num_records must be an int >= 0 or None; got {num_records!r}"
             )
         if duration_s is not None and not _is_positive_number(duration_s):
-            raise ValueError(
+            raise ConfigError(
                 f"GeneratorSource duration_s must be a finite number > 0 or None; "
                 f"got {duration_s!r}"
             )
         if not _is_int(num_keys) or num_keys < 1:
-            raise ValueError(f"GeneratorSource num_keys must be an int >= 1; got {num_keys!r}")
+            raise ConfigError(f"GeneratorSource num_keys must be an int >= 1; got {num_keys!r}")
         if skew not in ("uniform", "zipf"):
-            raise ValueError(f"GeneratorSource skew must be 'uniform' or 'zipf'; got {skew!r}")
+            raise ConfigError(f"GeneratorSource skew must be 'uniform' or 'zipf'; got {skew!r}")
         if not _is_positive_number(zipf_exponent):
-            raise ValueError(
+            raise ConfigError(
                 f"GeneratorSource zipf_exponent must be a finite number > 0; "
                 f"got {zipf_exponent!r}"
             )
         if not _is_int(state_bytes_per_key) or state_bytes_per_key < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"GeneratorSource state_bytes_per_key must be an int >= 0; "
                 f"got {state_bytes_per_key!r}"
             )
         if not _is_int(seed) or seed < 0:
-            raise ValueError(f"GeneratorSource seed must be an int >= 0; got {seed!r}")
+            raise ConfigError(f"GeneratorSource seed must be an int >= 0; got {seed!r}")
         self.rate = None if rate is None else float(rate)
         self.num_records = None if num_records is None else int(num_records)
         self.duration_s = None if duration_s is None else float(duration_s)
@@ -298,12 +303,12 @@ class ParquetSource(Source):
         batch_rows: int = 1000,
     ) -> None:
         if not _is_int(batch_rows) or batch_rows < 1:
-            raise ValueError(f"ParquetSource batch_rows must be an int >= 1; got {batch_rows!r}")
+            raise ConfigError(f"ParquetSource batch_rows must be an int >= 1; got {batch_rows!r}")
         if columns is not None:
             if isinstance(columns, str) or not all(isinstance(c, str) for c in columns):
-                raise ValueError("ParquetSource columns must be a list of column names")
+                raise ConfigError("ParquetSource columns must be a list of column names")
             if not columns:
-                raise ValueError("ParquetSource columns must not be empty (None = all)")
+                raise ConfigError("ParquetSource columns must not be empty (None = all)")
         import os
 
         path = os.fspath(path)
@@ -316,7 +321,7 @@ class ParquetSource(Source):
         elif os.path.isfile(path):
             files = [path]
         else:
-            raise ValueError(f"ParquetSource path {path!r} is neither a file nor a directory")
+            raise ConfigError(f"ParquetSource path {path!r} is neither a file nor a directory")
         self.path = path
         self.files = files
         self.columns = None if columns is None else list(columns)

@@ -17,8 +17,10 @@ new files until Ctrl-C (or ``--duration`` seconds), then drains and stops cleanl
 
 Prints records, distinct words, throughput and end-to-end latency percentiles (from the
 moment Spark handed a line to reflow). With ``--rescale-to N`` the count operator is
-rescaled (stop-restart) half-way through. ``--spark-master`` (or ``REFLOW_SPARK_MASTER``)
-and ``--ray-address`` select other clusters.
+rescaled live (drrs: words whose key groups do not move keep flowing) once half the lines
+are in, and the rescale report is printed; it says "cut short" with the key groups moved of
+those planned when the input ended (or another request came) before the rescale finished.
+``--spark-master`` (or ``REFLOW_SPARK_MASTER``) and ``--ray-address`` select other clusters.
 """
 
 from __future__ import annotations
@@ -152,11 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             if st.state not in ("running", "created"):
                 break
             if not rescaled and source.stats()["rows_taken"] >= total_lines // 2:
-                report = handle.rescale("count", args.rescale_to)
+                report = handle.rescale("count", args.rescale_to, protocol="drrs")
                 rescaled = True
-                print(f"rescaled count {report.old_parallelism} -> {report.new_parallelism} in "
-                      f"{report.duration_s:.2f} s ({report.key_groups_moved} key groups, "
-                      f"{report.bytes_moved} bytes moved)")
+                print(report)  # says "cut short" when the input ended first
             if stopping["now"] or (not args.once and args.duration is not None
                                    and time.monotonic() - start >= args.duration):
                 print("stopping: draining Spark and reflow ...")

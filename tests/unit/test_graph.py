@@ -173,7 +173,7 @@ def test_operator_def_name_must_be_nonempty(src):
 # ---------------------------------------------------------------- parallelism
 
 
-BAD_PARALLELISM = [-1, -5, 2.5, "2", 1.0]
+BAD_PARALLELISM = [-1, -5, 2.5, "2", 1.0, True, False]  # a bool is not a count
 
 
 def _build(kind: str, p, src, sink) -> None:
@@ -215,7 +215,7 @@ def test_zero_parallelism_raises_naming_operator(kind, src, sink):
 
 
 def test_operator_def_rejects_bad_parallelism_directly(src):
-    for p in (0, -1, 1.5, None):
+    for p in (0, -1, 1.5, None, True):
         with raises_naming("s", "integer >= 1"):
             g.OperatorDef("s", g.SOURCE, src, p)  # type: ignore[arg-type]
 
@@ -428,6 +428,8 @@ def test_dead_letter_must_be_a_sink(src, sink):
         (dict(name="j", num_key_groups=1.5), "num_key_groups"),
         (dict(name="j", parallelism=0), "parallelism"),
         (dict(name="j", parallelism=-2), "parallelism"),
+        (dict(name="j", parallelism=True), "parallelism must be an integer >= 1; got True"),
+        (dict(name="j", num_key_groups=True), "num_key_groups must be an integer >= 1; got True"),
     ],
 )
 def test_stream_job_validation(kwargs, match):

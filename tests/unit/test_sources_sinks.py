@@ -1,6 +1,7 @@
 """Unit tests for the built-in sources and sinks (GeneratorSource, ParquetSource,
-ParquetSink, LatencySink) and engine.latency.LatencyHistogram. No Ray: readers and writers
-are opened directly and driven by a ManualClock."""
+ParquetSink, LatencySink), engine.latency.LatencyHistogram, and what a sink's failed batch
+becomes (never re-written). No Ray: readers and writers are opened directly and driven by a
+ManualClock; task cores are stepped by hand."""
 
 from __future__ import annotations
 
@@ -13,11 +14,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from engine import graph as g
+from engine.api import StreamJob
 from engine.clock import ManualClock
 from engine.codec import pack_exact, unpack_exact
+from engine.config import JobConfig
+from engine.errors import UserFunctionError
 from engine.latency import LatencyHistogram
-from engine.sinks import LatencySink, ParquetSink
+from engine.messages import TaskFailed
+from engine.operators import ErrorPolicy, StatelessRunner
+from engine.sinks import LatencySink, ParquetSink, Sink, SinkWriter
 from engine.sources import GeneratorSource, ParquetSource, SourceReader
+from engine.testing import TestingSink, TestingSource
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -451,3 +459,172 @@ def test_latency_sink_default_directory_and_long_run() -> None:
     assert [e["max_ms"] for e in t] == list(range(300))
     assert sink.summary()["count"] == 3000
     assert sink.summary()["p50_ms"] == pytest.approx(149, rel=0.03)
+
+
+# -- a sink's failed batch is never written again (issue 14) ---------------------------------
+
+# what each FlakySink writer wrote, by sink key: module-global, so it survives the deep copy
+# a task spec makes of its sink
+WRITTEN: dict[str, list[Any]] = {}
+
+
+class FlakyWriter(SinkWriter):
+    """A non-idempotent writer: writes records one by one and raises on a record "bad",
+    after those before it were written (as a writer failing part-way through a batch)."""
+
+    def __init__(self, written: list[Any]) -> None:
+        self.written = written
+        self.calls = 0
+
+    def write(self, values: Any, timestamps: Any) -> None:
+        self.calls += 1
+        for v in values:
+            if v == "bad":
+                raise ValueError("bad record")
+            self.written.append(v)
+
+
+class FlakySink(Sink):
+    def __init__(self, key: str) -> None:
+        self.key = key
+        WRITTEN[key] = []
+
+    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
+        return FlakyWriter(WRITTEN[self.key])
+
+
+class ListWriter(SinkWriter):
+    def __init__(self) -> None:
+        self.calls: list[list[tuple[Any, int]]] = []
+
+    def write(self, values: Any, timestamps: Any) -> None:
+        self.calls.append(list(zip(values, timestamps, strict=True)))
+
+
+def sink_op(name: str = "out") -> g.OperatorDef:
+    return g.OperatorDef(name, g.SINK, None, 1, (g.InputDef("up"),))
+
+
+def test_failed_sink_batch_is_not_rewritten_and_fails_naming_the_first_record() -> None:
+    written: list[Any] = []
+    writer = FlakyWriter(written)
+    runner = StatelessRunner(sink_op(), ErrorPolicy("out", 2, None), writer)
+    assert runner.process(["w", "x"], [1, 2]) == ([], [])
+    with pytest.raises(UserFunctionError) as info:
+        runner.process(["a", "b", "bad", "c"], [3, 4, 5, 6])
+    e = info.value
+    assert (e.operator, e.task_index, e.record) == ("out", 2, "'a'")
+    assert e.cause.startswith("ValueError: bad record (writing a batch of 4 records")
+    assert writer.calls == 2  # one write per batch: never record by record
+    assert written == ["w", "x", "a", "b"]  # nothing written twice
+    assert max(Counter(written).values()) == 1
+
+
+def test_failed_sink_batch_goes_to_the_dead_letter_sink_whole() -> None:
+    written: list[Any] = []
+    writer, dead = FlakyWriter(written), ListWriter()
+    policy = ErrorPolicy("out", 0, dead)
+    runner = StatelessRunner(sink_op(), policy, writer)
+    assert runner.process(["a", "b", "bad", "c"], [3, 4, 5, 6]) == ([], [])
+    assert written == ["a", "b"] and writer.calls == 1
+    cause = "ValueError: bad record (the sink's write of a batch of 4 records raised; not retried)"
+    assert dead.calls == [[(("out", 0, v, cause), t)
+                           for v, t in zip(["a", "b", "bad", "c"], [3, 4, 5, 6], strict=True)]]
+    assert policy.dead_letters == 4
+    assert runner.process(["d"], [7]) == ([], [])  # the next batch is written as usual
+    assert written == ["a", "b", "d"]
+
+
+def test_map_filter_flat_map_keep_the_per_record_slow_path() -> None:
+    dead = ListWriter()
+    policy = ErrorPolicy("m", 0, dead)
+    m = StatelessRunner(g.OperatorDef("m", g.MAP, lambda v: 10 // v, 1, (g.InputDef("up"),)),
+                        policy)
+    assert m.process([1, 0, 5], [1, 2, 3]) == ([10, 2], [1, 3])
+    assert [[r for r, _ in c] for c in dead.calls] == [
+        [("m", 0, 0, "ZeroDivisionError: integer division or modulo by zero")]]
+
+
+def test_a_task_whose_sink_batch_fails_names_operator_task_and_first_record() -> None:
+    from tests.unit.test_validation import task_cores
+
+    job = StreamJob("flaky", num_key_groups=8,
+                    config=JobConfig(batch_size=10, linger_ms=0, metrics_port=None))
+    job.source(TestingSource(["a", "b", "bad", "c"]), name="src").sink(
+        FlakySink("no-dead-letter"), name="out")
+    [core] = task_cores(job, ManualClock()).values()  # source and sink chained in one task
+    core.poll_source(10)
+    assert core.status == "failed"
+    [f] = [r for r in core.reports if isinstance(r, TaskFailed)]
+    assert (f.operator, f.task_index, f.record) == ("out", 0, "'a'")
+    assert "ValueError: bad record" in f.cause and "not written again" in f.cause
+    assert WRITTEN["no-dead-letter"] == ["a", "b"]
+
+
+def test_a_sink_dead_letter_takes_the_failed_batch_and_the_job_goes_on(tmp_path: Any) -> None:
+    from tests.unit.test_validation import task_cores
+
+    dead = TestingSink(str(tmp_path / "dead"))
+    job = StreamJob("flaky", num_key_groups=8,
+                    config=JobConfig(batch_size=10, linger_ms=0, metrics_port=None))
+    job.source(TestingSource(["a", "b", "bad", "c"]), name="src").sink(
+        FlakySink("dead-letter"), name="out", dead_letter=dead)
+    assert job.graph().operator("out").dead_letter is dead
+    [core] = task_cores(job, ManualClock()).values()
+    while core.poll_source(10):
+        pass
+    assert core.status == "finished"
+    assert WRITTEN["dead-letter"] == ["a", "b"]
+    assert [(op, i, v) for op, i, v, _ in dead.results()] == [
+        ("out", 0, "a"), ("out", 0, "b"), ("out", 0, "bad"), ("out", 0, "c")]
+    assert core.metrics().dead_letters == 4
+
+
+def test_parquet_writer_is_all_or_nothing_on_a_record_that_does_not_fit(tmp_path: Any) -> None:
+    out = str(tmp_path / "out")
+    sink = ParquetSink(out, schema=["a", "b"])
+    sink.prepare()
+    w = sink.open(0, 1, ManualClock())
+    w.write([(1, 2)], [0])
+    with pytest.raises(ValueError, match="does not fit"):
+        w.write([(3, 4), (5, 6, 7), (8, 9)], [0, 0, 0])
+    w.write([(10, 11)], [0])
+    w.flush()
+    values, _ = drain(ParquetSource(out).open(0, 1, None, ManualClock()))
+    assert values == [(1, 2), (10, 11)]  # nothing of the failed batch
+
+
+def test_parquet_writer_first_record_that_does_not_fit_leaves_it_usable(tmp_path: Any) -> None:
+    out = str(tmp_path / "out")
+    sink = ParquetSink(out, schema=["a", "b"])
+    sink.prepare()
+    w = sink.open(0, 1, ManualClock())
+    with pytest.raises(ValueError, match="does not fit schema"):
+        w.write([7, (1, 2)], [0, 0])
+    w.write([(1, 2)], [0])
+    w.flush()
+    assert drain(ParquetSource(out).open(0, 1, None, ManualClock()))[0] == [(1, 2)]
+
+
+def test_parquet_writer_keeps_earlier_rows_and_drops_the_batch_when_a_file_fails(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out = str(tmp_path / "out")
+    sink = ParquetSink(out, rows_per_file=2)
+    sink.prepare()
+    w = sink.open(0, 1, ManualClock())
+    w.write([1], [0])  # buffered
+    real = pq.write_table
+
+    def disk_full(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    with pytest.raises(OSError, match="disk full"):
+        w.write([2, 3], [0, 0])  # fills a file, whose write fails
+    monkeypatch.setattr(pq, "write_table", real)
+    assert os.listdir(out) == []
+    w.write([4], [0])
+    w.flush()
+    values, _ = drain(ParquetSource(out).open(0, 1, None, ManualClock()))
+    assert values == [1, 4]  # the earlier row kept; the failed batch's rows nowhere

@@ -225,22 +225,9 @@ class NoMigration:
         return []
 
 
-def _participant_view(name: str) -> property:
-    # Not __getattr__: a class with one loses CPython's fast attribute loads on every access
-    # (about 10% of a frame's cost in the task loop).
-    return property(lambda core: getattr(core.migration, name),
-                    doc=f"The participant's ``{name}`` (tests and debugging; the core never "
-                        "reads it). AttributeError when no participant is attached.")
-
-
 class TaskCore:
     """One task's processing. Its host methods (section "host", ``migration.participant.
     TaskHost``) are what a migration participant may use of it."""
-
-    old_role = _participant_view("old_role")
-    new_role = _participant_view("new_role")
-    replicas = _participant_view("replicas")
-    _leaving = _participant_view("_leaving")
 
     def __init__(self, spec: TaskSpec, clock: Clock) -> None:
         self.spec = spec

@@ -809,8 +809,8 @@ def test_inject_redirects_sends_confirm_on_the_data_channel_and_trigger_as_prior
         (c_us, [(b, 20)], ConfirmBarrier(0, c_ud))]
     assert [(cid, list(fr.values), fr.event) for cid, fr in net.frames_to("sum/1")] == [
         (c_ud, [(a, 10), (a, 30)], None)]
-    assert d.new_role.subscales[0].direct_channels == frozenset({c_ud})
-    assert s.old_role.subscales[0].predecessors == 1
+    assert d.migration.new_role.subscales[0].direct_channels == frozenset({c_ud})
+    assert s.migration.old_role.subscales[0].predecessors == 1
     rcid = net.ids.get(-1, s.name, d.name)
     assert d.inputs[rcid].port == REROUTE_PORT
     net.run_sources()
@@ -826,7 +826,7 @@ def test_trigger_before_confirm_migrates_at_once_and_reroutes_in_order(clock, si
     [(target, trig)] = net.deliver_prio(TriggerBarrier)
     assert (target, trig) == (s.name, TriggerBarrier(0))
     # the state left before s processed any of its input
-    assert s.records_in == 3 and s.old_role.migrated_out == {A: rcid}
+    assert s.records_in == 3 and s.migration.old_role.migrated_out == {A: rcid}
     assert A not in s.backend.groups and B in s.backend.groups
     [(to, ms)] = net.take_prio(MigrateState)
     assert to == d.name and (ms.subscale, ms.key_group, ms.watermark) == (0, A, MIN_WATERMARK)
@@ -841,7 +841,7 @@ def test_trigger_before_confirm_migrates_at_once_and_reroutes_in_order(clock, si
     assert list(fr.values) == [(a, 10), (a, 30)] and list(fr.ports) == [0, 0]
     assert list(fr.key_groups) == [A, A] and fr.event == ConfirmBarrier(0, c_ud)
     assert s.reports == [SubscaleDone(s.name, 0, "old", len(ms.state), 2, 1001.5, 0.0)]
-    assert not s.old_role.active and s.old_role.migrated_out == {}
+    assert not s.migration.old_role.active and s.migration.old_role.migrated_out == {}
     assert sink.results() == [(a, 1), (b, 2), (a, 4), (b, 22), (b, 222)]
     assert src.priority_out == []
     net.prio.append((to, ms))
@@ -876,10 +876,10 @@ def test_confirm_overtaken_direct_records_wait_for_the_confirm_through_the_old_o
     c_ud = net.cid("src/0", "sum/1")
     net.deliver_prio(TriggerBarrier)
     net.deliver_prio(MigrateState)  # state is in: only the confirm is missing
-    assert d.new_role.subscales[0].state_in == {A}
+    assert d.migration.new_role.subscales[0].state_in == {A}
     net.run("sum/1")
     # A's records straight from the predecessor overtook the confirm: set aside
-    assert {u: [(v, k, port) for v, _, k, port in recs] for u, recs in d.new_role.aside.items()} == {
+    assert {u: [(v, k, port) for v, _, k, port in recs] for u, recs in d.migration.new_role.aside.items()} == {
         (c_ud, A): [((a, 100), a, 0), ((a, 300), a, 0)]}
     assert [r for r in sink.results() if r[0] == a] == [(a, 1), (a, 4)]
     assert not d.has_work() and d.reports == []
@@ -887,7 +887,7 @@ def test_confirm_overtaken_direct_records_wait_for_the_confirm_through_the_old_o
     net.run("sum/0")
     net.deliver()
     net.run("sum/1")
-    assert d.new_role.aside_count == 0
+    assert d.migration.new_role.aside_count == 0
     assert [r for r in sink.results() if r[0] == a] == [(a, 1), (a, 4), (a, 14), (a, 44),
                                                        (a, 144), (a, 444)]
     assert [r.role for r in d.reports] == ["new"]
@@ -905,9 +905,9 @@ def test_state_arriving_after_rerouted_records_holds_them_until_installed(clock,
     net.run("sum/0")
     net.deliver()
     assert net.run("sum/1") >= 1
-    assert sorted(d.new_role.aside) == sorted([(c_ud, A), (rcid, A)])
-    assert [v for v, *_ in d.new_role.aside[(rcid, A)]] == [(a, 10), (a, 30)]
-    assert d.new_role.aside_count == 4
+    assert sorted(d.migration.new_role.aside) == sorted([(c_ud, A), (rcid, A)])
+    assert [v for v, *_ in d.migration.new_role.aside[(rcid, A)]] == [(a, 10), (a, 30)]
+    assert d.migration.new_role.aside_count == 4
     assert d._heads[rcid].event == ConfirmBarrier(0, c_ud)  # waits behind the set-aside records
     assert not d.has_work() and not d.step()
     assert [r for r in sink.results() if r[0] == a] == [(a, 1), (a, 4)]
@@ -915,11 +915,11 @@ def test_state_arriving_after_rerouted_records_holds_them_until_installed(clock,
     net.deliver_prio(MigrateState)
     # the re-routed records run on installation; the direct ones still need the confirm
     assert [r for r in sink.results() if r[0] == a] == [(a, 1), (a, 4), (a, 14), (a, 44)]
-    assert list(d.new_role.aside) == [(c_ud, A)]
+    assert list(d.migration.new_role.aside) == [(c_ud, A)]
     assert d.has_work()
     net.run("sum/1")
     assert [r for r in sink.results() if r[0] == a][-2:] == [(a, 144), (a, 444)]
-    assert d.new_role.aside_count == 0 and not d.new_role.active
+    assert d.migration.new_role.aside_count == 0 and not d.migration.new_role.active
     assert per_key(sink.results()) == per_key(running_sum_reference(P1 + P2 + P3))
 
 
@@ -939,9 +939,9 @@ def test_confirm_before_trigger_migrates_on_the_confirm_and_later_triggers_do_no
     assert s.step()  # the first confirm
     [(to, ms)] = net.take_prio(MigrateState)
     assert to == d.name and ms.key_group == A
-    assert s.old_role.subscales[0].migrated and A not in s.backend.groups
-    assert len(s.old_role.subscales[0].confirms) == 1
-    assert s.old_role.subscales[0].confirms < {net.cid("src/0", "sum/1"), net.cid("src/1", "sum/1")}
+    assert s.migration.old_role.subscales[0].migrated and A not in s.backend.groups
+    assert len(s.migration.old_role.subscales[0].confirms) == 1
+    assert s.migration.old_role.subscales[0].confirms < {net.cid("src/0", "sum/1"), net.cid("src/1", "sum/1")}
     for target, trig in triggers:
         assert net.cores[target].handle(trig) == Ack()
     assert s.priority_out == [] and net.take_prio(MigrateState) == []
@@ -985,8 +985,8 @@ def test_set_aside_cap_stops_the_channel_and_other_channels_go_on(clock, sink):
     c0d, c1d = net.cid("src/0", "sum/1"), net.cid("src/1", "sum/1")
     net.run("sum/1")
     # u0's channel stops at a4, the first record that cannot be set aside
-    assert d.new_role.aside_count == 3
-    assert [v for v, *_ in d.new_role.aside[(c0d, A)]] == [(a, 1), (a, 2), (a, 3)]
+    assert d.migration.new_role.aside_count == 3
+    assert [v for v, *_ in d.migration.new_role.aside[(c0d, A)]] == [(a, 1), (a, 2), (a, 3)]
     assert d._heads[c0d].pos == 3 and list(d._heads[c0d].values) == u0_recs[:4]
     assert len(d.inputs[c0d].queue) == 1  # [a5, a6] not taken
     # u1's channel went on
@@ -995,13 +995,13 @@ def test_set_aside_cap_stops_the_channel_and_other_channels_go_on(clock, sink):
     assert not d.has_work() and not d._head_can_progress(c0d, d._heads[c0d])
     net.prio.append(state)
     net.deliver_prio(MigrateState)
-    assert d.new_role.aside_count == 3 and not d.has_work()  # still no confirm from u0
+    assert d.migration.new_role.aside_count == 3 and not d.has_work()  # still no confirm from u0
     net.run("sum/0")
     assert [(r.role, r.rerouted) for r in s.reports] == [("old", 0)]
     net.deliver()
     net.run("sum/1")
     assert per_key(sink.results()) == per_key(running_sum_reference(recs))
-    assert d.new_role.aside_count == 0 and d._heads == {}
+    assert d.migration.new_role.aside_count == 0 and d._heads == {}
     assert [r.role for r in d.reports] == ["new"]
 
 
@@ -1022,7 +1022,7 @@ def test_watermark_behind_set_aside_records_waits_for_them(clock, sink):
     net.run("sum/1")
     head = d._heads[c_ud]
     assert head.event == Watermark(50) and head.pos == 2
-    assert d.watermark == 5 and d.new_role.aside_count == 2 and not d.has_work()
+    assert d.watermark == 5 and d.migration.new_role.aside_count == 2 and not d.has_work()
     net.prio.append(state)
     net.deliver_prio(MigrateState)
     assert d.watermark == 5 and not d.has_work()  # no confirm yet: still waiting
@@ -1056,7 +1056,7 @@ def test_latency_marker_passes_set_aside_records_and_the_channel_goes_on(clock, 
     assert c_ud not in d._heads and not d.inputs[c_ud].queue  # the whole channel was read
     assert d.latency.count == 1  # the marker reached the (chained) sink
     assert sink.results() == [(dk, 10)]  # behind the marker, a ready key went on
-    assert [v for v, *_ in d.new_role.aside[(c_ud, A)]] == [(a, 1), (a, 2), (a, 4)]
+    assert [v for v, *_ in d.migration.new_role.aside[(c_ud, A)]] == [(a, 1), (a, 2), (a, 4)]
     net.prio.append(state)
     net.deliver_prio(MigrateState)
     net.run("sum/0")
@@ -1081,7 +1081,7 @@ def test_current_watermark_of_an_incoming_group_is_capped_by_the_old_owners(cloc
     assert state[1].watermark == 5
     net.prio.append(state)
     net.deliver_prio(MigrateState)
-    assert d.new_role.group_watermark == {A: 5}
+    assert d.migration.new_role.group_watermark == {A: 5}
     net.deliver()                      # the confirm reaches s
     net.run("sum/0")
     assert s.watermark == 40
@@ -1090,7 +1090,7 @@ def test_current_watermark_of_an_incoming_group_is_capped_by_the_old_owners(cloc
     # a1 saw the old owner's watermark 5, as without rescaling; on activation its timer
     # (40) fires at d's watermark 40
     assert sink.results() == [("rec", a, 1, 5), ("fire", a, 1, 40)]
-    assert d.new_role.group_watermark == {}
+    assert d.migration.new_role.group_watermark == {}
     src.poll_source(1)
     net.pump()
     assert sink.results()[2:] == [("rec", a, 3, 40)]  # active: d's own watermark
@@ -1153,12 +1153,12 @@ def test_timers_of_a_group_not_pulled_yet_do_not_fire_at_the_old_owner(clock, si
     net.deliver()
     net.run("sum/1")
     net.run("sum/0")
-    assert s.watermark == 60 and d.new_role.aside_count == 1
+    assert s.watermark == 60 and d.migration.new_role.aside_count == 1
     assert [r for r in sink.results() if r[0] == "fire"] == []  # held at s
     assert s.keyed.held == {A: [(50, a, EVENT_TIME)]}
     net.auto_pull = True
     net.pump()
-    assert s.keyed.held == {} and A not in s._leaving
+    assert s.keyed.held == {} and A not in s.migration._leaving
     # a2 saw the watermark s had at the barrier (20), then the timer fired once, with both
     assert sink.results() == [("rec", a, 1, 20), ("rec", a, 3, 20), ("fire", a, 3, 50),
                               ("fire", a, 3, 55)]
@@ -1257,7 +1257,7 @@ def test_aligned_protocols_ship_only_after_every_confirm_and_never_reroute(clock
     c0 = net.cid("src/0", "sum/0")
     s._order = [c0] + [c for c in s._order if c != c0]    # read src/0's channel first
     s._rr = 0
-    while not s.old_role.subscales[0].confirms:           # its records and its confirm
+    while not s.migration.old_role.subscales[0].confirms:           # its records and its confirm
         assert s.step()
     assert A in s.backend.groups and net.take_prio(MigrateState) == []
     assert (c0 in s._step_blocked) == (protocol != "non-disruptive")  # align by blocking
@@ -1266,7 +1266,7 @@ def test_aligned_protocols_ship_only_after_every_confirm_and_never_reroute(clock
     assert set(net.subscale_reports()[0]) == {"old", "new"}
     assert A not in s.backend.groups and A in d.backend.groups
     assert _totals_ok(net, sink)
-    assert not d._step_blocked and d.new_role.aside_count == 0
+    assert not d._step_blocked and d.migration.new_role.aside_count == 0
 
 
 @pytest.mark.parametrize("protocol", ["non-disruptive", "fluid"])
@@ -1280,9 +1280,9 @@ def test_only_non_disruptive_reads_past_a_confirm_before_alignment(clock, sink, 
     s._blocked.discard(c1)
     read_past = not s.inputs[c0].queue  # src/0's records behind its confirm
     assert read_past == (protocol == "non-disruptive")
-    assert 0 in s.old_role.subscales    # not aligned yet
+    assert 0 in s.migration.old_role.subscales    # not aligned yet
     net.pump()
-    assert 0 not in s.old_role.subscales
+    assert 0 not in s.migration.old_role.subscales
     assert _totals_ok(net, sink)
 
 
@@ -1336,12 +1336,12 @@ def test_a_migration_to_a_fresh_replica_ships_only_the_changes(clock, sink, prot
     [(_, v2)] = second.versions
     assert ack == ReplicaAck(A, True) and v2 == v1 + 1
     assert 0 < second.bytes < first.bytes / 4
-    assert d.replicas.version(A) == v2
+    assert d.migration.replicas.version(A) == v2
     net.start_subscale(S0, protocol=protocol, replicas=((A, v2),))
     net.pump()
     reports = net.subscale_reports()[0]
     assert reports["new"].bytes < first.bytes / 4               # the delta, not the group
-    assert d.replicas.version(A) is None                        # consumed by the reload
+    assert d.migration.replicas.version(A) is None                        # consumed by the reload
     net.run_sources()
     assert per_key(sink.results()) == per_key(running_sum_reference(recs + later))
     assert reduce_state(d)[keys[0]] == (keys[0], 6) and reduce_state(d)[keys[2]] == (keys[2], 1)
@@ -1361,7 +1361,7 @@ def test_a_stale_replica_is_never_used_without_its_delta(clock, sink):
     net.take_prio(ReplicaUpdate)                                 # this refresh is lost
     # the owner is at v1 + 1, the holder at v1: a delta from v1 + 1 does not apply
     _, ack = _refresh(net, "sum/0", "sum/1", A, v1 + 1)
-    assert ack == ReplicaAck(A, False) and d.replicas.version(A) is None
+    assert ack == ReplicaAck(A, False) and d.migration.replicas.version(A) is None
     # a migration told the holder is at v1 ships the full group
     net.start_subscale(S0, protocol="fluid", replicas=((A, v1),))
     net.pump()
@@ -1383,7 +1383,7 @@ def test_new_owner_pulls_groups_one_at_a_time_those_with_waiting_records_first(c
     src.poll_source(3)                       # straight to d, which must set them aside
     net.deliver()
     net.run("sum/1")
-    assert d.new_role.aside_count == 3
+    assert d.migration.new_role.aside_count == 3
     net.deliver_prio(TriggerBarrier)
     [(_, triggered)] = net.take_prio(SubscaleTriggered)
     assert sorted(kg for kg, _ in triggered.sizes) == [2, 3, 4, 5]
@@ -1618,8 +1618,8 @@ def test_running_sums_with_a_live_rescale_in_the_middle_equal_the_reference(
     assert len(net.dep.tasks["sum"]) == max(new) + 1
     for i, core in enumerate(sums):
         assert core.backend.owned() == [kg for kg in range(N) if new[kg] == i]
-        assert not core.old_role.active and not core.new_role.active
-        assert core.new_role.aside_count == 0 and core._heads == {}
+        assert not core.migration.old_role.active and not core.migration.new_role.active
+        assert core.migration.new_role.aside_count == 0 and core._heads == {}
         assert all(ch.port != REROUTE_PORT for ch in core.inputs.values())
     final: dict[Any, Any] = {}
     for core in sums:

@@ -62,10 +62,7 @@ class WindowOperator(KeyedProcessFunction):
         return ctx.timer_service.current_processing_time()
 
     def _register(self, ctx: Context, t: int) -> None:
-        if self.assigner.event_time:
-            ctx.timer_service.register_event_time_timer(t)
-        else:
-            ctx.timer_service.register_processing_time_timer(t)
+        _register_fire(self.assigner, ctx, t)
 
     def _add(self, pane: Any, value: Any) -> Any:
         if self.kind == "reduce":
@@ -115,13 +112,15 @@ class WindowOperator(KeyedProcessFunction):
         return ()
 
     def on_timer(self, timestamp: int, ctx: Context) -> Iterable[Any]:
+        timestamp = _fired_window_end(self.assigner, timestamp)
         out: list[Any] = []
         size = self.assigner.size_ms
         # the window whose max_timestamp this is: fire it
         w = Window(timestamp + 1 - size, timestamp + 1)
         entry = self.panes.get((w.start, w.end))
         if entry is not None and not entry[1]:
-            out.extend(self._results(ctx.key, w, entry[0]))
+            for r in self._results(ctx.key, w, entry[0]):
+                ctx.emit(r, w.max_timestamp)
             if self.lateness and self.assigner.event_time:
                 self.panes.put((w.start, w.end), (entry[0], True))
             else:
@@ -152,10 +151,7 @@ class WindowJoin(KeyedProcessFunction):
         self.panes = ctx.map_state(PANES)
 
     def _register(self, ctx: Context, t: int) -> None:
-        if self.assigner.event_time:
-            ctx.timer_service.register_event_time_timer(t)
-        else:
-            ctx.timer_service.register_processing_time_timer(t)
+        _register_fire(self.assigner, ctx, t)
 
     def process_element(self, value: Any, ctx: Context) -> Iterable[Any]:
         event_time = self.assigner.event_time
@@ -187,13 +183,15 @@ class WindowJoin(KeyedProcessFunction):
         return ()
 
     def on_timer(self, timestamp: int, ctx: Context) -> Iterable[Any]:
+        timestamp = _fired_window_end(self.assigner, timestamp)
         size = self.assigner.size_ms
         out: list[Any] = []
         k = (timestamp + 1 - size, timestamp + 1)
         entry = self.panes.get(k)
         if entry is not None and not entry[2]:
             left, right, _ = entry
-            out = [self.join_fn(a, b) for a in left for b in right]
+            for a, b in [(a, b) for a in left for b in right]:
+                ctx.emit(self.join_fn(a, b), timestamp)
             if self.lateness and self.assigner.event_time:
                 self.panes.put(k, (left, right, True))
             else:
@@ -204,3 +202,19 @@ class WindowJoin(KeyedProcessFunction):
             if centry is not None and centry[2]:
                 self.panes.remove(c)
         return out
+
+
+def _register_fire(assigner: WindowAssigner, ctx: Context, max_timestamp: int) -> None:
+    """The timer that fires the window ending at ``max_timestamp``. A processing-time window
+    fires one millisecond after it (when no record can be assigned to it any more: a record
+    read in its last millisecond still belongs to it), so it fires once, with every record
+    it got; event-time windows fire when the watermark reaches ``max_timestamp``."""
+    if assigner.event_time:
+        ctx.timer_service.register_event_time_timer(max_timestamp)
+    else:
+        ctx.timer_service.register_processing_time_timer(max_timestamp + 1)
+
+
+def _fired_window_end(assigner: WindowAssigner, timestamp: int) -> int:
+    """The ``max_timestamp`` of the window a timer at ``timestamp`` fires."""
+    return timestamp if assigner.event_time else timestamp - 1

@@ -310,6 +310,20 @@ def test_allowed_lateness_cleanup_timer_shared_with_next_window(tmp_path):
 # ---------------------------------------------------------------- processing time
 
 
+def test_a_processing_time_window_fires_once_with_a_record_of_its_last_millisecond(tmp_path):
+    clock = ManualClock(1.0)  # 1000 ms: window [1000, 2000), max_timestamp 1999
+    op = WindowOperator(tumbling_processing_time(1000), "reduce", add)
+    h = Harness(op, tmp_path, clock=clock)
+    h.wm[0] = 10**12
+    h.send([(("a", 1), 0)])
+    clock.advance(0.999)  # 1999 ms: the window's last millisecond
+    assert h.tick() == []  # not yet: a record may still come in this millisecond
+    h.send([(("a", 2), 0)])
+    clock.advance(0.001)  # 2000 ms
+    assert h.tick() == [(("a", 3), 1999)]  # once, with both records
+    assert h.tick(10**6) == []
+
+
 def test_processing_time_tumbling_fires_by_clock(tmp_path):
     clock = ManualClock(1.0)  # 1000 ms
     op = WindowOperator(tumbling_processing_time(1000), "reduce", add)

@@ -1,4 +1,4 @@
-"""The per-task side of live migration: ``MigrationParticipant`` (DESIGN.md §6).
+"""The per-task side of live migration: ``MigrationParticipant`` (docs/architecture.md).
 
 Why apart from the task core: every live protocol (drrs, pause-resume, fluid, batched,
 non-disruptive) runs the same per-task state machine, switched by the flags of its

@@ -1,4 +1,4 @@
-"""Migration planning (Spacker, DESIGN.md §6.2): which moving key groups go when, and how.
+"""Migration planning (Spacker): which moving key groups go when, and how.
 
 Pure functions and values, no Ray and no I/O. A :class:`Planning` holds Spacker's three
 knobs: *prioritisation* (the order of the moving key groups), *progressiveness* (how the

@@ -1,4 +1,4 @@
-"""Spark Structured Streaming bridges (DESIGN.md §8).
+"""Spark Structured Streaming bridges (how to use them: "Spark at both ends" in README.md).
 
 Spark -> reflow: ``SparkSource`` (a reflow source fed through a bridge actor), fed by
 ``SparkLink.feed`` with ``foreachBatch`` or the ``"reflow"`` Data Source stream writer.

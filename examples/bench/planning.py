@@ -44,9 +44,9 @@ Each run: deploy, build state (``--build`` s, longer when the keys need it), bas
   from ``--warm-standby`` (2) idle actors started with the job, so it measures the migration
   rather than actor start-up (``deploy_s`` is the part before the first step, ``migration_s``
   the rest);
-* bytes moved, steps, key groups moved; scaling period (DESIGN.md §11: until the per-second mean
-  stays within ``--tolerance`` x baseline + ``--slack-ms`` for ``--stable`` s, not before the
-  completion second).
+* bytes moved, steps, key groups moved; scaling period (examples/bench/README.md: until the
+  per-second mean stays within ``--tolerance`` x baseline + ``--slack-ms`` for ``--stable`` s,
+  not before the completion second).
 
 Per phase: the best fixed setting on spike and on completion, adaptive's values and the
 ratios adaptive / best (target: <= 1.2 on spike *or* completion). Prints a table, writes

@@ -37,11 +37,12 @@ times of every sink writer (``harness.jobs.WriteLogLatencySink``):
 * baseline: the ``--baseline`` whole seconds before the request second: mean, p50, p99, max,
   records/s and the *level*, the median of the per-second means (a noisy second of a shared
   machine does not move it);
-* scaling period (DESIGN.md §11): from the request second until the per-second mean latency
-  stays within ``--tolerance`` (1.1) x the baseline level + ``--slack-ms`` (5 ms: per-second
-  means of 5-10 ms jitter by more than 10 % here; 0 gives the strict rule) for ``--stable``
-  seconds, the window starting no earlier than the completion second; capped at the end of
-  the run (shown with '+'); its limit is ``period.limit_ms``;
+* scaling period (examples/bench/README.md, "How a run is judged"): from the request second
+  until the per-second mean latency stays within ``--tolerance`` (1.1) x the baseline level
+  + ``--slack-ms`` (5 ms: per-second means of 5-10 ms jitter by more than 10 % here; 0
+  gives the strict rule) for ``--stable`` seconds, the window starting no earlier than the
+  completion second; capped at the end of the run (shown with '+'); its limit is
+  ``period.limit_ms``;
 * settle: the same rule against max(baseline level, level of the last ``--stable`` s), i.e.
   until latency reaches its *new* level (12 tasks on 2 cores may be slower than 8); ``tail``:
   the latency of those last seconds;

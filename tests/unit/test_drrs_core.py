@@ -1,4 +1,4 @@
-"""Unit tests for the pure parts of DRRS (DESIGN.md §6), stepped by hand without Ray.
+"""Unit tests for the pure parts of DRRS, stepped by hand without Ray.
 
 * ``migration.protocols.drrs``: ``plan_subscales``, ``SubscaleScheduler``, ``OldOwnerRole``,
   ``NewOwnerRole``.

@@ -1,4 +1,4 @@
-"""Unit tests for ``migration.planning`` (Spacker planning, DESIGN.md §6.2): pure, no Ray."""
+"""Unit tests for ``migration.planning`` (Spacker's planning): pure, no Ray."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """The numbers every benchmark computes from what reached its sink: pure functions, no Ray.
 
-Why one module: the benchmarks judge a run by the same rules (DESIGN.md §11's scaling period,
-the baseline level, peaks, the throughput dip, gaps in the output), so a rule changes in one
-place and is unit-tested once on synthetic series (``tests/unit/test_bench_rescale.py``).
+Why one module: the benchmarks judge a run by the same rules (the scaling period, the
+baseline level, peaks, the throughput dip, gaps in the output; examples/bench/README.md, "How
+a run is judged"), so a rule changes in one place and is unit-tested once on synthetic series
+(``tests/unit/test_bench_rescale.py``).
 
 Format. A *second* is a row ``{"second": int, "count": int, "mean_ms", "p50_ms", "p99_ms",
 "max_ms"}`` describing the records that reached the sink in that wall-clock second (latency =
@@ -14,9 +15,9 @@ absent in synthetic rows). A *series* is a list of rows, or a dict ``second -> r
 * ``histogram_rows``, ``merged``, ``latency_stats``: per-second histograms to rows, merged
   spans and percentile dicts.
 * ``dense``, ``window``, ``weighted_mean``, ``level``, ``rate``: per-second series.
-* ``scaling_period``: DESIGN.md §11 — from the rescale request until latency stays within
-  ``tolerance`` (110 %) of the pre-rescale level for ``stable_s`` consecutive seconds, the
-  stable window starting no earlier than the second the rescale completed.
+* ``scaling_period``: from the rescale request until latency stays within ``tolerance``
+  (110 %) of the pre-rescale level for ``stable_s`` consecutive seconds, the stable window
+  starting no earlier than the second the rescale completed (examples/bench/README.md).
 * ``measure``: every figure of one rescale run (baseline, scaling period, settle, peak,
   spike, dip, tail), the one definition the rescale and planning benchmarks share.
 * ``peaks``, ``throughput_dip``: worst second within a span.

@@ -1,17 +1,36 @@
-"""Public test helpers: a scripted ordered source and a collecting sink that work across
-actor processes (Bytewax ``testing.py``, Beam ``TestStream`` in spirit)."""
+"""Public test helpers: a scripted ordered source, a gate that holds it at a record, and a
+collecting sink, all working across actor processes (Bytewax ``testing.py``, Beam
+``TestStream`` in spirit).
+
+Why a gate: a test that rescales "half-way" by sleeping fails on a loaded machine (the
+input may end before the sleep does) and passes vacuously when the rescale is refused. A
+``SourceGate`` makes the moment an event instead: the source emits its first ``after``
+records, says so, and emits nothing more until the test opens the gate, so a rescale
+requested in between always finds input left.
+
+Gate format: one directory per gate, made on the driver (source tasks are other
+processes on the same machine, so a file is the signal; no Ray, no network):
+``reached-<task>-of-<parallelism>`` (empty) is created by each source task once it holds
+at the gate, and ``open`` (empty) is created by ``SourceGate.open()``. Both files are only
+ever created, never removed: a gate is reached once and opened once, and a source reader
+reopened from an offset (stop-restart) sees the same state.
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact, unpack_exact
+from engine.errors import ConfigError, ReflowError
 from engine.sinks import Sink, SinkWriter
 from engine.sources import Source, SourceBatch, SourceReader
 
@@ -19,9 +38,11 @@ from engine.sources import Source, SourceBatch, SourceReader
 class TestingSource(Source):
     """Emits ``records`` in order. With parallelism p, task i emits records i, i+p, i+2p, ...
 
-    ``rate`` (records/s over all tasks) throttles it so a test can act mid-stream.
-    ``timestamp_fn(record) -> ms`` gives event timestamps; by default a record's timestamp is
-    the time it was emitted.
+    ``rate`` (records/s over all tasks) throttles it. ``timestamp_fn(record) -> ms`` gives
+    event timestamps; by default a record's timestamp is the time it was emitted.
+    ``gate``: one ``SourceGate`` or several; the source holds at every gate not yet open
+    (see ``SourceGate``), which is how a test acts mid-stream without sleeping. The offset
+    is the number of this task's records emitted.
     """
 
     __test__ = False  # not a pytest class
@@ -31,26 +52,42 @@ class TestingSource(Source):
         records: Iterable[Any],
         rate: float | None = None,
         timestamp_fn: Callable[[Any], int] | None = None,
+        gate: SourceGate | Sequence[SourceGate] | None = None,
     ) -> None:
         self.records = list(records)
-        if rate is not None and rate <= 0:
-            raise ValueError("TestingSource rate must be > 0 records/s (or None for full speed)")
+        self.gates = _as_gates(gate, len(self.records))
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, numbers.Real)
+                                 or not math.isfinite(rate) or rate <= 0):
+            raise ConfigError(
+                f"TestingSource rate must be a finite number > 0 records/s, or None for full "
+                f"speed; got {rate!r}"
+            )
         self.rate = rate
         self.timestamp_fn = timestamp_fn
 
     def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
         mine = self.records[task_index::parallelism]
         rate = None if self.rate is None else self.rate / parallelism
-        return _TestingReader(mine, int(offset or 0), rate, self.timestamp_fn, clock)
+        gates = sorted(((g.local_limit(task_index, parallelism), i, g)
+                        for i, g in enumerate(self.gates)), key=lambda e: (e[0], e[1]))
+        return _TestingReader(mine, int(offset or 0), rate, self.timestamp_fn, clock,
+                              [(limit, g) for limit, _, g in gates], task_index, parallelism)
 
 
 class _TestingReader(SourceReader):
     def __init__(
         self, records: list[Any], pos: int, rate: float | None,
         timestamp_fn: Callable[[Any], int] | None, clock: Clock,
+        gates: list[tuple[int, SourceGate]] | None = None, task_index: int = 0,
+        parallelism: int = 1,
     ) -> None:
         self._records = records
         self._pos = pos
+        self._closed_gates = list(gates or [])  # (local limit, gate), by limit; none known open
+        self._task_index = task_index
+        self._parallelism = parallelism
+        self._held = False
+        self._marked: set[str] = set()  # gates this reader has said it holds at
         self._rate = rate
         self._ts = timestamp_fn
         self._clock = clock
@@ -68,10 +105,33 @@ class _TestingReader(SourceReader):
         self._last = now
         return min(len(self._records), self._pos + int(self._tokens))
 
+    def _limit(self) -> int:
+        """Records emittable now: up to the first gate not open (marking it reached when
+        held there), else all."""
+        self._held = False
+        while self._closed_gates:
+            limit = self._closed_gates[0][0]
+            if limit > self._pos:
+                return limit
+            at_limit = [g for lim, g in self._closed_gates if lim <= self._pos]
+            still_closed = [g for g in at_limit if not g.is_open()]
+            if still_closed:
+                for g in still_closed:
+                    if g.directory not in self._marked:
+                        g.mark_reached(self._task_index, self._parallelism)
+                        self._marked.add(g.directory)
+                self._held = True
+                return self._pos
+            self._closed_gates = [(lim, g) for lim, g in self._closed_gates if lim > self._pos]
+        return len(self._records)
+
     def poll(self, max_records: int) -> SourceBatch | None:
+        limit = self._limit()
+        if self._held:
+            return SourceBatch()
         if self._pos >= len(self._records):
             return None
-        end = min(self._due(), self._pos + max_records)
+        end = min(self._due(), self._pos + max_records, limit)
         if self._rate is not None:
             self._tokens -= end - self._pos
         values = self._records[self._pos:end]
@@ -85,9 +145,129 @@ class _TestingReader(SourceReader):
         return self._pos
 
     def seconds_until_ready(self) -> float:
+        if self._held:
+            return _GATE_POLL_S
         if self._rate is None:
             return 0.0
         return max(0.0, (1.0 - self._tokens) / self._rate)
+
+
+# ============================================================================ source gate
+
+_GATE_POLL_S = 0.01  # how often a held reader and a waiting test look at the gate's files
+
+
+class GateError(ConfigError):
+    """A ``SourceGate``, or the gates given to a ``TestingSource``, are invalid; the message
+    says what to change (a ``ValueError`` too, as every ``ConfigError``)."""
+
+    __test__ = False
+
+
+class GateTimeout(ReflowError, TimeoutError):
+    """``SourceGate.wait_reached`` waited longer than its timeout."""
+
+    __test__ = False
+
+
+def _new_gate_directory() -> str:
+    return tempfile.mkdtemp(prefix="reflow-source-gate-")
+
+
+@dataclass(frozen=True)
+class SourceGate:
+    """Holds a ``TestingSource`` after its first ``after`` records until ``open()``.
+
+    Contract: the source's tasks together emit exactly records ``0 .. after - 1`` (task i
+    of p emits those of its records i, i+p, ... whose index is below ``after``), then each
+    signals "reached" and polls empty batches (no busy loop: it asks to be polled again
+    in 10 ms) until the gate is opened; it does not end while held, even when ``after``
+    equals the number of records. ``wait_reached`` returns once every task of the source
+    holds at the gate. Offsets are unchanged, so a reader reopened from an offset
+    (stop-restart) holds at the same record. A gate is single-use: once open it stays
+    open. Works across processes of one machine (``directory`` must be visible to every
+    source task; by default a new temporary directory made where the gate is built).
+    """
+
+    __test__ = False
+
+    after: int
+    directory: str = field(default_factory=_new_gate_directory)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.after, bool) or not isinstance(self.after, int) or self.after < 0:
+            raise GateError(f"SourceGate(after={self.after!r}): give the number of records "
+                            "to emit before holding, an int >= 0")
+        if not isinstance(self.directory, str) or not self.directory:
+            raise GateError("SourceGate directory must be a non-empty path; leave it out to "
+                            "get a new temporary directory")
+        os.makedirs(self.directory, exist_ok=True)
+
+    # -- the test's side
+    def open(self) -> None:
+        """Let the source go on past the gate (idempotent)."""
+        with open(os.path.join(self.directory, "open"), "a"):
+            pass
+
+    def is_open(self) -> bool:
+        return os.path.exists(os.path.join(self.directory, "open"))
+
+    def reached(self) -> bool:
+        """True once every task of the source has held at the gate (it stays true)."""
+        return self._complete_parallelism() is not None
+
+    def wait_reached(self, timeout: float = 120.0) -> None:
+        """Block until every source task holds at the gate; ``GateTimeout`` after
+        ``timeout`` seconds. Checks before it waits, so a reached gate costs no sleep."""
+        deadline = time.monotonic() + timeout
+        while not self.reached():
+            if time.monotonic() >= deadline:
+                tasks = sorted(self._reached_files()) or ["none"]
+                raise GateTimeout(
+                    f"the source did not reach the gate after record {self.after} within "
+                    f"{timeout} s (tasks holding: {', '.join(tasks)}); check that the job "
+                    "runs (handle.status(): it may have failed) and that the gate is given to "
+                    "the source of this job, or raise the timeout on a loaded machine")
+            time.sleep(_GATE_POLL_S)
+
+    # -- the reader's side
+    def local_limit(self, task_index: int, parallelism: int) -> int:
+        """How many of task ``task_index``'s records (of ``parallelism``) precede the gate."""
+        if self.after <= task_index:
+            return 0
+        return -(-(self.after - task_index) // parallelism)
+
+    def mark_reached(self, task_index: int, parallelism: int) -> None:
+        name = f"reached-{task_index}-of-{parallelism}"
+        with open(os.path.join(self.directory, name), "a"):
+            pass
+
+    def _reached_files(self) -> list[str]:
+        return [n for n in os.listdir(self.directory) if n.startswith("reached-")]
+
+    def _complete_parallelism(self) -> int | None:
+        by_p: dict[int, set[int]] = {}
+        for name in self._reached_files():
+            _, task, _, p = name.split("-")
+            by_p.setdefault(int(p), set()).add(int(task))
+        for p, tasks in by_p.items():
+            if tasks >= set(range(p)):
+                return p
+        return None
+
+
+def _as_gates(gate: SourceGate | Sequence[SourceGate] | None, n: int) -> tuple[SourceGate, ...]:
+    if gate is None:
+        return ()
+    gates = (gate,) if isinstance(gate, SourceGate) else tuple(gate)
+    for g in gates:
+        if not isinstance(g, SourceGate):
+            raise GateError(f"TestingSource gate must be a SourceGate or a sequence of them, "
+                            f"not {type(g).__name__}")
+        if g.after > n:
+            raise GateError(f"SourceGate(after={g.after}) is past the end of the source's "
+                            f"{n} records: the source would end before it; use after <= {n}")
+    return gates
 
 
 class TestingSink(Sink):

@@ -1,20 +1,127 @@
-"""Jobs and plain-Python references shared by the integration and oracle tests."""
+"""Jobs, plain-Python references and event helpers shared by the integration and oracle
+tests (Ray workers import this module as ``tests.jobs``).
+
+Tests act on events, never on wall time: ``Moment`` holds a job's source at a record so a
+rescale always finds input left, and ``wait_until`` waits for a status or metric
+condition with a generous timeout, failing early (with the job's error) when the job
+ends first.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from engine import KeyedProcessFunction, StreamJob
 from engine.config import JobConfig
-from engine.testing import TestingSink, TestingSource
+from engine.names import JobState
+from engine.testing import SourceGate, TestingSink, TestingSource
 
 SMALL = JobConfig(batch_size=50, linger_ms=2, metrics_port=None)
+TIMEOUT_S = 180.0  # generous: the suite must pass on a machine at load 20-30
+_POLL_S = 0.02
 
+T = TypeVar("T")
+Gates = Sequence[SourceGate] | None
+
+
+# ------------------------------------------------------------------------- acting on events
+
+def wait_until(cond: Callable[[], bool], what: str, handle: Any = None,
+               timeout: float = TIMEOUT_S) -> None:
+    """Return once ``cond()`` holds. Fails (naming ``what``) when ``timeout`` passes, or,
+    given a job ``handle``, as soon as the job is no longer running (with its error)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if handle is not None:
+            st = handle.status()
+            if st.state not in (JobState.CREATED, JobState.RUNNING):
+                raise AssertionError(f"job {st.job} is {st.state} while waiting for {what}"
+                                     f"{': ' + st.error if st.error else ''}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(_POLL_S)
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A point in a source's input where a test acts while input remains.
+
+    The source holds at ``start`` (after record ``start.after``) until the test acts; then
+    it emits up to record ``end.after`` (records flow during the action) and holds there
+    until the action has returned, so the input cannot end during the action: a rescale
+    is never refused as "finishing" nor cut short by the end of the input.
+    """
+
+    start: SourceGate
+    end: SourceGate
+
+    @classmethod
+    def at(cls, record: int, margin: int, num_records: int) -> Moment:
+        if not 0 <= record <= num_records or margin < 0:
+            raise ValueError(f"a moment at record {record} with margin {margin} does not fit "
+                             f"{num_records} records")
+        return cls(SourceGate(record), SourceGate(min(num_records, record + margin)))
+
+    @property
+    def gates(self) -> tuple[SourceGate, SourceGate]:
+        return (self.start, self.end)
+
+    def wait(self, handle: Any, timeout: float = TIMEOUT_S) -> None:
+        """Until the source holds at ``start`` (fails early when the job ends)."""
+        wait_until(self.start.reached, f"the source to emit {self.start.after} records",
+                   handle, timeout)
+
+    def act(self, handle: Any, action: Callable[[], T], timeout: float = TIMEOUT_S) -> T:
+        """Wait for the moment, let records flow, run ``action``, then release the source."""
+        self.wait(handle, timeout)
+        self.start.open()
+        try:
+            return action()
+        finally:
+            self.end.open()
+
+    def release(self) -> None:
+        """Open both gates (cleanup after a failed test, so the job can end)."""
+        self.start.open()
+        self.end.open()
+
+
+def moments(num_records: int, fractions: Sequence[float], margin: int) -> list[Moment]:
+    """One moment per fraction of the input (cumulative fractions, in order)."""
+    out, at = [], 0.0
+    for f in fractions:
+        at += f
+        out.append(Moment.at(min(num_records, int(num_records * at)), margin, num_records))
+    return out
+
+
+def gates_of(moments_: Sequence[Moment]) -> list[SourceGate]:
+    return [g for m in moments_ for g in m.gates]
+
+
+def check_reports(reports: Sequence[Any], context: str = "") -> None:
+    """Every report of a rescale that changed something moved key groups: a plan that
+    moves groups moved them all (unless a newer request superseded it), and a change of
+    parallelism planned moves."""
+    for r in reports:
+        what = (f"{r.protocol} {r.old_parallelism}->{r.new_parallelism} of {r.operator!r} "
+                f"(planned {r.key_groups_planned}, moved {r.key_groups_moved}) {context}")
+        if r.old_parallelism != r.new_parallelism:
+            assert r.key_groups_planned > 0, f"a change of parallelism planned no move: {what}"
+        if r.key_groups_planned > 0 and not r.superseded:
+            assert r.key_groups_moved == r.key_groups_planned > 0, f"groups left behind: {what}"
+
+
+# ------------------------------------------------------------------------------------ jobs
 
 def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
-                    rate: float | None = None, config: JobConfig = SMALL) -> StreamJob:
+                    rate: float | None = None, config: JobConfig = SMALL,
+                    gates: Gates = None) -> StreamJob:
     job = StreamJob("running-sum", num_key_groups=32, parallelism=parallelism, config=config)
-    (job.source(TestingSource(records, rate=rate), name="src", parallelism=1)
+    (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
         .key_by(lambda r: r[0])
         .reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum")
         .sink(sink, name="out"))
@@ -52,9 +159,9 @@ class Profile(KeyedProcessFunction):
 
 
 def profile_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
-                rate: float | None = None) -> StreamJob:
+                rate: float | None = None, gates: Gates = None) -> StreamJob:
     job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=SMALL)
-    (job.source(TestingSource(records, rate=rate), name="src", parallelism=1)
+    (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
         .key_by(lambda r: r[0])
         .process(Profile(), name="profile")
         .sink(sink, name="out"))
@@ -82,12 +189,14 @@ def per_key(records: list[tuple]) -> dict[Any, list[tuple]]:
 
 
 def windowed_sum_job(records: list[tuple[int, int, int]], parallelism: int, sink: TestingSink,
-                     rate: float | None = None, bound_ms: int = 40) -> StreamJob:
+                     rate: float | None = None, bound_ms: int = 40,
+                     gates: Gates = None) -> StreamJob:
     """Event-time sliding windows (400 ms, slide 100 ms) summing values per key."""
     from engine.time import WatermarkStrategy, sliding_event_time
 
     job = StreamJob("windowed", num_key_groups=32, parallelism=parallelism, config=SMALL)
-    (job.source(TestingSource(records, rate=rate, timestamp_fn=lambda r: r[2]), name="src",
+    (job.source(TestingSource(records, rate=rate, timestamp_fn=lambda r: r[2], gate=gates),
+                name="src",
                 parallelism=1, watermarks=WatermarkStrategy(bound_ms, interval_ms=10))
         .key_by(lambda r: r[0])
         .window(sliding_event_time(400, 100))
@@ -123,12 +232,12 @@ def disordered(n: int, seed: int, keys: int = 30, bound_ms: int = 40,
 
 
 def processing_window_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
-                          rate: float | None = None) -> StreamJob:
+                          rate: float | None = None, gates: Gates = None) -> StreamJob:
     """Processing-time tumbling windows counting records per key."""
     from engine.time import tumbling_processing_time
 
     job = StreamJob("ptwin", num_key_groups=32, parallelism=parallelism, config=SMALL)
-    (job.source(TestingSource(records, rate=rate), name="src", parallelism=1)
+    (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
         .key_by(lambda r: r[0])
         .window(tumbling_processing_time(200))
         .aggregate(CountAgg(), window_fn=lambda k, w, n: [(k, w.start, n)], name="ptwin")

@@ -3,8 +3,6 @@ stop-restart rescale, late data to the side output, and a window join."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from engine import StreamJob
@@ -27,8 +25,9 @@ def sliding_sums(records, size, slide):
     return jobs.sliding_sums_reference(records, size, slide)
 
 
-def windowed_job(records, parallelism, sink, rate=None):
-    return jobs.windowed_sum_job(records, parallelism, sink, rate=rate, bound_ms=BOUND)
+def windowed_job(records, parallelism, sink, rate=None, gates=None):
+    return jobs.windowed_sum_job(records, parallelism, sink, rate=rate, bound_ms=BOUND,
+                                 gates=gates)
 
 
 def as_dict(results):
@@ -50,12 +49,18 @@ def test_sliding_windows_exact_at_any_parallelism(ray_cluster, parallelism):
 def test_windows_exact_across_stop_restart_rescales(ray_cluster):
     records = disordered(8000, 12)
     sink = TestingSink()
-    h = windowed_job(records, 2, sink, rate=1500).run()
-    time.sleep(0.5)
-    h.rescale("win", 5, protocol="stop-restart")
-    time.sleep(0.4)
-    h.rescale("win", 1, protocol="stop-restart")
-    h.wait(120)
+    out, back = jobs.moments(len(records), [0.1, 0.1], margin=600)  # at records 800 and 1600
+    h = windowed_job(records, 2, sink, rate=1500, gates=jobs.gates_of([out, back])).run()
+    try:
+        reports = [out.act(h, lambda: h.rescale("win", 5, protocol="stop-restart")),
+                   back.act(h, lambda: h.rescale("win", 1, protocol="stop-restart"))]
+        h.wait(120)
+    finally:
+        out.release()
+        back.release()
+        h.stop()
+    assert [(r.old_parallelism, r.new_parallelism) for r in reports] == [(2, 5), (5, 1)]
+    jobs.check_reports(reports)
     assert as_dict(sink.results()) == sliding_sums(records, 400, 100)
 
 

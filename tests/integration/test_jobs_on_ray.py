@@ -16,11 +16,14 @@ from engine.sinks import Sink, SinkWriter
 from engine.testing import TestingSink, TestingSource
 from tests.jobs import (
     SMALL,
+    Moment,
+    check_reports,
     per_key,
     profile_job,
     profile_reference,
     running_sum_job,
     running_sum_reference,
+    wait_until,
 )
 
 pytestmark = pytest.mark.ray
@@ -151,24 +154,34 @@ def test_backpressure_keeps_in_flight_records_bounded(ray_cluster):
     # and the outputs of the frames a sum task processes per loop turn (8) before it sends.
     bound = (cfg.source_poll_records + 4 * (cfg.credits + 1) * cfg.batch_size
              + 2 * 8 * cfg.batch_size)
-    samples = []
-    for _ in range(6):
-        time.sleep(1.0)
+    samples: list[int] = []
+    emitted: list[int] = []
+
+    def sample() -> bool:
+        """One sample of the records in flight; True once the sink has taken 10,000."""
         m = h.metrics()
-        src_out = m.total("records_out", "src")
-        sink_in = m.total("records_in", "m")
+        src_out, sink_in = m.total("records_out", "src"), m.total("records_in", "m")
         samples.append(src_out - sink_in)
+        emitted.append(src_out)
         for t in m.tasks:
             assert t.queued_frames <= cfg.credits * 2, t
-    h.stop()
+        return sink_in >= 10_000
+
+    try:
+        wait_until(sample, "the slow sink to take 10,000 records", h)
+    finally:
+        h.stop()
+    assert len(samples) >= 5, samples  # sampled while the pipeline ran, not once
     assert max(samples) <= bound, samples
-    assert src_out < 100_000  # the source was really held back by the 2-records/ms sink
+    # the source was really held back by the 5-records/ms sink: far from its 200,000
+    assert emitted[-1] < 100_000, emitted
 
 
 def test_invalid_rescale_requests_are_refused_and_job_untouched(ray_cluster):
     records = [(i % 20, 1) for i in range(3000)]
     sink = TestingSink()
-    job = running_sum_job(records, 2, sink, rate=3000)
+    moment = Moment.at(1000, 0, len(records))  # the job surely runs while refused
+    job = running_sum_job(records, 2, sink, rate=3000, gates=moment.gates)
     h = job.run()
     cases = [
         (("nope", 2), "no operator 'nope'"),
@@ -177,12 +190,22 @@ def test_invalid_rescale_requests_are_refused_and_job_untouched(ray_cluster):
         (("src", 2), "source"),
         (("out", 2), "chained behind 'sum'"),
     ]
-    for args, text in cases:
-        with pytest.raises(RescaleRefused, match=text):
-            h.rescale(*args)
-    with pytest.raises(RescaleRefused, match="unknown protocol"):
-        h.rescale("sum", 3, protocol="teleport")
-    h.wait(120)
+
+    def refused() -> None:
+        for args, text in cases:
+            with pytest.raises(RescaleRefused, match=text):
+                h.rescale(*args)
+        with pytest.raises(RescaleRefused, match="unknown protocol"):
+            h.rescale("sum", 3, protocol="teleport")
+        assert h.metrics().rescales == ()  # nothing started
+        assert len(h.metrics().operator("sum")) == 2
+
+    try:
+        moment.act(h, refused)
+        h.wait(120)
+    finally:
+        moment.release()
+        h.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
@@ -201,24 +224,33 @@ def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
     rng = random.Random(5)
     records = [(rng.randrange(60), rng.randrange(10)) for _ in range(6000)]
     sink = TestingSink()
-    h = running_sum_job(records, 2, sink, rate=4000).run()
-    time.sleep(0.5)
-    up = h.rescale("sum", 5, protocol="stop-restart")
-    assert (up.old_parallelism, up.new_parallelism) == (2, 5)
-    assert up.key_groups_moved > 0 and up.bytes_moved > 0 and up.duration_s > 0
-    assert [p for p, _ in up.phases][:2] == ["pause", "drain"]
-    m = h.metrics()
-    assert len(m.operator("sum")) == 5
-    assert sum(t.key_groups for t in m.operator("sum")) == 32
-    # a rebalance by stop-restart installs the given assignment, not the uniform one
-    uneven = tuple([0] * 20 + [1, 2, 3] * 4)
-    rb = h.rebalance("sum", uneven, protocol="stop-restart")
-    assert rb.protocol == "stop-restart" and rb.new_parallelism == 4
-    held = {t.task_index: t.key_groups for t in h.metrics().operator("sum")}
-    assert held == {0: 20, 1: 4, 2: 4, 3: 4}
-    down = h.rescale("sum", 1, protocol="stop-restart")
-    assert down.new_parallelism == 1
-    h.wait(120)
+    moment = Moment.at(2000, 600, len(records))
+    h = running_sum_job(records, 2, sink, rate=4000, gates=moment.gates).run()
+
+    def rescales() -> list:
+        up = h.rescale("sum", 5, protocol="stop-restart")
+        assert (up.old_parallelism, up.new_parallelism) == (2, 5)
+        assert up.key_groups_moved > 0 and up.bytes_moved > 0 and up.duration_s > 0
+        assert [p for p, _ in up.phases][:2] == ["pause", "drain"]
+        m = h.metrics()
+        assert len(m.operator("sum")) == 5
+        assert sum(t.key_groups for t in m.operator("sum")) == 32
+        # a rebalance by stop-restart installs the given assignment, not the uniform one
+        uneven = tuple([0] * 20 + [1, 2, 3] * 4)
+        rb = h.rebalance("sum", uneven, protocol="stop-restart")
+        assert rb.protocol == "stop-restart" and rb.new_parallelism == 4
+        held = {t.task_index: t.key_groups for t in h.metrics().operator("sum")}
+        assert held == {0: 20, 1: 4, 2: 4, 3: 4}
+        down = h.rescale("sum", 1, protocol="stop-restart")
+        assert down.new_parallelism == 1
+        return [up, rb, down]
+
+    try:
+        check_reports(moment.act(h, rescales))
+        h.wait(120)
+    finally:
+        moment.release()
+        h.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
@@ -230,30 +262,61 @@ def test_both_data_transports_keep_results_across_live_rescales(ray_cluster, tra
     records = [(rng.randrange(50), rng.randrange(10)) for _ in range(12_000)]
     sink = TestingSink()
     cfg = dataclasses.replace(SMALL, transport=transport)
-    h = running_sum_job(records, 2, sink, rate=1000, config=cfg).run()  # runs ~12 s
-    time.sleep(0.3)
-    for p in (4, 2, 4):
-        assert h.rescale("sum", p).new_parallelism == p
-    m = h.metrics()
-    assert m.status == "running", "the input ended before the rescales: slow the source"
-    assert len(m.operator("sum")) == 4
-    h.wait(120)
+    moment = Moment.at(300, 1000, len(records))
+    h = running_sum_job(records, 2, sink, rate=1000, config=cfg, gates=moment.gates).run()
+
+    def rescales() -> list:
+        reports = [h.rescale("sum", p) for p in (4, 2, 4)]
+        assert [r.new_parallelism for r in reports] == [4, 2, 4]
+        m = h.metrics()
+        assert m.status == "running"
+        assert len(m.operator("sum")) == 4
+        return reports
+
+    try:
+        check_reports(moment.act(h, rescales))
+        h.wait(120)
+    finally:
+        moment.release()
+        h.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
 def test_metrics_endpoint_serves_prometheus_text(ray_cluster):
     cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=0, metrics_poll_interval_s=0.2)
     job = StreamJob("metrics", config=cfg, parallelism=2)
-    (job.source(TestingSource([(i % 7, 1) for i in range(20_000)], rate=5000), name="src")
+    moment = Moment.at(5000, 2000, 20_000)
+    (job.source(TestingSource([(i % 7, 1) for i in range(20_000)], rate=5000,
+                              gate=moment.gates), name="src")
         .key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum")
         .sink(TestingSink(), name="out"))
     h = job.run()
     assert h.metrics_url.startswith("http://127.0.0.1:")
-    time.sleep(1.5)
-    h.rescale("sum", 3, protocol="stop-restart")
-    time.sleep(1.0)
-    text = urllib.request.urlopen(h.metrics_url, timeout=10).read().decode()
-    h.stop()
+    scraped: list[str] = []
+
+    def served_after_rescale() -> bool:
+        """The endpoint shows the rescale, records into all 3 sum tasks and a latency."""
+        text = urllib.request.urlopen(h.metrics_url, timeout=10).read().decode()
+        scraped[:] = [text]
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        if "reflow_rescales" not in fams or "reflow_end_to_end_latency_seconds" not in fams:
+            return False
+        sums = [s.value for s in fams["reflow_records_in"].samples
+                if s.labels["operator"] == "sum"]
+        lat = [s.value for s in fams["reflow_end_to_end_latency_seconds"].samples
+               if s.name.endswith("_count")]
+        return len(sums) == 3 and sum(sums) > 0 and bool(lat) and max(lat) > 0
+
+    def rescale_and_scrape() -> None:
+        h.rescale("sum", 3, protocol="stop-restart")
+        wait_until(served_after_rescale, "the metrics endpoint to show the rescale", h)
+
+    try:
+        moment.act(h, rescale_and_scrape)
+    finally:
+        moment.release()
+        h.stop()
+    text = scraped[0]
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     rin = fams["reflow_records_in"]
     assert rin.type == "counter"

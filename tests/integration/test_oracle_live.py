@@ -1,12 +1,19 @@
-"""The correctness oracle (DESIGN.md §10) for every live rescaling protocol, property-tested.
+"""The correctness oracle (docs/architecture.md) for every live rescaling protocol, property-tested.
 
-For each of drrs, pause-resume, fluid, batched and non-disruptive, hypothesis draws the job (running sum, multi-state keyed process, event-time sliding
-windows, processing-time windows), the start parallelism and a sequence of actions —
-scale-out, scale-in, a random rebalance, and a request that supersedes one still running —
-each at a random moment, with parallelism up to 12. Per key the outputs equal the run
-without rescaling; the final state equals the reference; every record is accounted for.
-Hypothesis prints the falsifying example and a reproduction blob; REFLOW_ORACLE_EXAMPLES
-runs more examples per protocol (the slow variant runs 25 per protocol).
+For each of drrs, pause-resume, fluid, batched and non-disruptive, hypothesis draws the
+job (running sum, multi-state keyed process, event-time sliding windows, processing-time
+windows), the start parallelism and a sequence of actions — scale-out, scale-in, a random
+rebalance, and a request that supersedes one still running — each at a random point of
+the input, with parallelism up to 12. Per key the outputs equal the run without
+rescaling; the final state equals the reference; every record is accounted for.
+
+Actions happen on events, not after sleeps: the source holds at each action's record
+(``tests.jobs.Moment``) and goes on only up to a margin until the action returned, so
+every request finds input left and none may be refused. An example fails when no rescale
+was accepted, and every report that changed the parallelism must have moved key groups.
+Hypothesis prints the falsifying example, its seed and a reproduction blob;
+REFLOW_ORACLE_EXAMPLES runs more examples per protocol (the slow variant runs 25 per
+protocol).
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ from __future__ import annotations
 import os
 import random
 import threading
-import time
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, note, seed, settings
@@ -23,7 +30,10 @@ from hypothesis import strategies as st
 from engine.errors import RescaleRefused
 from engine.testing import TestingSink
 from tests.jobs import (
+    check_reports,
     disordered,
+    gates_of,
+    moments,
     per_key,
     processing_window_job,
     profile_job,
@@ -31,6 +41,7 @@ from tests.jobs import (
     running_sum_job,
     running_sum_reference,
     sliding_sums_reference,
+    wait_until,
     windowed_sum_job,
 )
 
@@ -39,45 +50,71 @@ pytestmark = pytest.mark.ray
 EXAMPLES = int(os.environ.get("REFLOW_ORACLE_EXAMPLES", "1"))
 LIVE_PROTOCOLS = ["drrs", "pause-resume", "fluid", "batched", "non-disruptive"]
 KEY_GROUPS = 32
-RECORDS = 8000  # at 2,000 records/s: a 4 s job, long enough for three requests
+RECORDS = 8000  # at 2,000 records/s: a 4 s job
+MARGIN = 800    # records that may flow while an action runs (0.4 s at 2,000 records/s)
 
-rescales = st.tuples(st.just("rescale"), st.floats(0.05, 0.6), st.integers(1, 12))
-rebalances = st.tuples(st.just("rebalance"), st.floats(0.05, 0.6), st.integers(1, 6))
-supersedes = st.tuples(st.just("supersede"), st.floats(0.05, 0.6), st.integers(1, 12))
+# (kind, fraction of the input since the previous action, parallelism): three actions
+# end by 90% of the input, so each has its margin of input left
+rescales = st.tuples(st.just("rescale"), st.floats(0.02, 0.3), st.integers(1, 12))
+rebalances = st.tuples(st.just("rebalance"), st.floats(0.02, 0.3), st.integers(1, 6))
+supersedes = st.tuples(st.just("supersede"), st.floats(0.02, 0.3), st.integers(1, 12))
 any_action = st.one_of(rescales, rebalances, supersedes)
 
 
-def _act(handle, op: str, kind: str, arg: int, rng: random.Random, protocol: str) -> list:
-    """Carry out one action; returns the reports (a refused request returns none)."""
+class Outcome:
+    """What the requests of one example gave: accepted reports and refusals (recorded,
+    never swallowed: with the source held no valid request may be refused)."""
+
+    def __init__(self) -> None:
+        self.reports: list[Any] = []
+        self.refused: list[str] = []
+        self._lock = threading.Lock()
+
+    def request(self, what: str, call: Any) -> None:
+        try:
+            report = call()
+        except RescaleRefused as exc:
+            with self._lock:
+                self.refused.append(f"{what}: {exc}")
+            return
+        with self._lock:
+            self.reports.append(report)
+
+
+def _act(handle, op: str, kind: str, arg: int, rng: random.Random, protocol: str,
+         out: Outcome) -> None:
+    """Carry out one action (the source holds until it returns)."""
+    if kind == "rescale":
+        out.request(f"rescale to {arg}", lambda: handle.rescale(op, arg, protocol))
+        return
+    if kind == "rebalance":
+        assignment = [rng.randrange(arg) for _ in range(KEY_GROUPS)]
+        assignment[rng.randrange(KEY_GROUPS)] = arg - 1  # parallelism = arg
+        out.request(f"rebalance to {assignment}",
+                    lambda: handle.rebalance(op, assignment, protocol))
+        return
+    # supersede: a second request once the first is seen running (or has already returned)
+    first = threading.Thread(target=out.request, args=(
+        f"rescale to {arg} (to be superseded)", lambda: handle.rescale(op, arg, protocol)))
+    first.start()
+    wait_until(lambda: not first.is_alive() or any(
+        r.operator == op and r.running for r in handle.metrics().rescales),
+        f"the rescale of {op!r} to {arg} to start", handle)
+    second = max(1, 12 - arg)
+    out.request(f"rescale to {second} (superseding)",
+                lambda: handle.rescale(op, second, protocol))
+    first.join()
+
+
+def _drive(handle, op: str, actions, plan, rng: random.Random, protocol: str) -> Outcome:
+    out = Outcome()
     try:
-        if kind == "rescale":
-            return [handle.rescale(op, arg, protocol)]
-        if kind == "rebalance":
-            assignment = [rng.randrange(arg) for _ in range(KEY_GROUPS)]
-            assignment[rng.randrange(KEY_GROUPS)] = arg - 1  # parallelism = arg
-            return [handle.rebalance(op, assignment, protocol)]
-        # supersede: a second request while the first is running
-        reports: list = []
-        first = threading.Thread(
-            target=lambda: reports.append(handle.rescale(op, arg, protocol)))
-        first.start()
-        time.sleep(0.05)
-        reports.append(handle.rescale(op, max(1, 12 - arg), protocol))
-        first.join()
-        return reports
-    except RescaleRefused as exc:  # the job may be finishing: that is a valid refusal
-        assert "finishing" in str(exc) or "not running" in str(exc), exc
-        return []
-
-
-def _drive(handle, op: str, actions, rng: random.Random, protocol: str) -> list:
-    reports = []
-    for kind, delay, arg in actions:
-        time.sleep(delay)
-        if handle.status().state != "running":
-            break
-        reports += _act(handle, op, kind, arg, rng, protocol)
-    return reports
+        for (kind, _, arg), moment in zip(actions, plan, strict=True):
+            moment.act(handle, lambda k=kind, a=arg: _act(handle, op, k, a, rng, protocol, out))
+    finally:
+        for moment in plan:
+            moment.release()
+    return out
 
 
 def _oracle(protocol: str, hypothesis_seed: int, examples: int):
@@ -94,7 +131,7 @@ def _oracle(protocol: str, hypothesis_seed: int, examples: int):
            start_p=st.integers(1, 4), actions=st.lists(any_action, min_size=1, max_size=3),
            data_seed=st.integers(0, 2**16))
     def test(ray_cluster, kind, start_p, actions, data_seed):
-        _check(protocol, kind, start_p, actions, data_seed)
+        _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed)
 
     return test
 
@@ -107,27 +144,36 @@ for _i, _p in enumerate(LIVE_PROTOCOLS):
         _oracle(_p, 20261200 + _i, max(EXAMPLES, 25)))
 
 
-def _check(protocol, kind, start_p, actions, data_seed):
-    note(f"protocol={protocol} kind={kind} start_p={start_p} actions={actions} "
-         f"data_seed={data_seed}")
-    print(f"oracle: protocol={protocol} kind={kind} start_p={start_p} actions={actions} "
-          f"data_seed={data_seed}")
+def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
+    example_ = (f"protocol={protocol} hypothesis seed={hypothesis_seed} kind={kind} "
+                f"start_p={start_p} actions={actions} data_seed={data_seed}")
+    note(example_)
+    print(f"oracle: {example_}")
     rng = random.Random(data_seed)
     sink = TestingSink()
+    plan = moments(RECORDS, [f for _, f, _ in actions], MARGIN)
+    gates = gates_of(plan)
     if kind == "window":
         records = disordered(RECORDS, data_seed)
-        handle = windowed_sum_job(records, start_p, sink, rate=2000).run()
+        handle = windowed_sum_job(records, start_p, sink, rate=2000, gates=gates).run()
         op = "win"
     else:
         records = [(rng.randrange(60), rng.randrange(100)) for _ in range(RECORDS)]
         make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile"),
                     "ptwindow": (processing_window_job, "ptwin")}[kind]
-        handle = make(records, start_p, sink, rate=2000).run()
-    reports = _drive(handle, op, actions, rng, protocol)
-    handle.wait(240)
+        handle = make(records, start_p, sink, rate=2000, gates=gates).run()
+    try:
+        out = _drive(handle, op, actions, plan, rng, protocol)
+        handle.wait(240)
+    finally:
+        handle.stop()
     results = sink.results()
-    note(f"reports={[(r.old_parallelism, r.new_parallelism, r.key_groups_moved) for r in reports]}")
-    assert all(r.protocol == protocol for r in reports)
+    reports = out.reports
+    note(f"reports={[(r.old_parallelism, r.new_parallelism, r.key_groups_planned, r.key_groups_moved, r.superseded) for r in reports]}")
+    assert not out.refused, f"requests refused with input left: {out.refused}; {example_}"
+    assert reports, f"no rescale was accepted, so nothing was tested; {example_}"
+    assert all(r.protocol == protocol for r in reports), example_
+    check_reports(reports, example_)
 
     if kind == "window":
         got: dict = {}

@@ -4,7 +4,7 @@ through the job's Prometheus endpoint."""
 from __future__ import annotations
 
 import random
-import time
+import threading
 import urllib.request
 
 import pytest
@@ -14,8 +14,16 @@ from engine import JobConfig
 from engine.errors import RescaleRefused
 from engine.keygroups import key_group_of, uniform_assignment
 from engine.testing import TestingSink
+from migration.coordinator import Phase
 from migration.protocols.drrs import plan_subscales
-from tests.jobs import per_key, running_sum_job, running_sum_reference
+from tests.jobs import (
+    Moment,
+    check_reports,
+    per_key,
+    running_sum_job,
+    running_sum_reference,
+    wait_until,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -37,18 +45,18 @@ def test_replicas_are_refreshed_and_a_rebalance_onto_them_keeps_results(ray_clus
     sink = TestingSink()
     cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=0, replication="all",
                     replication_period_s=0.3, metrics_poll_interval_s=0.2)
-    h = running_sum_job(records, 2, sink, rate=3000, config=cfg).run()
-    try:
+    # 3,000 records: every one of the 200 keys, so every key group, has state
+    moment = Moment.at(3000, 1500, len(records))
+    h = running_sum_job(records, 2, sink, rate=3000, config=cfg, gates=moment.gates).run()
+
+    def replicate_then_rebalance() -> None:
         with pytest.raises(RescaleRefused, match="policy"):
             h.set_replication("sum", "some")
         with pytest.raises(RescaleRefused, match="not a keyed operator"):
             h.set_replication("src", "all")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            m = _samples(h.metrics_url)
-            if m.get("reflow_replicas[operator=sum]", 0) == 32:
-                break
-            time.sleep(0.2)
+        wait_until(lambda: _samples(h.metrics_url).get("reflow_replicas[operator=sum]") == 32,
+                   "a replica of every key group", h)
+        m = _samples(h.metrics_url)
         assert m["reflow_replicas[operator=sum]"] == 32       # every group has a replica
         assert m["reflow_replication_bytes_total[operator=sum]"] > 0
         # swap half of each task's groups: every destination holds their replicas
@@ -56,29 +64,35 @@ def test_replicas_are_refreshed_and_a_rebalance_onto_them_keeps_results(ray_clus
         report = h.rebalance("sum", swap, protocol="non-disruptive")
         assert report.key_groups_moved == 16 and report.protocol == "non-disruptive"
         assert "adaptive" in report.planning_reason
+        check_reports([report])
         m = _samples(h.metrics_url)
         assert m["reflow_rescale_subscale_seconds_count[operator=sum]"] >= 1
         assert m["reflow_rescale_subscales_done[operator=sum]"] == \
             m["reflow_rescale_subscales[operator=sum]"] > 0
         h.set_replication("sum", "none")
+
+    try:
+        moment.act(h, replicate_then_rebalance)
         h.wait(120)
     finally:
+        moment.release()
         h.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
 def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_cluster):
     protocol = "drrs"  # the failure path is the JobMaster's, the same for every protocol
-    import threading
-
     import ray
 
     from engine.errors import JobFailedError
 
     records = [(i % 40, 1) for i in range(40000)]
     sink = TestingSink()
-    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, metrics_poll_interval_s=0.2)
-    h = running_sum_job(records, 2, sink, rate=2000, config=cfg).run()
+    # one key group per subscale, one subscale at a time: the rescale stays long in flight
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, metrics_poll_interval_s=0.2,
+                    drrs_subscale_bytes=1, drrs_max_subscales=1)
+    moment = Moment.at(1000, 2000, len(records))
+    h = running_sum_job(records, 2, sink, rate=2000, config=cfg, gates=moment.gates).run()
     errors: list[BaseException] = []
 
     def rescale() -> None:
@@ -87,11 +101,19 @@ def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_clust
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             errors.append(exc)
 
+    def committed() -> bool:
+        """The rescale changed the job (new tasks deployed): a failure now fails the job."""
+        return not t.is_alive() or any(
+            r.operator == "sum" and r.running and r.phase in (Phase.DEPLOY, Phase.SUBSCALES)
+            for r in h.metrics().rescales)
+
     try:
-        time.sleep(0.5)
+        moment.wait(h)
+        moment.start.open()
         t = threading.Thread(target=rescale)
         t.start()
-        time.sleep(0.3)
+        wait_until(committed, "the rescale of 'sum' to deploy its new tasks", h)
+        assert t.is_alive(), f"the rescale ended before a task could die in it: {errors}"
         victim = next(n for n in ray.util.list_named_actors(all_namespaces=True)
                       if isinstance(n, dict) and n["name"].endswith("/sum/0/g0")
                       and h.job_id in n["name"])
@@ -102,6 +124,7 @@ def test_a_task_dying_mid_rescale_fails_the_job_with_the_rescale_named(ray_clust
             h.wait(60)
         assert errors and "rescale of 'sum'" in str(errors[0])
     finally:
+        moment.release()
         h.stop()
 
 
@@ -113,13 +136,17 @@ def test_warm_standby_actors_become_the_new_tasks_and_the_pool_refills_after(ray
     sink = TestingSink()
     cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, warm_standby_tasks=2,
                     warm_standby_refill_s=2.0, drrs_subscale_bytes=1, drrs_max_subscales=1)
-    h = running_sum_job(records, 2, sink, rate=3000, config=cfg).run()
+    moment = Moment.at(2000, 1500, len(records))
+    h = running_sum_job(records, 2, sink, rate=3000, config=cfg, gates=moment.gates).run()
     try:
         assert h.status().standby == 2
-        deadline = time.monotonic() + 60
-        while len({r[0] for r in sink.results()}) < 80 and time.monotonic() < deadline:
-            time.sleep(0.1)  # every key (so every group that will have state) has state
+        moment.wait(h)
+        # every key (so every group that will have state) has state
+        wait_until(lambda: len({r[0] for r in sink.results()}) == 80, "output for all 80 keys",
+                   h)
+        moment.start.open()
         report = h.rescale("sum", 4, protocol="drrs")
+        check_reports([report])
         assert (report.old_parallelism, report.new_parallelism) == (2, 4)
         # a 1-byte budget: every group moves alone, but empty groups after an empty one
         # share its subscale
@@ -133,12 +160,11 @@ def test_warm_standby_actors_become_the_new_tasks_and_the_pool_refills_after(ray
         spans = sorted((start, start + dur) for _, start, dur in report.subscales)
         assert all(b[0] >= a[1] for a, b in zip(spans, spans[1:], strict=False)), spans
         assert h.status().standby == 0  # taken by the rescale, not refilled during it
-        deadline = time.monotonic() + 60
-        while h.status().standby < 2 and time.monotonic() < deadline:
-            assert h.status().state == "running", "the job ended before the pool refilled"
-            time.sleep(0.2)
-        assert h.status().standby == 2
+        # the source holds at the moment's end: the job runs until the pool refilled
+        wait_until(lambda: h.status().standby == 2, "the warm standby pool to refill", h)
+        moment.end.open()
         h.wait(120)
     finally:
+        moment.release()
         h.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))

@@ -188,7 +188,7 @@ class JobConfig:
             ("warm_standby_tasks", self.warm_standby_tasks >= 0, ">= 0"),
             ("warm_standby_refill_s", self.warm_standby_refill_s >= 0, ">= 0"),
             ("rescale_timeout_s", self.rescale_timeout_s > 0, "> 0"),
-            ("control_timeout_s", self.control_timeout_s > 0, "> 0"),
+            ("control_timeout_s", 0 < self.control_timeout_s < math.inf, "> 0 and finite"),
             ("batched_step_size", self.batched_step_size >= 1, ">= 1 key group"),
             ("step_gap_ms", self.step_gap_ms >= 0, ">= 0"),
             ("replication", self.replication in ("none", "hot", "all"),

@@ -10,22 +10,64 @@ Hierarchy::
     │   │                       NaN (never equal to itself) (also a ``ValueError``)
     │   └── UnhashableKeyError  ... or a type without a stable hash (also a ``TypeError``)
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
-    ├── RescaleRefused          a rescale request is invalid; the job is untouched
+    ├── RescaleRefused          a rescale request is invalid, or failed before anything
+    │                           changed (names the phase and tasks); the job is untouched
     ├── RescaleTimeout          a rescale phase or control call did not finish within
     │                           ``JobConfig.rescale_timeout_s`` (names the phase and tasks)
     ├── JobFailedError          the running job failed (user function error, task died, ...)
-    │   └── UserFunctionError   a user function raised; names operator, task and record
+    │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
+    │                           operator, task, phase and record
     ├── JobNotRunningError      the call needs a running job
+    ├── WaitTimeout             ``JobHandle.wait(timeout)`` returned with the job still
+    │                           running (also a ``TimeoutError``)
+    ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
+    │   ├── ControlTimeout      ... within the call's deadline (``JobConfig.control_timeout_s``)
+    │   └── JobMasterLost       ... because the JobMaster actor died (Ray's error is the cause)
+    ├── InternalError           reflow's runtime raised something it did not mean to (a bug:
+    │                           report it with the cause's traceback)
     └── DataChannelError        a task's direct data connection failed (caught by the task
         ├── ConnectionLost      shell, which fails the job naming the receiver): the
         └── FrameRefused        receiver died, or refused a frame (e.g. unknown channel)
+
+Errors carry structured fields where they exist (operator, task, ``phase``: a
+``FailurePhase`` or a rescale's phase, record, the original cause), and every one pickles
+with them (it crosses actor boundaries). Messages say what to do.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from engine.names import NameEnum
+
+
+class FailurePhase(NameEnum):
+    """What a task was doing when it failed (``JobFailedError.phase``, outside rescales,
+    whose phases are ``migration.coordinator.Phase``)."""
+
+    OPEN = "open"        # an operator's open(): the task could not start
+    PROCESS = "process"  # processing a record (or a batch, or a timer)
+    DEPLOY = "deploy"    # the JobMaster deploying the task (it died or did not answer)
+
 
 class ReflowError(Exception):
-    """Base of every error reflow raises on purpose."""
+    """Base of every error reflow raises on purpose.
+
+    Errors cross actor boundaries pickled; a subclass with its own ``__init__`` signature
+    would not unpickle through ``Exception``'s default (which calls ``cls(*args)`` with the
+    message only), so every ``ReflowError`` rebuilds as message plus attributes."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild(cls: type[ReflowError], args: tuple[Any, ...],
+             state: dict[str, Any]) -> ReflowError:
+    """A ``ReflowError`` from its message and attributes, without calling its ``__init__``."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
 
 
 class JobDefinitionError(ReflowError):
@@ -54,7 +96,17 @@ class CodecError(ReflowError):
 
 
 class RescaleRefused(ReflowError):
-    """A rescale request was refused; the job keeps running unchanged. The message says why."""
+    """A rescale request was refused; the job keeps running unchanged. The message says why.
+
+    ``operator``, ``phase`` and ``tasks`` are set when the rescale had started and failed
+    before it changed anything (e.g. ``tasks`` did not answer in phase ``hold``)."""
+
+    def __init__(self, message: str, *, operator: str = "", phase: str = "",
+                 tasks: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.phase = phase
+        self.tasks = tuple(tasks)
 
 
 class RescaleTimeout(ReflowError):
@@ -69,28 +121,92 @@ class RescaleTimeout(ReflowError):
 
 
 class JobFailedError(ReflowError):
-    """The job failed; the message says where and why."""
+    """The job failed; the message says where and why.
+
+    Structured fields, set where known ('' or -1 otherwise): ``operator``, ``task_index``,
+    ``task`` (the task actor's name), ``phase`` (what the job or task was doing, e.g.
+    ``open``, ``process``, or a rescale phase), ``record`` (repr of the offending record)
+    and ``cause`` (the original error as ``Type: message``)."""
+
+    def __init__(self, message: str, *, operator: str = "", task_index: int = -1,
+                 task: str = "", phase: str = "", record: str = "", cause: str = "") -> None:
+        super().__init__(message)
+        self.operator = operator
+        self.task_index = task_index
+        self.task = task
+        self.phase = phase
+        self.record = record
+        self.cause = cause
 
 
 class UserFunctionError(JobFailedError):
-    """A user function raised while processing a record.
+    """A user function raised: in ``open()`` (``phase`` "open": the task could not start)
+    or while processing a record (``phase`` "process", the default).
 
-    Attributes name the operator, the task index and the offending record (as its repr).
+    Attributes name the operator, the task index (and task name where known), the phase and
+    the offending record (as its repr; '' for ``open``).
     """
 
-    def __init__(self, operator: str, task_index: int, record: str, cause: str) -> None:
-        self.operator = operator
-        self.task_index = task_index
-        self.record = record
-        self.cause = cause
-        super().__init__(
-            f"user function of operator {operator!r} (task {task_index}) raised {cause} "
-            f"on record {record}; fix the function or give the operator a dead_letter sink"
-        )
+    def __init__(self, operator: str, task_index: int, record: str, cause: str, *,
+                 phase: str = FailurePhase.PROCESS, task: str = "") -> None:
+        phase = FailurePhase.parse(phase, "UserFunctionError phase")
+        if phase == FailurePhase.OPEN:
+            message = (f"open() of operator {operator!r} (task {task_index}) raised {cause}; "
+                       "the task could not start: fix open() (it runs once per task, "
+                       "before its first record)")
+        else:
+            message = (f"user function of operator {operator!r} (task {task_index}) raised "
+                       f"{cause} on record {record}; fix the function or give the operator "
+                       "a dead_letter sink")
+        super().__init__(message, operator=operator, task_index=task_index, task=task,
+                         phase=phase, record=record, cause=cause)
 
 
 class JobNotRunningError(ReflowError):
     """The call needs a running job, and this one has finished, failed or been stopped."""
+
+
+class WaitTimeout(ReflowError, TimeoutError):
+    """``JobHandle.wait(timeout)`` returned and the job still runs (``state``): wait again,
+    or stop it. A ``TimeoutError`` too, as ``wait`` raised before."""
+
+    def __init__(self, message: str, *, job: str = "", state: str = "",
+                 seconds: float | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.state = state
+        self.seconds = seconds
+
+
+class ControlPlaneError(ReflowError):
+    """A call on the ``JobHandle`` got no answer from the job's JobMaster. ``job`` and
+    ``call`` (the handle method) say which."""
+
+    def __init__(self, message: str, *, job: str = "", call: str = "") -> None:
+        super().__init__(message)
+        self.job = job
+        self.call = call
+
+
+class ControlTimeout(ControlPlaneError):
+    """The JobMaster did not answer within the call's deadline (``seconds``). It is alive
+    but busy or frozen (an overloaded node, a paused process); the job may still run. Retry,
+    raise ``JobConfig.control_timeout_s``, or stop the job."""
+
+    def __init__(self, message: str, *, job: str = "", call: str = "",
+                 seconds: float = 0.0) -> None:
+        super().__init__(message, job=job, call=call)
+        self.seconds = seconds
+
+
+class JobMasterLost(ControlPlaneError):
+    """The JobMaster actor died (its process or node went away, or it was killed); the job
+    is gone with it. Ray's error is the ``__cause__``. Deploy the job again."""
+
+
+class InternalError(ReflowError):
+    """reflow's runtime raised an error it did not mean to: a bug. The message and the
+    ``__cause__`` carry the original error and its traceback; please report them."""
 
 
 class DataChannelError(ReflowError):

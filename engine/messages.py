@@ -588,7 +588,11 @@ class Ack:
 class JobStatus:
     """``state`` is one of created, running, finished, failed, stopped. On failure,
     ``error`` says what failed; ``operator``/``task_index``/``record`` are set when a user
-    function raised on a record. ``standby``: warm standby task actors ready now."""
+    function raised on a record. ``standby``: warm standby task actors ready now (not known
+    dead). ``unresponsive``: ``(task, seconds)`` for each task that did not answer the
+    JobMaster's latest metrics poll, with the seconds since it last answered (a task stuck
+    in user code, e.g. processing the same batch for that long); sorted by task. New fields
+    go at the end: the wire form is positional."""
 
     job: str
     state: str
@@ -599,3 +603,11 @@ class JobStatus:
     cause: str = ""
     metrics_url: str = ""
     standby: int = 0
+    unresponsive: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        for entry in self.unresponsive:
+            if (not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str)
+                    or not isinstance(entry[1], (int, float)) or entry[1] < 0):
+                raise CodecError(f"JobStatus.unresponsive holds (task, seconds >= 0) pairs; "
+                                 f"got {entry!r:.200}")

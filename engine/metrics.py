@@ -8,7 +8,8 @@ conventions: ``reflow_`` prefix, base units, ``_total`` counters, ``_seconds``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,13 +68,22 @@ class RescaleProgress:
 
 @dataclass(frozen=True)
 class JobMetrics:
-    """What ``JobHandle.metrics()`` returns: every live task's snapshot and rescale progress."""
+    """What ``JobHandle.metrics()`` returns: every live task's snapshot and rescale progress.
+
+    ``unresponsive``: ``(task, seconds)`` for each task that did not answer this poll in
+    time, with the seconds since it last answered (stuck in user code, or overloaded); its
+    entry in ``tasks`` is the last snapshot it sent (its counters stood still since)."""
 
     job: str
     status: str
     tasks: tuple[TaskMetrics, ...]
     rescales: tuple[RescaleProgress, ...]
     endpoint: str | None
+    unresponsive: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if any(seconds < 0 for _, seconds in self.unresponsive):
+            raise ValueError(f"unresponsive seconds must be >= 0: {self.unresponsive!r}")
 
     def operator(self, vertex: str) -> list[TaskMetrics]:
         return [t for t in self.tasks if t.vertex == vertex]
@@ -110,11 +120,17 @@ _LABELS = ["job", "operator", "task"]
 
 
 class JobCollector:
-    """A prometheus-client collector reading the JobMaster's latest snapshots."""
+    """A prometheus-client collector reading the JobMaster's latest snapshots.
 
-    def __init__(self, job: str) -> None:
+    ``unresponsive``: task name -> (operator, task index, monotonic time it last answered)
+    for the tasks that did not answer the latest metrics poll; ``clock`` reads the same
+    monotonic clock, so the gauge counts the seconds up to the scrape."""
+
+    def __init__(self, job: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.job = job
+        self.clock = clock
         self.tasks: dict[str, TaskMetrics] = {}
+        self.unresponsive: dict[str, tuple[str, int, float]] = {}
         self.rescales: dict[str, RescaleProgress] = {}
         self.rescales_total: dict[str, int] = {}
         self.subscale_seconds: dict[str, list[float]] = {}  # operator -> completed subscales
@@ -135,6 +151,7 @@ class JobCollector:
             for t in tasks:
                 g.add_metric([self.job, t.vertex, str(t.task_index)], getattr(t, field))
             yield g
+        yield self._unresponsive_gauge(tasks)
         hist = HistogramMetricFamily(
             "reflow_end_to_end_latency_seconds",
             "Latency of latency markers from source to sink tasks",
@@ -217,6 +234,25 @@ class JobCollector:
         up = GaugeMetricFamily("reflow_job_running", "1 while the job runs", labels=["job"])
         up.add_metric([self.job], self.running)
         yield up
+
+
+    def _unresponsive_gauge(self, tasks: list[TaskMetrics]) -> GaugeMetricFamily:
+        """0 for a task that answered the latest poll, else the seconds since it last did
+        (every task has a series, so an alert can watch it from the start)."""
+        g = GaugeMetricFamily(
+            "reflow_task_unresponsive_seconds",
+            "Seconds since the task last answered the JobMaster's metrics poll, while it does "
+            "not answer (e.g. stuck in user code); 0 while it answers",
+            labels=_LABELS,
+        )
+        now = self.clock()
+        silent = dict(self.unresponsive)
+        for t in tasks:
+            if t.task not in silent:
+                g.add_metric([self.job, t.vertex, str(t.task_index)], 0.0)
+        for vertex, index, since in silent.values():
+            g.add_metric([self.job, vertex, str(index)], max(0.0, now - since))
+        return g
 
 
 class MetricsEndpoint:

@@ -1,8 +1,11 @@
-"""The Ray shells, the only place Ray is applied: the task actor (``task_actor``), the
-JobMaster (``job_master``, with replication in ``replicas``), the driver's handle
-(``handle``) and the Spark bridge actor (``spark_bridge``). Logic lives in pure classes
-(``engine.task.TaskCore``, ``migration.participant``, ``migration.coordinator``); the
-shells move bytes, apply commands and wait."""
+"""The Ray shells, the only place Ray is applied: the task actor (``task_actor``, its data
+connections in ``connections``), the JobMaster (``job_master``, with rescales in
+``rescaling``, replication in ``replicas`` and the watch over its actors in ``watch``),
+the driver's handle (``handle``) and the Spark bridge actor (``spark_bridge``). Logic
+lives in pure classes (``engine.task.TaskCore``, ``migration.participant``,
+``migration.coordinator``; here ``health``: task health and the standby pool, ``deadlines``:
+every control deadline, ``failures``: Ray's errors as reflow's); the shells move bytes,
+apply commands and wait."""
 
 from engine.runtime.handle import JobHandle, deploy
 from engine.runtime.job_master import NAMESPACE

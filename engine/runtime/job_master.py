@@ -10,6 +10,14 @@ reports. Guarantees: a request refused before anything changed (validation, plan
 timeout before the first change) leaves the job untouched and raises ``RescaleRefused``;
 a failure after that fails the job with the phase named; a newer request for the same
 operator supersedes the running one; a stop-restart excludes every other rescale.
+
+The driver's calls never wait for a task without a deadline (``engine.runtime.deadlines``):
+a task that does not answer a metrics poll in time is reported as unresponsive
+(``engine.runtime.health``), with the seconds since it last answered, in ``status``,
+``metrics`` and the ``reflow_task_unresponsive_seconds`` gauge; warm standby actors are
+pinged at every poll and before one is handed out, and dead ones replaced. Deploying waits
+at most ``Deadlines.deploy_s``; a task that cannot start fails ``start`` with its error
+(``UserFunctionError`` naming the operator for an ``open()`` that raised).
 """
 
 from __future__ import annotations
@@ -19,13 +27,13 @@ import contextlib
 from typing import Any
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
 
 from engine import graph as g
 from engine.clock import SystemClock
 from engine.codec import pack_exact
 from engine.config import JobConfig
 from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment
+from engine.errors import FailurePhase, JobFailedError
 from engine.messages import (
     JobStatus,
     Start,
@@ -35,16 +43,18 @@ from engine.messages import (
     decode_message,
     encode_message,
 )
-from engine.metrics import JobCollector, MetricsEndpoint, TaskMetrics
+from engine.metrics import JobCollector, MetricsEndpoint
 from engine.names import JobState
 from engine.physical import PhysicalPlan, plan_physical
+from engine.runtime.deadlines import Deadlines
+from engine.runtime.failures import reflow_error_in
+from engine.runtime.health import StandbyPool
 from engine.runtime.replicas import ReplicaKeeper
 from engine.runtime.rescaling import Rescaler
 from engine.runtime.task_actor import RemoteTask
+from engine.runtime.watch import Watch
 from engine.task import TaskSpec
-from migration.coordinator import (
-    SubscaleIds,
-)
+from migration.coordinator import SubscaleIds
 
 NAMESPACE = "reflow"
 
@@ -57,6 +67,10 @@ class JobMaster:
         self.config = config
         self.job_id = job_id
         self.clock = SystemClock()
+        self.deadlines = Deadlines.of(config)
+        self.pool = StandbyPool(f"{job_id}/standby", config.warm_standby_tasks,
+                                self._new_standby, lambda a: a.ping.remote(), ray.kill,
+                                self.deadlines.task_poll_s)
         self.plan: PhysicalPlan = plan_physical(graph)
         self.dep: Deployment = initial_deployment(self.plan, job_id)
         self.ids = ChannelIds()
@@ -67,13 +81,14 @@ class JobMaster:
         self.error = ""
         self.finished: set[str] = set()
         self.epoch = 0
-        self.collector = JobCollector(job_id)
+        self.collector = JobCollector(job_id, self.clock.monotonic)
         self.endpoint: MetricsEndpoint | None = None
         self.replicas = ReplicaKeeper(self)
         self.rescaler = Rescaler(self)
+        self.watch = Watch(self)
+        self.health = self.watch.health
         self._changed = asyncio.Event()
         self._vertex_locks: dict[str, asyncio.Lock] = {}
-        self._standby: list[Any] = []
         self._configuring: dict[str, Any] = {}
         self._background: list[asyncio.Task[None]] = []
 
@@ -89,8 +104,22 @@ class JobMaster:
         """Set at the next change of the job (a report, a failure, a stop)."""
         return self._changed
 
-    def create_task_actor(self, vertex: str, name: str, dep: Deployment) -> None:
-        self._create(name, self._spec(vertex, dep.tasks[vertex].index(name), name, dep))
+    async def create_task_actor(self, vertex: str, name: str, dep: Deployment) -> None:
+        """Task ``name`` of ``vertex``: a warm standby actor that answers its ping (its
+        ``configure`` call is awaited before any other call reaches it), else a new one."""
+        spec = self._spec(vertex, dep.tasks[vertex].index(name), name, dep)
+        handle = await self.pool.take() if len(self.pool) else None
+        if handle is None:
+            self._create(name, spec)
+            return
+        self._configuring[name] = handle.configure.remote(spec)
+        self.handles[name] = handle
+        self.health.created(name)
+
+    def forget_task(self, name: str) -> None:
+        """Task ``name`` was removed (its actor killed): no more metrics or health."""
+        self.watch.forget(name)
+        self.finished.discard(name)
 
     def refill_standby_later(self) -> None:
         self._refill_standby_later()
@@ -104,9 +133,11 @@ class JobMaster:
     async def call(self, task: str, msg: Any, introduce: Any = ()) -> Any:
         """Send a control message to ``task`` (after its configuration, for a standby
         actor) and return its decoded reply; ``introduce``: tasks whose handles go along."""
-        pending = self._configuring.pop(task, None)
-        if pending is not None:
+        pending = self._configuring.get(task)
+        if pending is not None:  # popped only once awaited: a cancelled caller leaves it
             await pending
+            if self._configuring.get(task) is pending:
+                del self._configuring[task]
         handles = {n: self.handles[n] for n in introduce} or None
         return decode_message(await self.handles[task].control.remote(encode_message(msg),
                                                                        handles))
@@ -120,61 +151,102 @@ class JobMaster:
                         dep.key_groups_of(v.name, index))
 
     def _create(self, name: str, spec: TaskSpec) -> None:
-        """A task actor for ``spec``: a warm standby one when the pool has one (its
-        ``configure`` call is awaited before any other call reaches it), else a new actor."""
-        if self._standby:
-            handle = self._standby.pop()
-            self._configuring[name] = handle.configure.remote(spec)
-            self.handles[name] = handle
-            return
+        """A new task actor for ``spec``."""
         me = ray.get_runtime_context().current_actor
         self.handles[name] = RemoteTask.options(
             name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
             max_concurrency=10_000,
         ).remote(spec, me)
+        self.health.created(name)
+
+    def _new_standby(self, name: str) -> Any:
+        """An idle task actor for the pool, named ``<job>/standby-<n>`` (findable by name)."""
+        return RemoteTask.options(
+            name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
+            max_concurrency=10_000,
+        ).remote(None, ray.get_runtime_context().current_actor)
 
     def _refill_standby_later(self) -> None:
-        """After a rescale: top the pool up ``warm_standby_refill_s`` later. Starting an
-        actor costs a few CPU-seconds; doing it during the rescale that drew on the pool
-        would slow the very migration the pool is there to speed up."""
-        if len(self._standby) < self.config.warm_standby_tasks:
+        """After a rescale (or a dead standby dropped): top the pool up
+        ``warm_standby_refill_s`` later. Starting an actor costs a few CPU-seconds; doing it
+        during the rescale that drew on the pool would slow the very migration the pool is
+        there to speed up."""
+        if len(self.pool) < self.pool.size:
             asyncio.get_running_loop().call_later(self.config.warm_standby_refill_s,
                                                   self._fill_standby)
 
     def _fill_standby(self) -> None:
-        if not self.state.active:
-            return
-        me = ray.get_runtime_context().current_actor
-        while len(self._standby) < self.config.warm_standby_tasks:
-            self._standby.append(RemoteTask.options(
-                namespace=NAMESPACE, num_cpus=self.config.task_num_cpus, max_concurrency=10_000,
-            ).remote(None, me))
+        if self.state.active:
+            self.pool.fill()
 
     # -- lifecycle
     async def start(self) -> str:
-        for v in self.plan.vertices:
-            for i, name in enumerate(self.dep.tasks[v.name]):
-                self._create(name, self._spec(v.name, i, name, self.dep))
-        msgs = connect_messages(self.dep, self.ids)
-        # receivers first, so a channel exists before anything is sent on it
-        order = [t for v in reversed(self.dep.plan.vertices) for t in self.dep.tasks[v.name]]
-        await asyncio.gather(*(self.call(t, msgs[t], [c.target for e in msgs[t].outputs
-                                                      for c in e.channels]) for t in order))
-        self.state = JobState.RUNNING
+        """Deploy and start the tasks; returns the metrics URL. A task that cannot start
+        (or does not answer within ``Deadlines.deploy_s``) fails the job, which is torn
+        down, and ``start`` raises why: the ``UserFunctionError`` of an ``open()`` that
+        raised, else ``JobFailedError`` naming the tasks."""
         try:
-            for v in reversed(self.plan.vertices):  # sources last
-                await asyncio.gather(*(self.call(t, Start()) for t in self.dep.tasks[v.name]))
-        except RayActorError:
-            if self.state != JobState.FAILED:  # a task failing at once tears the job down
-                raise
+            await self._deploy()
+        except Exception as exc:
+            if self.state == JobState.FAILED and self.failure is not None:
+                pass  # a task failed at once and reported it: wait() tells the driver
+            else:
+                err = reflow_error_in(exc) or JobFailedError(
+                    f"deploying job {self.job_id} failed: {type(exc).__name__}: {exc}",
+                    phase=FailurePhase.DEPLOY)
+                if isinstance(err, JobFailedError) and err.task:
+                    self.failure = TaskFailed(err.task, err.operator, err.task_index,
+                                              err.record, err.cause)
+                await self._fail(str(err))
+                raise err from None
         if self.config.metrics_port is not None:
             self.endpoint = MetricsEndpoint(self.collector, self.config.metrics_host,
                                             self.config.metrics_port)
         loop = asyncio.get_running_loop()
-        self._background = [loop.create_task(self._poll_metrics()),
+        self._background = [loop.create_task(self.watch.loop()),
                             loop.create_task(self.replicas.loop())]
         self._fill_standby()
         return self.endpoint.url if self.endpoint else ""
+
+    async def _deploy(self) -> None:
+        for v in self.plan.vertices:
+            for i, name in enumerate(self.dep.tasks[v.name]):
+                self._create(name, self._spec(v.name, i, name, self.dep))
+        msgs = connect_messages(self.dep, self.ids)
+        deadline = self.clock.monotonic() + self.deadlines.deploy_s
+        # receivers first, so a channel exists before anything is sent on it
+        order = [t for v in reversed(self.dep.plan.vertices) for t in self.dep.tasks[v.name]]
+        await self._each(order, lambda t: self.call(
+            t, msgs[t], [c.target for e in msgs[t].outputs for c in e.channels]), deadline)
+        self.state = JobState.RUNNING
+        for v in reversed(self.plan.vertices):  # sources last
+            await self._each(self.dep.tasks[v.name], lambda t: self.call(t, Start()), deadline)
+
+    async def _each(self, tasks: list[str], call: Any, deadline: float) -> None:
+        """``call(task)`` for every task at once, all answered by ``deadline``; else raise
+        the first task's reflow error, or ``JobFailedError`` naming the tasks that died or
+        did not answer."""
+        futs = {t: asyncio.ensure_future(call(t)) for t in tasks}
+        _, pending = await asyncio.wait(futs.values(), return_when=asyncio.FIRST_EXCEPTION,
+                                        timeout=max(0.0, deadline - self.clock.monotonic()))
+        for f in pending:
+            f.cancel()
+        failed = {t: f.exception() for t, f in futs.items() if f not in pending
+                  and f.exception() is not None}
+        for exc in failed.values():
+            mine = reflow_error_in(exc)  # type: ignore[arg-type]
+            if mine is not None:
+                raise mine
+        # after a failure the others were not waited for: only a timeout names them
+        silent = [] if failed else [t for t, f in futs.items() if f in pending]
+        if failed or silent:
+            what = [f"{t} died ({type(e).__name__})" for t, e in failed.items()]
+            what += [f"{t} did not answer within {self.deadlines.deploy_s:g} s" for t in silent]
+            first = next(iter(failed), None) or silent[0]
+            raise JobFailedError(
+                f"deploying job {self.job_id}: task {'; task '.join(what)}. A task that "
+                "does not answer may be stuck in an open() or short of CPUs (task_num_cpus)",
+                task=first, phase=FailurePhase.DEPLOY)
 
     async def report(self, payload: bytes) -> None:
         """A task's report: job-level bookkeeping, then every running rescale sees it."""
@@ -213,29 +285,10 @@ class JobMaster:
 
     async def _teardown(self) -> None:
         self.collector.running = 0
-        for h in [*self.handles.values(), *self._standby]:
+        for h in [*self.handles.values(), *self.pool.clear()]:
             with contextlib.suppress(Exception):
                 ray.kill(h)
         self.handles.clear()
-        self._standby.clear()
-
-    async def _poll_metrics(self) -> None:
-        while self.state.active:
-            await asyncio.sleep(self.config.metrics_poll_interval_s)
-            names = [n for n in self.dep.task_names()
-                     if n in self.handles and n not in self.finished]
-            refs = {n: self.handles[n].metrics.remote() for n in names}
-            for n, ref in refs.items():
-                try:
-                    self.collector.tasks[n] = decode_message(await asyncio.wait_for(ref, 10.0))
-                except RayActorError as exc:
-                    if self.state == JobState.RUNNING and n in self.dep.task_names():
-                        await self._fail(f"task {n} died: {exc}")
-                        return
-                except (TimeoutError, GetTimeoutError):
-                    continue
-            live = set(self.dep.task_names())
-            self.collector.tasks = {k: v for k, v in self.collector.tasks.items() if k in live}
 
     # -- driver API
     def status(self) -> bytes:
@@ -244,8 +297,13 @@ class JobMaster:
             self.job_id, str(self.state), self.error,
             f.operator if f else "", f.task_index if f else -1, f.record if f else "",
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
-            len(self._standby),
+            len(self.pool), self.watch.unresponsive(),
         ))
+
+    def rescale_ticks(self) -> int:
+        """Steps run by this job's rescales so far: the driver's sign that a long rescale
+        still advances (see ``Deadlines.rescale_window_s``)."""
+        return self.rescaler.ticks
 
     async def wait(self, timeout: float | None) -> bytes:
         deadline = None if timeout is None else self.clock.monotonic() + timeout
@@ -258,28 +316,34 @@ class JobMaster:
         return self.status()
 
     async def metrics(self) -> bytes:
-        snaps: list[TaskMetrics] = []
-        for n in [n for n in self.dep.task_names() if n in self.handles]:
-            h = self.handles.get(n)
-            if h is None:  # torn down meanwhile
-                continue
-            try:
-                snaps.append(decode_message(await h.metrics.remote()))
-            except RayActorError:
-                continue
-        for s in snaps:
-            self.collector.tasks[s.task] = s
+        """Every live task's latest snapshot (an unresponsive task's last one) within
+        ``Deadlines.task_poll_s``, the rescales' progress, the endpoint and the
+        unresponsive tasks."""
+        if self.state.active:
+            await self.watch.poll()  # a dead task: the background poll fails the job
+        live = [n for n in self.dep.task_names() if n in self.handles]
+        snaps = [self.collector.tasks[n] for n in live if n in self.collector.tasks]
         return pack_exact([
             str(self.state), [encode_message(s) for s in snaps],
             [encode_message(r) for r in self.collector.rescales.values()],
             self.endpoint.url if self.endpoint else "",
+            [list(e) for e in self.watch.unresponsive()],
         ])
 
     async def stop(self) -> None:
+        """Ask each task to stop (flushing its sinks), one at a time in deployment order,
+        each within ``control_timeout_s`` and all within ``Deadlines.stop_budget_s``
+        (unresponsive tasks are not asked); then kill every actor."""
         if self.state.active:
+            end = self.clock.monotonic() + self.deadlines.stop_budget_s
             for n in list(self.handles):
+                left = min(self.deadlines.control_s, end - self.clock.monotonic())
+                if left <= 0:
+                    break
+                if self.health.is_silent(n):
+                    continue
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.call(n, StopTask()), 10.0)
+                    await asyncio.wait_for(self.call(n, StopTask()), left)
             self.state = JobState.STOPPED
         await self._teardown()
         if self.endpoint is not None:

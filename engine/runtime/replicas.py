@@ -8,8 +8,10 @@ rescale's coordinator reads which replicas exist (``held``) and reports which be
 
 Guarantees: a replica is listed only once its holder applied it (the owner's shell awaits
 the holders' acks); a refresh never runs while the operator rescales (both take the
-operator's lock); a replica of a group that moved, or of a holder that went away, is
-forgotten and dropped at its holder.
+operator's lock) and gives up after ``rescale_timeout_s`` (a stuck task must not hold the
+lock a rescale waits for); a replica of a group that moved, or of a holder that went
+away, is forgotten and dropped at its holder (a holder that does not answer within
+``control_timeout_s / 2`` is asked again at the next drop).
 """
 
 from __future__ import annotations
@@ -100,7 +102,9 @@ class ReplicaKeeper:
         policy, _, frac = self.policies[vertex]
         names = list(m.dep.tasks[vertex])
         assignment = m.dep.assignments[vertex]
-        replies = await asyncio.gather(*(m.call(t, GroupStatsRequest()) for t in names))
+        limit = m.deadlines.rescale_s
+        replies = await asyncio.wait_for(
+            asyncio.gather(*(m.call(t, GroupStatsRequest()) for t in names)), limit)
         loads = {kg: (records / r.seconds if r.seconds > 0 else 0.0)
                  for r in replies for kg, records, _ in r.groups}
         sizes = {kg: size for r in replies for kg, _, size in r.groups}
@@ -118,9 +122,9 @@ class ReplicaKeeper:
             version = held[kg][1] if kg in held else -1
             targets.setdefault(names[assignment[kg]], []).append((kg, names[h], version))
         owners = list(targets)
-        replies = await asyncio.gather(*(
+        replies = await asyncio.wait_for(asyncio.gather(*(
             m.call(o, RefreshReplicas(tuple(targets[o])), [t[1] for t in targets[o]])
-            for o in owners))
+            for o in owners)), limit)
         c = m.collector
         for o, r in zip(owners, replies, strict=True):
             holder_of = {kg: h for kg, h, _ in targets[o]}
@@ -145,10 +149,17 @@ class ReplicaKeeper:
             self.master.collector.replicas[vertex] = len(held)
 
     async def drop_forgotten(self) -> None:
+        """Drop the forgotten replicas at their holders; one that does not answer in time
+        keeps its list for the next drop (a stale replica is never read: it is forgotten)."""
         m = self.master
         drops, self._to_drop = self._to_drop, {}
-        await asyncio.gather(*(m.call(h, DropReplicas(tuple(sorted(kgs))))
-                               for h, kgs in drops.items() if h in m.handles))
+        holders = [h for h in drops if h in m.handles]
+        results = await asyncio.gather(*(
+            asyncio.wait_for(m.call(h, DropReplicas(tuple(sorted(drops[h])))),
+                             m.deadlines.task_poll_s) for h in holders), return_exceptions=True)
+        for h, r in zip(holders, results, strict=True):
+            if isinstance(r, BaseException):
+                self._to_drop.setdefault(h, set()).update(drops[h])
 
     async def release(self, vertex: str, gone: Sequence[str] = (), clear: bool = False) -> None:
         """After a rescale: drop what was forgotten; forget replicas held by ``gone`` tasks

@@ -7,7 +7,12 @@ coordinators, and enforces the timeouts.
 
 Guarantees: every control call and every wait of a rescale is bounded by
 ``JobConfig.rescale_timeout_s``; a request refused or failing before the job changed
-raises ``RescaleRefused`` with the job untouched (holds released); a failure after that
+raises ``RescaleRefused`` with the job untouched (holds released), naming the phase and
+the tasks that did not answer, at most ``control_timeout_s / 2`` (asking the tasks named
+what they were doing) plus ``control_timeout_s / 2`` (releasing the holds: a silent task
+gets its release when it wakes up) after the step timed out, so a rescale held up by a
+stuck task is refused within about ``rescale_timeout_s + control_timeout_s``; ``ticks`` counts the commands run, the
+driver's sign that a long rescale advances; a failure after that
 fails the job naming the rescale and its phase; a newer live request for an operator
 supersedes the running one (which finishes its running subscales and starts no more);
 live rescales of different operators may run at once; a stop-restart excludes all others.
@@ -23,10 +28,12 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from engine import graph as g
-from engine.errors import JobFailedError, RescaleRefused, RescaleTimeout
+from engine.config import check_count
+from engine.errors import JobFailedError, ReflowError, RescaleRefused, RescaleTimeout
 from engine.keygroups import validate_assignment
 from engine.messages import DescribeTask, TaskState, decode_message, encode_message
 from engine.names import JobState
+from engine.runtime.failures import reflow_error_in
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -62,6 +69,7 @@ class Rescaler:
         self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
         self._inbox: dict[str, deque[Command]] = {}
         self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
+        self.ticks = 0  # commands run, over all rescales of the job
 
     @property
     def running(self) -> bool:
@@ -105,9 +113,8 @@ class Rescaler:
                 f"rescale {v.name!r}")
         if op.kind == g.SOURCE:
             raise RescaleRefused(f"operator {operator!r} is a source; sources cannot be rescaled")
-        if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
-            raise RescaleRefused(f"parallelism {parallelism!r} for {operator!r} must be an "
-                                 "integer >= 1 (not a bool)")
+        parallelism = check_count(f"rescale of {operator!r}: parallelism", parallelism,
+                                  error=RescaleRefused)
         nkg = m.dep.plan.num_key_groups
         if v.keyed and parallelism > nkg:
             raise RescaleRefused(
@@ -191,6 +198,7 @@ class Rescaler:
                 if not inbox:
                     raise RuntimeError("the coordinator gave no command and is not done")
                 cmd = inbox.popleft()
+                self.ticks += 1
                 if isinstance(cmd, AwaitReports):
                     await self._await_reports(coord, cmd)
                 else:
@@ -225,33 +233,41 @@ class Rescaler:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(m.changed().wait(), max(0.0, min(0.5, left)))
 
-    async def _run(self, cmd: Command) -> Any:
-        """Execute one coordinator command; its result goes back to the coordinator."""
+    async def _run(self, cmd: Command, timeout: float | None = None) -> Any:
+        """Execute one coordinator command; its result goes back to the coordinator.
+        ``timeout``: the bound of a ``SendControl`` (default ``rescale_timeout_s``)."""
         m = self.m
         match cmd:
             case SendControl(calls=calls, phase=phase):
+                limit = m.config.rescale_timeout_s if timeout is None else timeout
                 futs = [asyncio.ensure_future(m.call(c.task, c.message, c.introduce))
                         for c in calls]
-                _, pending = await asyncio.wait(futs, timeout=m.config.rescale_timeout_s)
+                _, pending = await asyncio.wait(futs, timeout=limit)
                 if pending:
                     for f in pending:
                         f.cancel()
                     silent = tuple(c.task for c, f in zip(calls, futs, strict=True)
                                    if f in pending)
                     raise RescaleTimeout(
-                        f"no answer within {m.config.rescale_timeout_s:g} s in phase {phase} "
-                        f"from {', '.join(silent)}", str(phase), silent)
+                        f"no answer within {limit:g} s in phase {phase} from "
+                        f"{', '.join(silent)} (a task stuck in a user function, or overloaded: "
+                        "see JobHandle.status().unresponsive; retry once it answers, or "
+                        "raise JobConfig.rescale_timeout_s)", str(phase), silent)
+                for f in futs:  # a task's own error (e.g. an open() raised) as itself
+                    exc = f.exception()
+                    mine = None if exc is None else reflow_error_in(exc)
+                    if mine is not None:
+                        raise mine from exc
                 return [f.result() for f in futs]
             case CreateTasks(vertex=vertex, names=names, deployment=dep):
                 for name in names:
-                    m.create_task_actor(vertex, name, dep)
+                    await m.create_task_actor(vertex, name, dep)
             case RemoveTasks(names=names):
                 for n in names:
                     h = m.handles.pop(n, None)
                     if h is not None:
                         ray.kill(h)
-                    m.collector.tasks.pop(n, None)
-                    m.finished.discard(n)
+                    m.forget_task(n)
             case UpdateVertex(vertex=vertex, tasks=tasks, assignment=a, generation=gen):
                 m.dep = m.dep.with_vertex(vertex, tasks, a, gen)
                 m.plan = m.dep.plan
@@ -273,32 +289,52 @@ class Rescaler:
         job naming the rescale and its phase. Always raises."""
         m, req = self.m, coord.request
         what = f"rescale of {req.operator!r} to parallelism {req.parallelism} ({req.protocol})"
+        tasks: tuple[str, ...] = ()
         if isinstance(exc, RescaleTimeout) and exc.tasks:
-            exc = RescaleTimeout(f"{exc} Tasks: {await self._describe(set(exc.tasks))}",
+            tasks = exc.tasks
+            exc = RescaleTimeout(f"{exc}. Tasks: {await self._describe(set(exc.tasks))}",
                                  exc.phase, exc.tasks)
-        cause = f"{type(exc).__name__}: {exc}"
+        elif isinstance(exc, JobFailedError) and exc.task:  # e.g. a new task's open() raised
+            tasks = (exc.task,)
+        cause = (f"{type(exc).__name__}: {exc}" if isinstance(exc, ReflowError)
+                 else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         if not coord.committed and m.state == JobState.RUNNING:
             for cmd in coord.release_commands():
                 with contextlib.suppress(Exception):
-                    await self._run(cmd)
+                    await self._run(cmd, timeout=m.deadlines.task_poll_s)
             raise RescaleRefused(f"{what} refused in phase {coord.phase} before anything "
-                                 f"changed; the job goes on unchanged: {cause}") from exc
+                                 f"changed; the job goes on unchanged: {cause}",
+                                 operator=req.operator, phase=str(coord.phase),
+                                 tasks=tasks) from exc
         msg = f"{what} failed in phase {coord.phase}: {cause}"
         if m.state != JobState.FAILED:
             await m.fail(msg)
         elif "rescale of" not in m.error:  # e.g. a task died: name the rescale too
             m.error = f"{m.error} (during the {what}, phase {coord.phase})"
-        raise JobFailedError(m.error or msg) from exc
+        raise JobFailedError(m.error or msg, operator=req.operator, phase=str(coord.phase),
+                             cause=cause) from exc
 
     async def _describe(self, names: set[str]) -> str:
-        """Each task's own account of its migrations (a stuck rescale's error message)."""
+        """Each task's own account of its migrations (a stuck rescale's error message),
+        all asked at once within ``Deadlines.task_poll_s``; a task that does not answer is
+        named with the seconds since it last answered anything."""
+        m = self.m
+        order = sorted(n for n in names if n in m.handles)
+
+        async def ask(n: str) -> TaskState:
+            return decode_message(  # type: ignore[no-any-return]
+                await m.handles[n].control.remote(encode_message(DescribeTask())))
+
+        replies = await asyncio.gather(
+            *(asyncio.wait_for(ask(n), m.deadlines.task_poll_s) for n in order),
+            return_exceptions=True)
         out = []
-        for n in sorted(names):
-            try:
-                st: TaskState = decode_message(await asyncio.wait_for(
-                    self.m.handles[n].control.remote(encode_message(DescribeTask())), 10.0))
+        for n, st in zip(order, replies, strict=True):
+            if isinstance(st, BaseException):  # a dead or hung task: the error is the point
+                silent = m.clock.monotonic() - m.health.since(n)
+                out.append(f"{n} [no answer ({type(st).__name__}); last answered "
+                           f"{silent:.1f} s ago: stuck in user code, overloaded or dead]")
+            else:
                 out.append(f"{n} [{st.status}{', input ended' if st.input_ended else ''}] "
                            f"{st.detail}")
-            except Exception as exc:  # a dead or hung task: say so, the error is the point
-                out.append(f"{n} [no answer: {type(exc).__name__}]")
         return " | ".join(out)

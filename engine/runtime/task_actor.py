@@ -10,7 +10,11 @@ reports to the JobMaster.
 
 Guarantees: a frame is acknowledged only once the core took it for processing (credits);
 a receiver that goes away fails this task naming it; a control call returns the core's
-reply after what it queued was sent (and, for a stop or a channel removal, acknowledged).
+reply after what it queued was sent (and, for a stop or a channel removal, acknowledged);
+a task whose operators' ``open()`` raised (at creation, or a source's at ``Start``) raises
+a ``UserFunctionError`` naming the operator from every call, instead of dying unexplained;
+``ping`` answers at once while the actor's loop is free (standby health checks). Data
+connections are in ``engine.runtime.connections``.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ray.exceptions import RayActorError
 
 from engine.channel import CreditGate
 from engine.clock import SystemClock
-from engine.errors import DataChannelError
+from engine.errors import DataChannelError, FailurePhase, JobFailedError, ReflowError
 from engine.messages import (
     PauseSource,
     PriorityBatch,
@@ -40,6 +44,8 @@ from engine.messages import (
     decode_message,
     encode_message,
 )
+from engine.runtime.connections import DataConnections, DownstreamDied
+from engine.runtime.failures import open_failure
 from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
 from engine.transport import DataClient, DataServer, ServerConnection
 
@@ -53,15 +59,19 @@ def new_core(spec: TaskSpec) -> TaskCore:
     return new_task_core(spec, SystemClock())
 
 
-class TaskActor:
+class TaskActor(DataConnections):
     """Shell around one ``TaskCore``: receives frames, runs the loop, sends with credits."""
 
     def __init__(self, spec: TaskSpec | None, master: Any) -> None:
-        """``spec`` None: a warm standby actor, made a task later by ``configure``."""
+        """``spec`` None: a warm standby actor, made a task later by ``configure``. A task
+        that cannot start (an ``open()`` raised) stays alive to say why: its every call
+        raises that error (an actor whose constructor raised would only say it died)."""
         self.master = master
         self.handles: dict[str, Any] = {}
+        self._broken: ReflowError | None = None
         if spec is not None:
-            self.configure(spec)
+            with contextlib.suppress(ReflowError):
+                self.configure(spec)
         self.in_flight: dict[int, deque[Any]] = {}
         # frame (channel, seq) -> how to acknowledge it once taken for processing: the
         # pending actor call's future (transport "ray") or the data connection ("tcp")
@@ -76,7 +86,18 @@ class TaskActor:
         self._loop_task: asyncio.Task[None] | None = None
 
     def configure(self, spec: TaskSpec) -> None:
-        self.core = new_core(spec)
+        """Become the task of ``spec`` (its operators' ``open()`` run here); raises a
+        ``UserFunctionError`` naming the operator when one raised."""
+        try:
+            self.core = new_core(spec)
+        except Exception as exc:
+            cause = f"{type(exc).__name__}: {exc}"
+            opened = open_failure(exc, spec.operators, spec.task_name, spec.task_index)
+            self._broken = opened or JobFailedError(
+                f"task {spec.task_name} of operator {spec.vertex!r} could not start: {cause}",
+                operator=spec.vertex, task_index=spec.task_index, task=spec.task_name,
+                phase=FailurePhase.DEPLOY, cause=cause)
+            raise self._broken from exc
         self.clock = self.core.clock
         self.gate = CreditGate(spec.config.credits)
 
@@ -86,84 +107,6 @@ class TaskActor:
             self._send_lock = asyncio.Lock()
             self._kick = asyncio.Event()
         return self._wake
-
-    async def data_address(self) -> tuple[str, int, bytes]:
-        """Where and with which token to open a data connection to this task (its server
-        starts on the first ask)."""
-        cfg = self.core.spec.config
-        if self._server is None:
-            self._server = DataServer(self._on_frame)
-        port = await self._server.start(cfg.data_host)
-        host = cfg.data_host
-        if host in ("0.0.0.0", "::"):
-            host = ray.util.get_node_ip_address()
-        return host, port, self._server.token
-
-    def _on_frame(self, channel_id: int, seq: int, payload: bytes, conn: ServerConnection) -> None:
-        """A data frame from the socket: as ``push``, acknowledged through ``conn``."""
-        core = self.core
-        if core.status not in _ACTIVE:
-            conn.ack(channel_id, seq)
-            return
-        try:
-            core.receive(channel_id, seq, payload)
-        except Exception as exc:  # the sender fails the job naming this task
-            conn.nack(channel_id, seq, f"{type(exc).__name__}: {exc}")
-            return
-        self.acks[(channel_id, seq)] = conn
-        self._event().set()
-
-    def _connected(self, target: str) -> DataClient | None:
-        """The data connection to ``target`` if one is open."""
-        client = self._clients.get(target)
-        return client if client is not None and not client.closed else None
-
-    async def _client(self, target: str) -> DataClient:
-        """The data connection to ``target``, opened on first use (one at a time)."""
-        client = self._connected(target)
-        if client is not None:
-            return client
-        pending = self._connecting.get(target)
-        if pending is None:
-            pending = asyncio.ensure_future(self._open_client(target))
-            self._connecting[target] = pending
-            pending.add_done_callback(lambda _f: self._connecting.pop(target, None))
-        return await asyncio.shield(pending)
-
-    async def _open_client(self, target: str) -> DataClient:
-        handle = self.handles[target]
-        try:
-            host, port, token = await handle.data_address.remote()
-            client = await DataClient.connect(host, port, token, target)
-        except (RayActorError, OSError) as exc:
-            if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
-                return await self._open_client(target)
-            raise _DownstreamDied(f"cannot open a data connection to task {target}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        if self.handles.get(target) is not handle:  # the name now stands for a new actor
-            client.close()
-            return await self._open_client(target)
-        old = self._clients.get(target)
-        if old is not None:
-            old.close()
-        self._clients[target] = client
-        return client
-
-    def _new_handles(self, handles: dict[str, Any]) -> None:
-        """Take the handles a control call brings. A name that now stands for another
-        actor (a task removed, a new one made under its name) drops the old connection;
-        connections to new receivers open in the background, ahead of the first frame."""
-        for name, h in handles.items():
-            old = self.handles.get(name)
-            if old is not None and old._actor_id != h._actor_id:
-                client = self._clients.pop(name, None)
-                if client is not None:
-                    client.close()
-            self.handles[name] = h
-        if self.core.spec.config.transport == "tcp":
-            for name in handles:
-                if name not in self._clients and name not in self._connecting:
-                    asyncio.ensure_future(self._client(name)).add_done_callback(_quiet)
 
     async def push(self, channel_id: int, seq: int, payload: bytes) -> None:
         """A data frame (transport "ray"); returns once the task has taken it for
@@ -177,12 +120,24 @@ class TaskActor:
         self._event().set()
         await fut
 
+    async def ping(self) -> None:
+        """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
+
     async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
+        if self._broken is not None:
+            raise self._broken
         msg = decode_message(payload)
         wake = self._event()
         if handles:
             self._new_handles(handles)
-        reply = self.core.handle(msg)
+        try:
+            reply = self.core.handle(msg)
+        except Exception as exc:  # a source's open() runs at Start: name its operator
+            spec = self.core.spec
+            err = open_failure(exc, spec.operators, spec.task_name, spec.task_index)
+            if err is None or err is exc:
+                raise
+            raise err from exc
         if isinstance(msg, RefreshReplicas):
             reply = await self._send_replicas(reply)
         if isinstance(msg, Start) and self._loop_task is None:
@@ -230,6 +185,8 @@ class TaskActor:
             self.handles[target].control.remote(encode_message(msg))
 
     async def metrics(self) -> bytes:
+        if self._broken is not None:
+            raise self._broken
         return encode_message(self.core.metrics())
 
     def _ack_consumed(self) -> None:
@@ -307,7 +264,7 @@ class TaskActor:
         try:
             await fut
         except (RayActorError, DataChannelError) as exc:
-            raise _DownstreamDied(str(exc)) from exc
+            raise DownstreamDied(str(exc)) from exc
 
     def _reap_acks(self) -> None:
         """Count acknowledged frames (oldest first per channel); a failed push means the
@@ -318,7 +275,7 @@ class TaskActor:
                 self.gate.on_ack(cid)
                 exc = fut.exception()
                 if exc is not None:
-                    raise _DownstreamDied(str(exc))
+                    raise DownstreamDied(str(exc))
 
     async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
         for cid, q in list(self.in_flight.items()):  # a control call may add channels meanwhile
@@ -382,7 +339,7 @@ class TaskActor:
                     core.idle_s += clock.monotonic() - t2
             await self._send_outbox()
             await self._settle_in_flight()
-        except _DownstreamDied as exc:
+        except DownstreamDied as exc:
             core.status = FAILED
             core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
                                            f"a downstream task died: {exc}"))
@@ -410,22 +367,11 @@ class TaskActor:
         return max(0.0, min(candidates))
 
 
-class _DownstreamDied(Exception):
-    pass
-
-
 def _acknowledge(key: tuple[int, int], ack: asyncio.Future[None] | ServerConnection) -> None:
     if isinstance(ack, ServerConnection):
         ack.ack(*key)
     elif not ack.done():
         ack.set_result(None)
-
-
-def _quiet(fut: asyncio.Future[Any]) -> None:
-    """A background connection attempt that failed: the next send tries again and fails
-    the task with the reason."""
-    if not fut.cancelled():
-        fut.exception()
 
 
 RemoteTask = ray.remote(max_restarts=0, max_task_retries=0)(TaskActor)

@@ -1,0 +1,134 @@
+"""A task actor's data connections (transport "tcp"): its server, and its clients to the
+tasks it sends to.
+
+Why apart: the task actor (``engine.runtime.task_actor``) is the shell around a task core;
+which socket reaches which task, and what happens when a task name comes to stand for a
+new actor, is a concern of its own.
+
+Guarantees: at most one connection is being opened per receiver at a time; a connection
+opened while the receiver's name was given to a new actor is dropped and reopened to the
+new one; a receiver that cannot be reached raises ``DownstreamDied`` naming it (the task
+fails, and the JobMaster fails the job naming the receiver). A frame taken from the socket
+is acknowledged only once the core took it for processing (``acks``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+
+from engine.task import TaskCore
+from engine.transport import DataClient, DataServer, ServerConnection
+
+_ACTIVE = ("created", "running")
+
+
+class DownstreamDied(Exception):
+    """A task this one sends to went away (the task fails naming it)."""
+
+
+class DataConnections:
+    """The data-connection half of ``TaskActor`` (a base class; the actor sets the
+    attributes declared here)."""
+
+    core: TaskCore
+    handles: dict[str, Any]
+    acks: dict[tuple[int, int], asyncio.Future[None] | ServerConnection]
+    _server: DataServer | None
+    _clients: dict[str, DataClient]
+    _connecting: dict[str, asyncio.Future[DataClient]]
+
+    def _event(self) -> asyncio.Event:
+        raise NotImplementedError
+
+    async def data_address(self) -> tuple[str, int, bytes]:
+        """Where and with which token to open a data connection to this task (its server
+        starts on the first ask)."""
+        cfg = self.core.spec.config
+        if self._server is None:
+            self._server = DataServer(self._on_frame)
+        port = await self._server.start(cfg.data_host)
+        host = cfg.data_host
+        if host in ("0.0.0.0", "::"):
+            host = ray.util.get_node_ip_address()
+        return host, port, self._server.token
+
+    def _on_frame(self, channel_id: int, seq: int, payload: bytes, conn: ServerConnection) -> None:
+        """A data frame from the socket: as ``push``, acknowledged through ``conn``."""
+        core = self.core
+        if core.status not in _ACTIVE:
+            conn.ack(channel_id, seq)
+            return
+        try:
+            core.receive(channel_id, seq, payload)
+        except Exception as exc:  # the sender fails the job naming this task
+            conn.nack(channel_id, seq, f"{type(exc).__name__}: {exc}")
+            return
+        self.acks[(channel_id, seq)] = conn
+        self._event().set()
+
+    def _connected(self, target: str) -> DataClient | None:
+        """The data connection to ``target`` if one is open."""
+        client = self._clients.get(target)
+        return client if client is not None and not client.closed else None
+
+    async def _client(self, target: str) -> DataClient:
+        """The data connection to ``target``, opened on first use (one at a time)."""
+        client = self._connected(target)
+        if client is not None:
+            return client
+        pending = self._connecting.get(target)
+        if pending is None:
+            pending = asyncio.ensure_future(self._open_client(target))
+            self._connecting[target] = pending
+            pending.add_done_callback(lambda _f: self._connecting.pop(target, None))
+        return await asyncio.shield(pending)
+
+    async def _open_client(self, target: str) -> DataClient:
+        handle = self.handles[target]
+        try:
+            host, port, token = await handle.data_address.remote()
+            client = await DataClient.connect(host, port, token, target)
+        except (RayActorError, OSError) as exc:
+            if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
+                return await self._open_client(target)
+            raise DownstreamDied(f"cannot open a data connection to task {target}: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        if self.handles.get(target) is not handle:  # the name now stands for a new actor
+            client.close()
+            return await self._open_client(target)
+        old = self._clients.get(target)
+        if old is not None:
+            old.close()
+        self._clients[target] = client
+        return client
+
+    def _new_handles(self, handles: dict[str, Any]) -> None:
+        """Take the handles a control call brings. A name that now stands for another
+        actor (a task removed, a new one made under its name) drops the old connection;
+        connections to new receivers open in the background, ahead of the first frame."""
+        for name, h in handles.items():
+            old = self.handles.get(name)
+            if old is not None and old._actor_id != h._actor_id:
+                client = self._clients.pop(name, None)
+                if client is not None:
+                    client.close()
+            self.handles[name] = h
+        if self.core.spec.config.transport == "tcp":
+            for name in handles:
+                if name not in self._clients and name not in self._connecting:
+                    asyncio.ensure_future(self._client(name)).add_done_callback(_quiet)
+
+
+
+def _quiet(fut: asyncio.Future[Any]) -> None:
+    """A background connection attempt that failed: the next send tries again and fails
+    the task with the reason."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+__all__ = ["DataConnections", "DownstreamDied"]

@@ -1,0 +1,136 @@
+"""What Ray's exceptions mean to a reflow user, and which operator's ``open()`` raised.
+
+Why: Ray reports a failure in its own terms (``RayTaskError`` wrapping the remote error,
+``ActorDiedError``, ``GetTimeoutError``); a user of reflow should see reflow's errors
+(``engine.errors``), with Ray's kept as the ``__cause__`` for whoever debugs. And a task
+whose ``open()`` raises dies inside Ray's actor constructor, where the only trace of the
+operator is a traceback; ``open_failure`` finds the operator in it.
+
+Format and guarantees: ``translate`` maps every exception of a call on the JobMaster to a
+``ReflowError``: a reflow error raised remotely comes back as itself (unwrapped from any
+depth of ``RayTaskError``); an actor error becomes ``JobMasterLost``; a get timeout
+``ControlTimeout``; anything else ``InternalError`` (a bug: the remote traceback is kept).
+Pure: no Ray calls, only Ray's exception classes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+
+from engine import graph as g
+from engine.errors import (
+    ControlPlaneError,
+    ControlTimeout,
+    FailurePhase,
+    InternalError,
+    JobMasterLost,
+    ReflowError,
+    UserFunctionError,
+)
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The error a remote call raised, through any number of ``RayTaskError`` layers (a
+    task's error seen by the JobMaster, then by the driver)."""
+    seen = 0
+    while isinstance(exc, RayTaskError) and seen < 16:
+        cause = getattr(exc, "cause", None)
+        if not isinstance(cause, BaseException) or cause is exc:
+            break
+        exc, seen = cause, seen + 1
+    return exc
+
+
+def reflow_error_in(exc: BaseException) -> ReflowError | None:
+    """The ``ReflowError`` a remote call raised, or None when it raised something else."""
+    inner = unwrap(exc)
+    if isinstance(inner, ReflowError) and not isinstance(inner, RayTaskError):
+        return inner
+    if isinstance(inner, RayTaskError):  # a dual instance: the cause's own class and Ray's
+        cause = getattr(inner, "cause", None)
+        return cause if isinstance(cause, ReflowError) else None
+    return None
+
+
+def translate(exc: BaseException, *, job: str, call: str, seconds: float = 0.0) -> ReflowError:
+    """The ``ReflowError`` to raise for ``exc``, raised by the driver's ``call`` (a handle
+    method name) on job ``job``'s JobMaster with a deadline of ``seconds``. Raise the result
+    ``from exc`` (a reflow error raised remotely is returned as is; raise it ``from None``)."""
+    mine = reflow_error_in(exc)
+    if mine is not None:
+        return mine
+    if isinstance(exc, GetTimeoutError):
+        return ControlTimeout(
+            f"job {job}: the JobMaster did not answer {call}() within {seconds:g} s; it may be "
+            "overloaded or frozen (the job itself may still run): retry, raise "
+            "JobConfig.control_timeout_s, or stop the job", job=job, call=call,
+            seconds=seconds)
+    if isinstance(exc, RayActorError):
+        return JobMasterLost(
+            f"job {job}: the JobMaster died (its process or node went away, or it was killed) "
+            f"during {call}(); the job is gone with it: deploy it again "
+            f"({type(exc).__name__})", job=job, call=call)
+    if isinstance(exc, RayTaskError):
+        inner = unwrap(exc)
+        return InternalError(
+            f"job {job}: the JobMaster raised {type(inner).__name__}: {inner} during {call}(); "
+            "this is a bug of reflow: please report it with this error's cause")
+    if isinstance(exc, RayError):
+        return ControlPlaneError(
+            f"job {job}: Ray failed the call {call}() ({type(exc).__name__}: {exc}); check the "
+            "Ray cluster, then retry", job=job, call=call)
+    return InternalError(f"job {job}: {call}() failed with {type(exc).__name__}: {exc}; this "
+                         "is a bug of reflow: please report it with this error's cause")
+
+
+def _frames(exc: BaseException) -> list[Any]:
+    """The frames of ``exc``'s traceback, outermost first (and of its causes after it)."""
+    out: list[Any] = []
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        tb: TracebackType | None = e.__traceback__
+        while tb is not None:
+            out.append(tb.tb_frame)
+            tb = tb.tb_next
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def user_objects(operators: Sequence[g.OperatorDef]) -> list[tuple[Any, str]]:
+    """Every user object of a task's operators with an ``open()``: (object, operator)."""
+    out: list[tuple[Any, str]] = []
+    for op in operators:
+        for obj in (op.fn, op.dead_letter, op.late_sink):
+            if obj is not None:
+                out.append((obj, op.name))
+    return out
+
+
+def open_failure(exc: BaseException, operators: Sequence[g.OperatorDef], task: str,
+                 task_index: int) -> UserFunctionError | None:
+    """A ``UserFunctionError`` (phase ``open``) when ``exc`` was raised inside the ``open``
+    method of one of ``operators``' user objects (function, source, sink, dead-letter or
+    late sink), naming that operator; None when it was raised elsewhere (an engine bug, a
+    key function, ...). The outermost such frame wins: an ``open`` that calls another
+    object's ``open`` is named by the object reflow called."""
+    if isinstance(exc, UserFunctionError):
+        return exc
+    objects = user_objects(operators)
+    for frame in _frames(exc):
+        if frame.f_code.co_name != "open":
+            continue
+        me = frame.f_locals.get("self")
+        for obj, operator in objects:
+            if me is obj:
+                return UserFunctionError(operator, task_index, "", f"{type(exc).__name__}: {exc}",
+                                         phase=FailurePhase.OPEN, task=task)
+    return None
+
+
+__all__ = ["open_failure", "reflow_error_in", "translate", "unwrap", "user_objects"]

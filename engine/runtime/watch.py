@@ -1,0 +1,110 @@
+"""The JobMaster's watch over its actors: metrics polls with deadlines, task health, and
+the warm standby pool's health checks.
+
+Why apart from the JobMaster: this is the part that must never wait for a task. A task
+runs user code on its actor's event loop, so one stuck in a user function answers nothing;
+the poll waits ``Deadlines.task_poll_s`` and reports it as unresponsive instead
+(``engine.runtime.health.TaskHealth``).
+
+Guarantees: a poll returns within ``Deadlines.task_poll_s``; at most one metrics call per
+task is outstanding (a stuck task is asked once, the next polls wait on the same call);
+the collector holds every live task's latest snapshot (a silent task's last one) and the
+silent tasks for the ``reflow_task_unresponsive_seconds`` gauge; a task whose actor died
+is returned to the caller (the background loop fails the job); a dead standby actor is
+dropped at the next poll and the pool topped up ``warm_standby_refill_s`` later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+from ray.exceptions import RayActorError
+
+from engine.messages import decode_message
+from engine.metrics import TaskMetrics
+from engine.names import JobState
+from engine.runtime.health import TaskHealth
+
+if TYPE_CHECKING:
+    from engine.runtime.job_master import JobMaster
+
+
+class Watch:
+    """Metrics polls and health of one job's tasks (and its standby pool)."""
+
+    def __init__(self, master: JobMaster) -> None:
+        self.m = master
+        self.health = TaskHealth(master.clock)
+        self._polls: dict[str, tuple[Any, asyncio.Future[TaskMetrics]]] = {}
+
+    def forget(self, task: str) -> None:
+        """``task`` was removed: no more polls, metrics or health."""
+        c = self.m.collector
+        c.tasks.pop(task, None)
+        c.unresponsive.pop(task, None)
+        self.health.forget(task)
+        self._polls.pop(task, None)
+
+    async def loop(self) -> None:
+        """Every ``metrics_poll_interval_s``: poll the tasks (a task that died fails the
+        job) and check the standby pool (a dead actor is dropped and replaced)."""
+        m = self.m
+        while m.state.active:
+            await asyncio.sleep(m.config.metrics_poll_interval_s)
+            for n, exc in await self.poll():
+                if m.state == JobState.RUNNING:
+                    await m.fail(f"task {n} died: {type(exc).__name__}: {exc}")
+                    return
+            if len(m.pool) and await m.pool.check() and not m.rescaling:
+                m.refill_standby_later()
+
+    async def poll(self) -> list[tuple[str, BaseException]]:
+        """Ask every live task for its metrics and wait ``Deadlines.task_poll_s``. Returns
+        the tasks whose actor died."""
+        m = self.m
+        names = [n for n in m.dep.task_names() if n in m.handles and n not in m.finished]
+        futs: dict[str, tuple[Any, asyncio.Future[TaskMetrics]]] = {}
+        for n in names:
+            h = m.handles[n]
+            if n not in self._polls or self._polls[n][0] is not h:
+                self._polls[n] = (h, asyncio.ensure_future(_ask_metrics(h)))
+            futs[n] = self._polls[n]
+        if futs:
+            await asyncio.wait([f for _, f in futs.values()], timeout=m.deadlines.task_poll_s)
+        died: list[tuple[str, BaseException]] = []
+        for n, (h, f) in futs.items():
+            if not f.done():
+                self.health.missed(n)
+                continue
+            if self._polls.get(n, (None, None))[1] is f:
+                del self._polls[n]
+            if m.handles.get(n) is not h:  # replaced or removed meanwhile
+                continue
+            exc = f.exception()
+            if isinstance(exc, RayActorError) and n in m.dep.task_names():
+                died.append((n, exc))
+            elif exc is None:
+                self.health.answered(n)
+                m.collector.tasks[n] = f.result()
+        where = {t: (v, i) for v, ts in m.dep.tasks.items() for i, t in enumerate(ts)}
+        m.collector.tasks = {k: v for k, v in m.collector.tasks.items() if k in where}
+        m.collector.unresponsive = {t: (*where[t], self.health.since(t))
+                                    for t, _ in self.health.unresponsive() if t in where}
+        return died
+
+    def unresponsive(self) -> tuple[tuple[str, float], ...]:
+        """``(task, seconds since it last answered)`` of the live tasks that did not answer
+        the latest poll; none once the job ended."""
+        m = self.m
+        if not m.state.active:
+            return ()
+        live = set(m.dep.task_names())
+        return tuple(e for e in self.health.unresponsive() if e[0] in live)
+
+
+async def _ask_metrics(handle: Any) -> TaskMetrics:
+    return decode_message(await handle.metrics.remote())  # type: ignore[no-any-return]
+
+
+__all__ = ["Watch"]

@@ -1,0 +1,294 @@
+"""Failure semantics on a real local Ray cluster (issue 19): the control plane never hangs,
+and the errors a user sees are reflow's, never Ray's.
+
+Each test acts on events: a ``SourceGate`` holds the input so the job keeps running, a
+user function writes a marker file when it blocks, an actor is killed or its process
+stopped by the test. Waits for a condition have generous timeouts; calls that must not
+hang run in a thread whose answer is awaited with a timeout, so on a runtime that hangs
+the test fails instead of hanging with it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import ray
+from prometheus_client.parser import text_string_to_metric_families
+from ray.exceptions import RayActorError, RayError
+
+from engine import JobConfig, KeyedProcessFunction, StreamJob
+from engine.deployment import task_name
+from engine.errors import (
+    ControlTimeout,
+    JobMasterLost,
+    RescaleRefused,
+    UserFunctionError,
+)
+from engine.runtime.deadlines import Deadlines
+from engine.sinks import Sink
+from engine.sources import Source
+from engine.testing import SourceGate, TestingSink, TestingSource
+from tests.jobs import per_key, running_sum_reference
+
+pytestmark = pytest.mark.ray
+
+NAMESPACE = "reflow"
+
+
+def within(seconds: float, fn: Callable[[], Any]) -> Any:
+    """``fn()``'s result (or its exception), failing the test if it has not returned after
+    ``seconds``: the call under test must not hang (a hung call is left in its thread)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(fn).result(timeout=seconds)
+    except concurrent.futures.TimeoutError:
+        pytest.fail(f"the call did not return within {seconds} s: the control plane hangs")
+    finally:
+        pool.shutdown(wait=False)
+
+
+def until(cond: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
+    """Wait for ``cond()`` to be truthy (polled every 50 ms), failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout} s waiting for {what or cond}")
+        time.sleep(0.05)
+
+
+def held_job(name: str, config: JobConfig, gate: SourceGate, n: int = 4000,
+             sink: TestingSink | None = None) -> StreamJob:
+    """A running-sum job whose source holds at ``gate`` (so it runs until the test opens
+    it)."""
+    records = [(i % 40, i % 7) for i in range(n)]
+    job = StreamJob(name, num_key_groups=32, parallelism=2, config=config)
+    (job.source(TestingSource(records, gate=gate), name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum")
+        .sink(sink or TestingSink(), name="out"))
+    return job
+
+
+# ------------------------------------------------------------------ 1. deadlines
+
+
+def test_a_frozen_jobmaster_makes_handle_calls_raise_control_timeout(ray_cluster):
+    gate = SourceGate(after=200)
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, control_timeout_s=1.0,
+                    rescale_timeout_s=1.5)
+    d = Deadlines.of(cfg)
+    h = held_job("frozen-master", cfg, gate).run()
+    pid = ray.get(h._master.__ray_call__.remote(lambda self: os.getpid()))
+    gate.wait_reached()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        calls: list[tuple[Callable[[], Any], float]] = [
+            (h.status, d.control_s), (h.metrics, d.control_s),
+            (lambda: h.wait(0.5), 0.5 + d.control_s),
+            (lambda: h.set_replication("sum", "none"), d.control_s),
+            # a rescale waits a window for the answer, then asks whether it advances;
+            # (a source cannot be rescaled: once thawed, the JobMaster refuses it at once)
+            (lambda: h.rescale("src", 2), d.rescale_window_s + d.control_s)]
+        for call, deadline in calls:
+            t0 = time.monotonic()
+            err = within(60, lambda call=call: _raised(call))
+            took = time.monotonic() - t0
+            assert isinstance(err, ControlTimeout), repr(err)
+            assert deadline <= took + 0.1 and took < deadline + 5, (took, deadline)
+            assert err.job == h.job_id and err.call and err.seconds > 0
+            assert "control_timeout_s" in str(err) or "rescale_timeout_s" in str(err)
+            assert isinstance(err.__cause__, RayError) or err.call == "rescale"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert within(30, h.status).state == "running"  # it answers again once thawed
+    h.stop()
+
+
+def _raised(call: Callable[[], Any]) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the test inspects what was raised
+        return exc
+    return None
+
+
+# ------------------------------------------------------------------ 2. a stuck user function
+
+
+class StuckOnce(KeyedProcessFunction):
+    """A running sum that blocks (600 s) on the record ``(key, -1)``, after writing the
+    index of its task to ``marker`` so the test knows which task is stuck."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def open(self, ctx: Any) -> None:
+        self.index = ctx.task_index
+        self.total = ctx.value_state("total", 0)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        key, v = value
+        if v == -1:
+            with open(self.marker + ".tmp", "w") as f:
+                f.write(str(self.index))
+            os.replace(self.marker + ".tmp", self.marker)
+            time.sleep(600)
+        self.total.update(self.total.value() + v)
+        yield (key, self.total.value())
+
+
+def test_a_stuck_user_function_is_reported_and_does_not_freeze_the_control_plane(ray_cluster):
+    marker = os.path.join(tempfile.mkdtemp(prefix="reflow-stuck-"), "stuck")
+    records = [(i % 40, 1) for i in range(500)] + [(3, -1)] + [(i % 40, 1) for i in range(500)]
+    cfg = JobConfig(batch_size=20, linger_ms=2, metrics_port=0, control_timeout_s=2.0,
+                    rescale_timeout_s=3.0, metrics_poll_interval_s=0.2)
+    job = StreamJob("stuck", num_key_groups=32, parallelism=2, config=cfg)
+    (job.source(TestingSource(records), name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .process(StuckOnce(marker), name="sum")
+        .sink(TestingSink(), name="out"))
+    h = job.run()
+    try:
+        until(lambda: os.path.exists(marker), what="the user function to block")
+        with open(marker) as f:
+            index = int(f.read())
+
+        t0 = time.monotonic()
+        m = within(30, h.metrics)
+        assert time.monotonic() - t0 < cfg.control_timeout_s + 3
+        stuck = task_name(h.job_id, "sum", index, 0)
+        assert stuck in dict(m.unresponsive)
+
+        st = until(lambda: (s := within(30, h.status)).state == "running"
+                   and dict(s.unresponsive).get(stuck, 0) >= 1.0 and s,
+                   what="status() to list the stuck task for >= 1 s")
+        assert [t for t, _ in st.unresponsive] == [stuck]  # the healthy tasks answer
+
+        text = urllib.request.urlopen(h.metrics_url, timeout=10).read().decode()
+        gauge = {s.labels["task"]: s.value for fam in text_string_to_metric_families(text)
+                 for s in fam.samples if s.name == "reflow_task_unresponsive_seconds"
+                 and s.labels["operator"] == "sum"}
+        assert gauge[str(index)] >= 1.0 and gauge[str(1 - index)] == 0.0
+
+        t0 = time.monotonic()
+        err = within(60, lambda: _raised(lambda: h.rescale("sum", 3)))
+        took = time.monotonic() - t0
+        assert isinstance(err, RescaleRefused), repr(err)
+        assert stuck in err.tasks and stuck in str(err) and err.phase and err.operator == "sum"
+        assert took < cfg.rescale_timeout_s + cfg.control_timeout_s + 5, took
+        st = within(30, h.status)
+        assert st.state == "running" and stuck in dict(st.unresponsive)
+    finally:
+        within(60, h.stop)
+
+
+# ------------------------------------------------------------------ 3. Ray's errors translated
+
+
+class FailingOpen(KeyedProcessFunction):
+    def open(self, ctx: Any) -> None:
+        if ctx.task_index == 1:
+            raise RuntimeError("no database")
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+
+class FailingSource(Source):
+    def open(self, task_index: int, parallelism: int, offset: Any, clock: Any) -> Any:
+        raise OSError("no such topic")
+
+
+class FailingSink(Sink):
+    def open(self, task_index: int, parallelism: int, clock: Any) -> Any:
+        raise PermissionError("read-only bucket")
+
+
+@pytest.mark.parametrize("where", ["function", "source", "sink"])
+def test_an_open_that_raises_makes_run_raise_user_function_error(ray_cluster, where):
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None)
+    job = StreamJob(f"open-{where}", num_key_groups=32, parallelism=2, config=cfg)
+    src = FailingSource() if where == "source" else TestingSource([(1, 1)] * 100)
+    (job.source(src, name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .process(FailingOpen() if where == "function" else _Echo(), name="fn")
+        .sink(FailingSink() if where == "sink" else TestingSink(), name="out"))
+    with pytest.raises(UserFunctionError) as info:
+        within(120, job.run)
+    err = info.value
+    expected = {"function": ("fn", 1, "RuntimeError: no database"),
+                "source": ("src", 0, "OSError: no such topic"),
+                "sink": ("out", 0, "PermissionError: read-only bucket")}[where]
+    assert (err.operator, err.task_index, err.cause) == expected
+    assert err.phase == "open" and err.task and err.record == ""
+    assert f"open() of operator {expected[0]!r}" in str(err) and "fix open()" in str(err)
+    assert not isinstance(err, RayError)
+
+
+class _Echo(KeyedProcessFunction):
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        yield value
+
+
+def test_a_dead_jobmaster_makes_every_handle_call_raise_job_master_lost(ray_cluster):
+    gate = SourceGate(after=200)
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, control_timeout_s=2.0)
+    h = held_job("lost-master", cfg, gate).run()
+    gate.wait_reached()
+    # a reflow error raised in the JobMaster comes back as itself, not wrapped by Ray
+    with pytest.raises(RescaleRefused) as refused:
+        h.rescale("no-such-operator", 2)
+    assert type(refused.value) is RescaleRefused
+    with pytest.raises(RescaleRefused, match="task index"):
+        h.rebalance("sum", ["a"] * 32)
+    ray.kill(h._master)
+    calls = {"status": h.status, "metrics": h.metrics, "wait": lambda: h.wait(5),
+             "rescale": lambda: h.rescale("sum", 3),
+             "set_replication": lambda: h.set_replication("sum", "all")}
+    for name, call in calls.items():
+        err = within(60, lambda call=call: _raised(call))
+        assert isinstance(err, JobMasterLost), (name, repr(err))
+        assert isinstance(err.__cause__, RayActorError) and not isinstance(err, RayError)
+        assert err.job == h.job_id and err.call == name and "deploy it again" in str(err)
+    within(30, h.stop)  # stopping a job whose JobMaster is gone is not an error
+
+
+# ------------------------------------------------------------------ 4. warm standby health
+
+
+def test_a_dead_standby_actor_is_dropped_and_never_handed_to_a_rescale(ray_cluster):
+    gate = SourceGate(after=2000)
+    records = [(i % 40, i % 7) for i in range(4000)]
+    sink = TestingSink()
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, control_timeout_s=2.0,
+                    warm_standby_tasks=3, warm_standby_refill_s=600.0,
+                    metrics_poll_interval_s=0.2)
+    h = held_job("standby", cfg, gate, len(records), sink).run()
+    try:
+        assert h.status().standby == 3
+        gate.wait_reached()
+        ray.kill(ray.get_actor(f"{h.job_id}/standby-0", namespace=NAMESPACE))
+        until(lambda: h.status().standby == 2, 30, "status().standby to stop counting it")
+        # the next one dies just before the rescale asks for standby actors: it must be
+        # found dead when handed out (or at the next poll), not given to the new task
+        ray.kill(ray.get_actor(f"{h.job_id}/standby-1", namespace=NAMESPACE))
+        report = h.rescale("sum", 4)
+        assert (report.old_parallelism, report.new_parallelism) == (2, 4)
+        st = h.status()
+        assert st.state == "running" and st.standby == 0, st  # no refill within 600 s
+        gate.open()
+        h.wait(120)
+    finally:
+        h.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))

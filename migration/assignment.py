@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from engine.errors import ReflowError
 from engine.keygroups import uniform_assignment
+
+
+class AssignmentError(ReflowError, ValueError):
+    """The inputs of an assignment function do not fit together; the message says how."""
 
 
 def uniform(num_key_groups: int, parallelism: int) -> tuple[int, ...]:
@@ -46,9 +51,10 @@ def balanced(loads: Sequence[float], current: Sequence[int], parallelism: int,
     lowers T's load. Finally a task left without groups takes the lightest group of the task
     holding the most (the parallelism is ``max(assignment) + 1``). Deterministic."""
     if len(loads) != len(current):
-        raise ValueError("loads and current assignment differ in length")
+        raise AssignmentError(f"loads ({len(loads)}) and the current assignment "
+                              f"({len(current)}) differ in length; pass one load per key group")
     if parallelism < 1:
-        raise ValueError("parallelism must be >= 1")
+        raise AssignmentError(f"parallelism must be >= 1; got {parallelism}")
     w = [float(x) for x in loads]
     new = [t if 0 <= t < parallelism else -1 for t in current]
     load = [0.0] * parallelism

@@ -9,6 +9,7 @@ frames, at random or not) that runs while the coordinator waits for reports.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections import deque
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from engine.clock import Clock
 from engine.config import JobConfig
 from engine.deployment import ChannelIds, Deployment
 from engine.messages import SubscaleDone, decode_message, encode_message
-from engine.task import TaskCore
+from engine.task import TaskCore, TaskSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -37,6 +38,17 @@ from migration.coordinator import (
     coordinator_for,
 )
 from migration.report import RescaleReport
+
+
+def make_spec(dep: Deployment, vertex: str, index: int, name: str,
+              config: JobConfig) -> TaskSpec:
+    """What the JobMaster builds for a task. Each Ray actor gets its own copy of the spec
+    (and so of the user function objects, which keep state handles): copy it."""
+    v = dep.plan.vertex(vertex)
+    key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name) if e.key_fn is not None}
+    return copy.deepcopy(TaskSpec(dep.job_id, v.name, name, index, v.parallelism, v.operators,
+                                  dep.plan.num_key_groups, config, key_fns,
+                                  dep.key_groups_of(v.name, index)))
 
 
 def wire(msg: Any) -> Any:

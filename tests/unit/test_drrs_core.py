@@ -15,7 +15,6 @@ frames from ``router.outbox`` through ``receive()`` + ``step()``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 import types
@@ -64,12 +63,10 @@ from engine.messages import (
     TriggerBarrier,
     Watermark,
     decode_frame,
-    decode_message,
-    encode_message,
 )
 from engine.physical import plan_physical
 from engine.state import EVENT_TIME
-from engine.task import TaskCore, TaskSpec
+from engine.task import TaskCore
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
 from migration.coordinator import (
@@ -85,25 +82,13 @@ from migration.protocols import LIVE, PROTOCOLS, PlanRequest, make_plan
 from migration.protocols.drrs import plan_subscales
 from migration.scheduling import SubscaleScheduler
 from tests import harness
+from tests.harness import make_spec, wire
 
 N = 16  # key groups; uniform over 2 tasks: 0-7 -> task 0, 8-15 -> task 1
 CFG = JobConfig(batch_size=4, linger_ms=0, metrics_port=None)
 
 
 # ====================================================================== harness
-
-
-def make_spec(dep: Deployment, vertex: str, index: int, name: str, config: JobConfig) -> TaskSpec:
-    """What JobMaster._spec builds; every actor has its own copy of the user functions."""
-    v = dep.plan.vertex(vertex)
-    key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name) if e.key_fn is not None}
-    return copy.deepcopy(TaskSpec(dep.job_id, v.name, name, index, v.parallelism, v.operators,
-                                  dep.plan.num_key_groups, config, key_fns,
-                                  dep.key_groups_of(v.name, index)))
-
-
-def wire(msg: Any) -> Any:
-    return decode_message(encode_message(msg))
 
 
 def key_in(kg: int, nth: int = 0) -> int:

@@ -8,7 +8,6 @@ is a ``ManualClock``, and outputs are read back from ``TestingSink``s.
 
 from __future__ import annotations
 
-import copy
 import random
 from typing import Any
 
@@ -61,31 +60,17 @@ from engine.operators import (
 from engine.physical import plan_physical
 from engine.sinks import SinkWriter
 from engine.state import KeyedStateBackend
-from engine.task import TaskCore, TaskSpec
+from engine.task import TaskCore
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK
 from migration.coordinator import RescaleRequest
 from migration.report import RescaleReport
 from tests import harness
+from tests.harness import make_spec, wire
 
 N = 16  # key groups
 CFG = JobConfig(batch_size=5, linger_ms=0, metrics_port=None)
 T0_MS = 1_000_000  # ManualClock() starts at 1000.0 s
-
-
-def make_spec(dep: Deployment, vertex: str, index: int, name: str, config: JobConfig) -> TaskSpec:
-    """What JobMaster._spec builds (engine/runtime.py). Each Ray actor gets its own copy of
-    the spec (and so of the user function objects, which keep state handles): copy it."""
-    v = dep.plan.vertex(vertex)
-    key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name) if e.key_fn is not None}
-    return copy.deepcopy(TaskSpec(dep.job_id, v.name, name, index, v.parallelism, v.operators,
-                                  dep.plan.num_key_groups, config, key_fns,
-                                  dep.key_groups_of(v.name, index)))
-
-
-def wire(msg: Any) -> Any:
-    """Control messages go over the wire in the runtime: do the same here."""
-    return decode_message(encode_message(msg))
 
 
 class Net:

@@ -5,7 +5,8 @@ phase both count the load per key group on the generator's deterministic key seq
 ask for an assignment that evens it; both must compute it the same way.
 
 An *assignment* is a sequence, one task index per key group (``engine.keygroups``' format).
-Every function is pure and deterministic (ties break on the lower index).
+Every function is pure and deterministic (ties break on the lower index). The load-evening
+assignment itself is the engine's (``migration.assignment.balanced``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from examples.bench.harness import BenchError
+from migration.assignment import balanced as balanced_assignment
+from migration.assignment import imbalance, task_loads
 
 
 def group_loads(key_counts: Mapping[Any, float] | Sequence[float],
@@ -27,92 +29,6 @@ def group_loads(key_counts: Mapping[Any, float] | Sequence[float],
         if v:
             out[key_group(k)] += float(v)
     return out
-
-
-def task_loads(loads: Sequence[float], assignment: Sequence[int], parallelism: int
-               ) -> list[float]:
-    out = [0.0] * parallelism
-    for g, t in enumerate(assignment):
-        out[t] += loads[g]
-    return out
-
-
-def imbalance(loads: Sequence[float], assignment: Sequence[int], parallelism: int
-              ) -> float | None:
-    """Highest task load over the mean task load (1.0 is perfectly even)."""
-    t = task_loads(loads, assignment, parallelism)
-    mean = sum(t) / parallelism
-    return None if mean == 0 else max(t) / mean
-
-
-def balanced_assignment(loads: Sequence[float], current: Sequence[int], parallelism: int,
-                        theta: float = 0.05) -> tuple[int, ...]:
-    """An assignment of key groups to ``parallelism`` tasks that evens the load while moving
-    few groups. Groups of tasks that no longer exist go first, heaviest first, to the
-    least-loaded task. Then, while the most-loaded task T carries more than
-    ``(1 + theta)`` times the mean, the best single step between T and the least-loaded task
-    U is taken: moving one group of T to U, or swapping a group of T with a lighter one of
-    U, whichever brings the pair closest to even (a move wins a tie); it stops when no step
-    lowers T's load. Finally a task left without groups takes the lightest group of the task
-    holding the most (the parallelism is ``max(assignment) + 1``). Deterministic."""
-    if len(loads) != len(current):
-        raise BenchError(f"loads ({len(loads)}) and the current assignment ({len(current)}) "
-                         "differ in length; pass one load per key group")
-    if parallelism < 1:
-        raise BenchError(f"parallelism must be >= 1; got {parallelism}")
-    w = [float(x) for x in loads]
-    new = [t if 0 <= t < parallelism else -1 for t in current]
-    load = [0.0] * parallelism
-    for g, t in enumerate(new):
-        if t >= 0:
-            load[t] += w[g]
-    for g in sorted((g for g, t in enumerate(new) if t < 0), key=lambda g: (-w[g], g)):
-        t = min(range(parallelism), key=lambda i: (load[i], i))
-        new[g] = t
-        load[t] += w[g]
-    target = (1.0 + theta) * sum(w) / parallelism
-    for _ in range(4 * len(w) + 16):
-        hi = max(range(parallelism), key=lambda i: (load[i], -i))
-        lo = min(range(parallelism), key=lambda i: (load[i], i))
-        gap = load[hi] - load[lo]
-        if load[hi] <= target or gap <= 0:
-            break
-        mine = [g for g, t in enumerate(new) if t == hi]
-        theirs = [g for g, t in enumerate(new) if t == lo]
-        best: tuple[float, int, int, int | None] | None = None  # (distance, kind, g, h)
-        for g in mine:
-            if 0 < w[g] < gap:
-                cand = (abs(gap / 2 - w[g]), 0, g, None)
-                best = cand if best is None or cand[:3] < best[:3] else best
-            for h in theirs:
-                d = w[g] - w[h]
-                if 0 < d < gap:
-                    cand2 = (abs(gap / 2 - d), 1, g, h)
-                    if best is None or cand2[:3] < best[:3]:
-                        best = cand2
-        if best is None:
-            break
-        _, _, g, h = best
-        new[g] = lo
-        load[hi] -= w[g]
-        load[lo] += w[g]
-        if h is not None:
-            new[h] = hi
-            load[lo] -= w[h]
-            load[hi] += w[h]
-    counts = [0] * parallelism
-    for t in new:
-        counts[t] += 1
-    for t in range(parallelism):
-        if counts[t] == 0:
-            donor = max(range(parallelism), key=lambda i: (counts[i], -i))
-            if counts[donor] < 2:
-                break  # fewer groups than tasks
-            g = min((g for g, o in enumerate(new) if o == donor), key=lambda g: (w[g], g))
-            new[g] = t
-            counts[donor] -= 1
-            counts[t] += 1
-    return tuple(new)
 
 
 def lpt_assignment(loads: Sequence[float], parallelism: int) -> tuple[int, ...]:
@@ -144,3 +60,6 @@ def rebalance_target(keys: Any, num_keys: int, key_groups: int, from_p: int, to_
             "imbalance_before": imbalance(loads, cur, from_p),
             "imbalance_after": imbalance(loads, new, to_p),
             "planned_groups_moved": sum(1 for a, b in zip(cur, new, strict=True) if a != b)}
+
+
+__all__ = ["balanced_assignment", "group_loads", "imbalance", "lpt_assignment", "rebalance_target", "task_loads"]

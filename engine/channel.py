@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.errors import CodecError, OutputCodecError
 from engine.keygroups import KeyGroupCache
 from engine.messages import (
     ChannelEvent,
@@ -122,6 +123,19 @@ class KeyFunctionError(Exception):
         self.record = record
         self.cause = cause
         super().__init__(f"{type(cause).__name__}: {cause}")
+
+
+def _output_codec_error(frame: Frame, exc: CodecError) -> OutputCodecError:
+    """The frame did not encode: find the first record (value or key) that does not."""
+    for i, value in enumerate(frame.values):
+        key = None if frame.keys is None else frame.keys[i]
+        try:
+            encode_frame(Frame([value], [0], None if key is None else [key],
+                               None if frame.key_groups is None else [0], None, None))
+        except CodecError as one:
+            return OutputCodecError(f"an output record cannot be sent to the next task: {one}",
+                                    value)
+    return OutputCodecError(f"an output frame cannot be sent to the next task: {exc}")
 
 
 class OutputRouter:
@@ -360,7 +374,10 @@ class OutputRouter:
                      if n <= size else
                      Frame(buf.values[start:end], buf.timestamps[start:end], keys, kgs,
                            event if last else None, ports))
-            payload = encode_frame(frame)
+            try:
+                payload = encode_frame(frame)
+            except CodecError as exc:
+                raise _output_codec_error(frame, exc) from exc
             self.outbox.append(OutFrame(buf.channel.channel_id, buf.channel.target, buf.seq,
                                         payload, end - start))
             buf.seq += 1

@@ -10,6 +10,7 @@ Hierarchy::
     │   │                       NaN (never equal to itself) (also a ``ValueError``)
     │   └── UnhashableKeyError  ... or a type without a stable hash (also a ``TypeError``)
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
+    │   └── OutputCodecError    an operator's output record cannot be encoded (names it)
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
     │                           changed (names the phase and tasks); the job is untouched
     ├── RescaleTimeout          a rescale phase or control call did not finish within
@@ -93,6 +94,15 @@ class UnhashableKeyError(InvalidKeyError, TypeError):
 
 class CodecError(ReflowError):
     """A value has no declared codec, or bytes do not decode with the declared codecs."""
+
+
+class OutputCodecError(CodecError):
+    """An operator's output record cannot be encoded for the next task; ``record`` is the
+    first one that fails (the task fails naming its operator and that record)."""
+
+    def __init__(self, message: str, record: object = None) -> None:
+        super().__init__(message)
+        self.record = record
 
 
 class RescaleRefused(ReflowError):

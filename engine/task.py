@@ -37,7 +37,7 @@ from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputR
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
 from engine.config import JobConfig
-from engine.errors import ReflowError, UserFunctionError
+from engine.errors import OutputCodecError, ReflowError, UserFunctionError
 from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
@@ -379,6 +379,22 @@ class TaskCore:
             self._fail(op, describe(exc.record), f"key_by function raised {exc}")
         except UnknownKeyGroupError as exc:
             self._fail(self.spec.vertex, "", str(exc))
+        except OutputCodecError as exc:
+            self.fail_output(exc)
+
+    def flush_due(self) -> None:
+        """Send the output buffers that waited ``linger_ms`` (an output that cannot be
+        encoded fails the task, as in an operator call)."""
+        if self.status != FAILED:
+            self.guarded(self.router.flush_due)
+
+    def fail_output(self, exc: OutputCodecError) -> None:
+        """An output record has no codec: fail naming the operator that produced it (the
+        chain's last) and the record; a failed task reports once."""
+        if self.status == FAILED:
+            return
+        self._fail(self.spec.operators[-1].name, describe(exc.record) if exc.record is not None
+                   else "", str(exc))
 
     def _keyed_consumer_name(self) -> str:
         return f"key_by after {self.spec.operators[-1].name}"

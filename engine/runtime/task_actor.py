@@ -30,7 +30,13 @@ from ray.exceptions import RayActorError
 
 from engine.channel import CreditGate
 from engine.clock import SystemClock
-from engine.errors import DataChannelError, FailurePhase, JobFailedError, ReflowError
+from engine.errors import (
+    DataChannelError,
+    FailurePhase,
+    JobFailedError,
+    OutputCodecError,
+    ReflowError,
+)
 from engine.messages import (
     PauseSource,
     PriorityBatch,
@@ -324,7 +330,7 @@ class TaskActor(DataConnections):
                 if wm_every is not None and t1 >= next_wm:
                     core.emit_watermark()
                     next_wm = t1 + wm_every
-                core.router.flush_due()
+                core.flush_due()
                 await self._send_outbox()
                 self._send_reports()
                 if did:
@@ -343,6 +349,8 @@ class TaskActor(DataConnections):
             core.status = FAILED
             core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
                                            f"a downstream task died: {exc}"))
+        except OutputCodecError as exc:  # flushed outside an operator call: same report
+            core.fail_output(exc)
         except Exception as exc:  # an engine bug: fail loudly with the task named
             core.status = FAILED
             core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",

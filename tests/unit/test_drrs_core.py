@@ -139,7 +139,7 @@ class DNet:
         handshake = (SubscaleTriggered, PullState)
         while True:
             for core in self.cores.values():
-                core.router.flush_due()
+                core.flush_due()
                 while core.router.outbox:
                     self.frames.append(core.router.outbox.popleft())
                 while core.priority_out:

@@ -105,7 +105,7 @@ class Net:
         """Move every frame waiting in an outbox to its target; returns how many."""
         frames = []
         for core in self.cores.values():
-            core.router.flush_due()
+            core.flush_due()
             while core.router.outbox:
                 frames.append(core.router.outbox.popleft())
         if rng is not None:
@@ -653,6 +653,27 @@ def test_install_into_a_non_keyed_task_is_refused(clock, sink):
 
 def owner_of(net: Net, vertex: str, key) -> int:
     return net.dep.assignments[vertex][key_group_of(key, N)]
+
+
+class NoCodec:
+    """A value with no declared codec."""
+
+
+def test_an_output_without_a_codec_fails_the_task_naming_operator_and_record(clock, sink):
+    records = [(k, 1) for k in range(6)]
+    job = StreamJob("nocodec", num_key_groups=N, config=CFG)
+    (job.source(TestingSource(records), name="src", parallelism=1)
+        .map(lambda r: r if r[0] != 4 else (r[0], NoCodec()), name="make")
+        .key_by(lambda r: r[0])
+        .reduce(lambda a, b: a, name="sum", parallelism=2)
+        .sink(sink, name="out"))
+    net = Net(job, clock)
+    net.run_sources()
+    src = net["src/0"]
+    assert src.status == "failed"
+    (failed,) = [r for r in src.reports if isinstance(r, TaskFailed)]
+    assert failed.operator == "make" and failed.record.startswith("(4, <")
+    assert "no codec for NoCodec" in failed.cause and "register_codec" in failed.cause
 
 
 def test_user_function_error_fails_the_task_naming_operator_index_and_record(clock, sink):

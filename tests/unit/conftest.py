@@ -10,8 +10,9 @@ So, for the length of each unit test:
   fails at teardown even if the code under test swallowed that error. Calls from the
   standard library or installed packages pass (``subprocess`` polls a child with short
   sleeps, which waits for an event, not for time);
-* a test after which Ray is initialised fails (checked only when ``ray`` was imported);
-  Ray is shut down so the tests after it start clean.
+* a test that initialises Ray fails (checked only when ``ray`` was imported; a cluster
+  already up before the test, e.g. the integration tier's in a whole-suite run, does not
+  count); that Ray is shut down so the tests after it start clean.
 
 Tests that need real time or a real cluster belong in tests/integration/.
 """
@@ -51,6 +52,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         item.stash[_CALL_FAILED] = report.failed
 
 
+def _ray_initialised() -> bool:
+    ray = sys.modules.get("ray")
+    return ray is not None and hasattr(ray, "is_initialized") and bool(ray.is_initialized())
+
+
 @pytest.fixture(autouse=True)
 def _unit_tier_rules(monkeypatch: pytest.MonkeyPatch,
                      request: pytest.FixtureRequest) -> Iterator[None]:
@@ -80,9 +86,12 @@ def _unit_tier_rules(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(time, "sleep", sleep)
     monkeypatch.setattr(asyncio, "sleep", async_sleep)
     monkeypatch.setattr(asyncio.tasks, "sleep", async_sleep)
+    # a whole-suite run may reach here with the integration tier's session cluster still up:
+    # only a test that started Ray itself is at fault (and only its Ray is shut down)
+    ray_before = _ray_initialised()
     yield
     ray = sys.modules.get("ray")
-    started_ray = ray is not None and hasattr(ray, "is_initialized") and ray.is_initialized()
+    started_ray = not ray_before and _ray_initialised()
     if started_ray:
         ray.shutdown()
     if attempts and not request.node.stash.get(_CALL_FAILED, False):

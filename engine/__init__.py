@@ -4,17 +4,35 @@ from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
     CodecError,
+    ConfigError,
+    ControlPlaneError,
+    ControlTimeout,
+    InternalError,
+    InvalidKeyError,
     JobDefinitionError,
     JobFailedError,
+    JobMasterLost,
+    OutputCodecError,
     ReflowError,
     RescaleRefused,
+    RescaleTimeout,
     UserFunctionError,
+    WaitTimeout,
 )
 from engine.functions import Context, KeyedProcessFunction, RuntimeContext
 from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
     "CodecError",
+    "ConfigError",
+    "ControlPlaneError",
+    "ControlTimeout",
+    "InternalError",
+    "InvalidKeyError",
+    "JobMasterLost",
+    "OutputCodecError",
+    "RescaleTimeout",
+    "WaitTimeout",
     "Context",
     "JobConfig",
     "JobDefinitionError",

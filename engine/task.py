@@ -37,6 +37,7 @@ from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputR
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
 from engine.config import JobConfig
+from engine.deployment import Deployment
 from engine.errors import OutputCodecError, ReflowError, UserFunctionError
 from engine.latency import LatencyHistogram
 from engine.messages import (
@@ -133,6 +134,17 @@ class TaskSpec:
         if any(not 0 <= kg < self.num_key_groups for kg in self.key_groups):
             raise TaskControlError(f"{where}: its key groups {self.key_groups} must lie in "
                                    f"0..{self.num_key_groups - 1}")
+
+    @classmethod
+    def of(cls, dep: Deployment, vertex: str, index: int, name: str,
+           config: JobConfig) -> TaskSpec:
+        """The spec of task ``name`` (index ``index``) of ``vertex`` in deployment ``dep``:
+        its operators, the key functions of its keyed outputs, the key groups it owns."""
+        v = dep.plan.vertex(vertex)
+        key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name)
+                   if e.key_fn is not None}
+        return cls(dep.job_id, v.name, name, index, v.parallelism, v.operators,
+                   dep.plan.num_key_groups, config, key_fns, dep.key_groups_of(v.name, index))
 
 
 def estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:

@@ -24,6 +24,17 @@ def uniform(num_key_groups: int, parallelism: int) -> tuple[int, ...]:
     return uniform_assignment(num_key_groups, parallelism)
 
 
+def rescale_target(old: Sequence[int], num_key_groups: int, parallelism: int,
+                   given: Sequence[int] | None = None) -> tuple[int, ...]:
+    """The assignment a rescale to ``parallelism`` goes to: ``given`` (a rebalance), else
+    ``uniform``; empty for an operator without key groups (``old`` empty)."""
+    if not old:
+        return ()
+    if given is not None:
+        return tuple(given)
+    return uniform(num_key_groups, parallelism)
+
+
 def task_loads(loads: Sequence[float], assignment: Sequence[int], parallelism: int
                ) -> list[float]:
     out = [0.0] * parallelism

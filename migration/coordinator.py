@@ -32,10 +32,10 @@ from typing import Any
 
 from engine.channel import REROUTE_PORT
 from engine.clock import Clock
-from engine.config import JobConfig
+from engine.config import JobConfig, check_count
 from engine.deployment import ChannelIds, Deployment, connect_messages, task_name
 from engine.errors import RescaleRefused, RescaleTimeout
-from engine.keygroups import moved_key_groups, uniform_assignment
+from engine.keygroups import moved_key_groups
 from engine.messages import (
     AddInputs,
     AddOutputChannels,
@@ -59,6 +59,7 @@ from engine.messages import (
 )
 from engine.metrics import RescaleProgress
 from engine.names import NameEnum, SubscaleRole
+from migration.assignment import rescale_target
 from migration.plan import MigrationPlan, Subscale
 from migration.planning import (
     Planning,
@@ -108,9 +109,7 @@ class RescaleRequest:
     reason: str = "requested"
 
     def __post_init__(self) -> None:
-        if isinstance(self.parallelism, bool) or not isinstance(self.parallelism, int) \
-                or self.parallelism < 1:
-            raise ValueError(f"parallelism {self.parallelism!r} must be an integer >= 1")
+        check_count(f"rescale of {self.operator!r}: parallelism", self.parallelism)
         object.__setattr__(self, "protocol", RescaleProtocol.parse(self.protocol, "protocol"))
 
 
@@ -378,11 +377,8 @@ class RescaleCoordinator:
 
     def _target(self, old: tuple[int, ...]) -> tuple[int, ...]:
         req = self.request
-        if not old:
-            return ()
-        if req.assignment is not None:
-            return tuple(req.assignment)
-        return uniform_assignment(self.dep.plan.num_key_groups, req.parallelism)
+        return rescale_target(old, self.dep.plan.num_key_groups, req.parallelism,
+                              req.assignment)
 
     def _plan(self, profiles: Mapping[int, Any], planning: Planning | None, old: tuple[int, ...],
               new: tuple[int, ...]) -> MigrationPlan:

@@ -42,13 +42,9 @@ from migration.report import RescaleReport
 
 def make_spec(dep: Deployment, vertex: str, index: int, name: str,
               config: JobConfig) -> TaskSpec:
-    """What the JobMaster builds for a task. Each Ray actor gets its own copy of the spec
-    (and so of the user function objects, which keep state handles): copy it."""
-    v = dep.plan.vertex(vertex)
-    key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name) if e.key_fn is not None}
-    return copy.deepcopy(TaskSpec(dep.job_id, v.name, name, index, v.parallelism, v.operators,
-                                  dep.plan.num_key_groups, config, key_fns,
-                                  dep.key_groups_of(v.name, index)))
+    """The spec the JobMaster builds (``TaskSpec.of``). Each Ray actor gets its own copy of
+    the spec (and so of the user function objects, which keep state handles): copy it."""
+    return copy.deepcopy(TaskSpec.of(dep, vertex, index, name, config))
 
 
 def wire(msg: Any) -> Any:

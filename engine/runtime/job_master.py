@@ -107,7 +107,7 @@ class JobMaster:
     async def create_task_actor(self, vertex: str, name: str, dep: Deployment) -> None:
         """Task ``name`` of ``vertex``: a warm standby actor that answers its ping (its
         ``configure`` call is awaited before any other call reaches it), else a new one."""
-        spec = self._spec(vertex, dep.tasks[vertex].index(name), name, dep)
+        spec = TaskSpec.of(dep, vertex, dep.tasks[vertex].index(name), name, self.config)
         handle = await self.pool.take() if len(self.pool) else None
         if handle is None:
             self._create(name, spec)
@@ -141,14 +141,6 @@ class JobMaster:
         handles = {n: self.handles[n] for n in introduce} or None
         return decode_message(await self.handles[task].control.remote(encode_message(msg),
                                                                        handles))
-
-    def _spec(self, vertex_name: str, index: int, name: str, dep: Deployment) -> TaskSpec:
-        v = dep.plan.vertex(vertex_name)
-        key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name)
-                   if e.key_fn is not None}
-        return TaskSpec(self.job_id, v.name, name, index, v.parallelism, v.operators,
-                        dep.plan.num_key_groups, self.config, key_fns,
-                        dep.key_groups_of(v.name, index))
 
     def _create(self, name: str, spec: TaskSpec) -> None:
         """A new task actor for ``spec``."""
@@ -211,7 +203,7 @@ class JobMaster:
     async def _deploy(self) -> None:
         for v in self.plan.vertices:
             for i, name in enumerate(self.dep.tasks[v.name]):
-                self._create(name, self._spec(v.name, i, name, self.dep))
+                self._create(name, TaskSpec.of(self.dep, v.name, i, name, self.config))
         msgs = connect_messages(self.dep, self.ids)
         deadline = self.clock.monotonic() + self.deadlines.deploy_s
         # receivers first, so a channel exists before anything is sent on it

@@ -8,8 +8,9 @@ group is restored since every task restarts); the coordinator runs the ``PHASES`
 
 from __future__ import annotations
 
-from engine.keygroups import moved_key_groups, uniform_assignment
+from engine.keygroups import moved_key_groups
 from engine.names import NameEnum
+from migration.assignment import rescale_target
 from migration.plan import MigrationPlan, subscales_by_pair
 from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 
@@ -51,10 +52,5 @@ def plan_stop_restart(operator: str, old_parallelism: int,
     """The stop-restart plan to ``assignment`` (a rebalance) or uniform ranges; a stateless
     operator (no assignment) has empty ones."""
     old = tuple(old_assignment or ())
-    if not old:
-        new: tuple[int, ...] = ()
-    elif assignment is not None:
-        new = tuple(assignment)
-    else:
-        new = uniform_assignment(num_key_groups, new_parallelism)
+    new = rescale_target(old, num_key_groups, new_parallelism, assignment)
     return plan(PlanRequest(operator, old, new, old_parallelism, new_parallelism))

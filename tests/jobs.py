@@ -88,6 +88,18 @@ class Moment:
         self.start.open()
         self.end.open()
 
+    def run(self, handle: Any, action: Callable[[], T], job_timeout: float = TIMEOUT_S) -> T:
+        """``act`` at the moment, then wait up to ``job_timeout`` for the job to end; the
+        gates are released and the job stopped whatever happens. Returns what ``action``
+        returned."""
+        try:
+            result = self.act(handle, action)
+            handle.wait(job_timeout)
+            return result
+        finally:
+            self.release()
+            handle.stop()
+
 
 def moments(num_records: int, fractions: Sequence[float], margin: int) -> list[Moment]:
     """One moment per fraction of the input (cumulative fractions, in order)."""

@@ -51,12 +51,7 @@ def main(data_host: str) -> int:
             free = ray.available_resources().get("CPU", 0.0)
             assert free < 1.0, f"{free} CPUs free: the tasks did not fill both nodes"
 
-        try:
-            moment.act(h, rescale)
-            h.wait(120)
-        finally:
-            moment.release()
-            h.stop()
+        moment.run(h, rescale, job_timeout=120)
         assert per_key(sink.results()) == per_key(running_sum_reference(records)), "wrong output"
         print(f"OK {len(ray.nodes())} nodes", flush=True)
         return 0

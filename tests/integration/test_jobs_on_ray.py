@@ -200,12 +200,7 @@ def test_invalid_rescale_requests_are_refused_and_job_untouched(ray_cluster):
         assert h.metrics().rescales == ()  # nothing started
         assert len(h.metrics().operator("sum")) == 2
 
-    try:
-        moment.act(h, refused)
-        h.wait(120)
-    finally:
-        moment.release()
-        h.stop()
+    moment.run(h, refused, job_timeout=120)
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
@@ -245,12 +240,7 @@ def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
         assert down.new_parallelism == 1
         return [up, rb, down]
 
-    try:
-        check_reports(moment.act(h, rescales))
-        h.wait(120)
-    finally:
-        moment.release()
-        h.stop()
+    check_reports(moment.run(h, rescales, job_timeout=120))
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
@@ -273,12 +263,7 @@ def test_both_data_transports_keep_results_across_live_rescales(ray_cluster, tra
         assert len(m.operator("sum")) == 4
         return reports
 
-    try:
-        check_reports(moment.act(h, rescales))
-        h.wait(120)
-    finally:
-        moment.release()
-        h.stop()
+    check_reports(moment.run(h, rescales, job_timeout=120))
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 

@@ -71,12 +71,7 @@ def test_replicas_are_refreshed_and_a_rebalance_onto_them_keeps_results(ray_clus
             m["reflow_rescale_subscales[operator=sum]"] > 0
         h.set_replication("sum", "none")
 
-    try:
-        moment.act(h, replicate_then_rebalance)
-        h.wait(120)
-    finally:
-        moment.release()
-        h.stop()
+    moment.run(h, replicate_then_rebalance, job_timeout=120)
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 

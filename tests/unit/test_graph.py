@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -176,11 +177,13 @@ def test_operator_def_name_must_be_nonempty(src):
 BAD_PARALLELISM = [-1, -5, 2.5, "2", 1.0, True, False]  # a bool is not a count
 
 
-def _build(kind: str, p, src, sink) -> None:
+def one_operator_job(kind: str, p: Any, src: Any, sink: Any) -> StreamJob:
+    """A job whose operator ``op`` is of ``kind`` at parallelism ``p`` (a source, or after
+    one)."""
     job = StreamJob("j", num_key_groups=8)
     if kind == "source":
         job.source(src, name="op", parallelism=p)
-        return
+        return job
     s = job.source(src, name="s")
     if kind == "map":
         s.map(ident, name="op", parallelism=p)
@@ -196,6 +199,7 @@ def _build(kind: str, p, src, sink) -> None:
         s.sink(sink, name="op", parallelism=p)
     else:  # pragma: no cover
         raise AssertionError(kind)
+    return job
 
 
 KINDS = ["source", "map", "filter", "flat_map", "process", "reduce", "sink"]
@@ -205,13 +209,13 @@ KINDS = ["source", "map", "filter", "flat_map", "process", "reduce", "sink"]
 @pytest.mark.parametrize("p", BAD_PARALLELISM, ids=repr)
 def test_bad_parallelism_raises_naming_operator(kind, p, src, sink):
     with raises_naming("op", "parallelism"):
-        _build(kind, p, src, sink)
+        one_operator_job(kind, p, src, sink)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_zero_parallelism_raises_naming_operator(kind, src, sink):
     with raises_naming("op", "parallelism"):
-        _build(kind, 0, src, sink)
+        one_operator_job(kind, 0, src, sink)
 
 
 def test_operator_def_rejects_bad_parallelism_directly(src):
@@ -223,8 +227,8 @@ def test_operator_def_rejects_bad_parallelism_directly(src):
 @pytest.mark.parametrize("kind", ["process", "reduce"])
 def test_keyed_parallelism_above_num_key_groups(kind, src, sink):
     with raises_naming("op", "num_key_groups 8"):
-        _build(kind, 9, src, sink)
-    _build(kind, 8, src, sink)  # equal is fine
+        one_operator_job(kind, 9, src, sink)
+    one_operator_job(kind, 8, src, sink)  # equal is fine
 
 
 def test_keyed_op_with_job_default_above_num_key_groups(src):

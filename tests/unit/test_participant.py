@@ -11,7 +11,6 @@ participant refuses migration, and its status travels as a plain string.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -70,6 +69,7 @@ from migration.participant import (
     UnknownSubscaleError,
     new_task_core,
 )
+from tests.harness import make_spec
 
 N = 8  # key groups
 A, B, C = 3, 5, 6  # A and B move in the tests; C never does
@@ -488,10 +488,7 @@ def _spec(tmp_path: Any) -> TaskSpec:
     (job.source(TestingSource([("a", 1)]), name="src").key_by(lambda r: r[0])
         .reduce(lambda x, y: x, name="sum").sink(TestingSink(str(tmp_path)), name="out"))
     dep = initial_deployment(plan_physical(job.graph()), "j")
-    v = dep.plan.vertex("sum")
-    name = dep.tasks["sum"][0]
-    return copy.deepcopy(TaskSpec(dep.job_id, v.name, name, 0, v.parallelism, v.operators,
-                                  N, job.config, {}, dep.key_groups_of("sum", 0)))
+    return make_spec(dep, "sum", 0, dep.tasks["sum"][0], job.config)
 
 
 def test_a_core_without_participant_takes_stop_restart_only(tmp_path):

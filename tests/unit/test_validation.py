@@ -6,7 +6,6 @@ operator and the record named. No Ray: task cores are built and stepped by hand.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from typing import Any
@@ -40,12 +39,13 @@ from engine.messages import Ack, OutputChannel, OutputEdge, Start, TaskFailed
 from engine.physical import plan_physical
 from engine.sinks import ParquetSink
 from engine.sources import GeneratorSource, ParquetSource
-from engine.task import TaskCore, TaskSpec
+from engine.task import TaskCore
 from engine.testing import TestingSink, TestingSource
 from engine.time import tumbling_event_time
+from tests.harness import make_spec
+from tests.unit.test_graph import KINDS, one_operator_job
 
 N = 16
-
 
 class Count(KeyedProcessFunction):
     def process_element(self, value: Any, ctx: Any) -> Any:
@@ -105,37 +105,11 @@ def test_config_error_is_a_reflow_error_and_a_value_error():
 # ---------------------------------------------------------------- booleans are not counts
 
 
-def _build(kind: str, p: Any, src: TestingSource, sink: TestingSink) -> StreamJob:
-    job = StreamJob("j", num_key_groups=8)
-    if kind == "source":
-        job.source(src, name="op", parallelism=p)
-        return job
-    s = job.source(src, name="s")
-    if kind == "map":
-        s.map(ident, name="op", parallelism=p)
-    elif kind == "filter":
-        s.filter(bool, name="op", parallelism=p)
-    elif kind == "flat_map":
-        s.flat_map(ident, name="op", parallelism=p)
-    elif kind == "process":
-        s.key_by(ident).process(Count(), name="op", parallelism=p)
-    elif kind == "reduce":
-        s.key_by(ident).reduce(max, name="op", parallelism=p)
-    elif kind == "sink":
-        s.sink(sink, name="op", parallelism=p)
-    else:  # pragma: no cover
-        raise AssertionError(kind)
-    return job
-
-
-KINDS = ["source", "map", "filter", "flat_map", "process", "reduce", "sink"]
-
-
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("p", [True, False])
 def test_bool_parallelism_is_refused_for_every_operator(kind, p, src, sink):
     with pytest.raises(JobDefinitionError) as info:
-        _build(kind, p, src, sink)
+        one_operator_job(kind, p, src, sink)
     msg = str(info.value)
     assert "'op'" in msg and "parallelism must be an integer >= 1" in msg and repr(p) in msg
 
@@ -369,11 +343,8 @@ def task_cores(job: StreamJob, clock: ManualClock) -> dict[str, TaskCore]:
     dep = initial_deployment(plan, "j")
     cores: dict[str, TaskCore] = {}
     for v in plan.vertices:
-        key_fns = {e.edge_id: e.key_fn for e in plan.outputs_of(v.name) if e.key_fn is not None}
         for i, name in enumerate(dep.tasks[v.name]):
-            spec = TaskSpec(dep.job_id, v.name, name, i, v.parallelism, v.operators,
-                            plan.num_key_groups, job.config, key_fns, dep.key_groups_of(v.name, i))
-            cores[name] = TaskCore(copy.deepcopy(spec), clock)
+            cores[name] = TaskCore(make_spec(dep, v.name, i, name, job.config), clock)
     for name, msg in connect_messages(dep, ChannelIds()).items():
         assert cores[name].handle(msg) == Ack()
     for v in reversed(plan.vertices):

@@ -13,7 +13,6 @@ every panel into a PNG.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -30,21 +29,13 @@ from engine.promplot import api
 from engine.testing import TestingSink, TestingSource
 from engine.time import WatermarkStrategy
 from tests.jobs import Moment, check_reports, wait_until
+from tests.system import require
 
 pytestmark = pytest.mark.ray
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRAPE_S = 1
 RATE_INTERVAL = "10s"
-
-
-def _prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("prometheus is not installed; .ci/run installs Debian's package")
-        pytest.skip("needs Debian's prometheus (apt-get install prometheus), as .ci/run does")
-    return found
 
 
 def _free_port() -> int:
@@ -70,7 +61,7 @@ class Prometheus:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(workdir / "prometheus.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [_prometheus_binary(), f"--config.file={workdir / 'prometheus.yml'}",
+            [require("prometheus", "prometheus"), f"--config.file={workdir / 'prometheus.yml'}",
              f"--storage.tsdb.path={workdir / 'data'}",
              f"--web.listen-address=127.0.0.1:{self.port}"],
             stdout=self.log, stderr=subprocess.STDOUT)

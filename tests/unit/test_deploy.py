@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import yaml
 
 from engine import dashboards as dash
+from tests.system import require
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -34,12 +34,7 @@ def _docs() -> list[tuple[str, dict]]:
 
 
 def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing; .ci/run installs Debian's prometheus package")
-        pytest.skip("needs promtool (Debian's prometheus package; .ci/run installs it)")
-    return found
+    return require("promtool", "prometheus")
 
 
 def _run(*cmd: str) -> subprocess.CompletedProcess[str]:

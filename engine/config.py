@@ -126,6 +126,9 @@ class JobConfig:
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
+    ``group_load_sample_every``: a keyed task counts its records per key group (the load
+    rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
+    scales the counts to all its records (``engine.groupstats``); 1 counts every frame.
     """
 
     batch_size: int = 1000
@@ -156,6 +159,7 @@ class JobConfig:
     live_rescaling: bool = True
     transport: str = "tcp"
     data_host: str = "127.0.0.1"
+    group_load_sample_every: int = 8
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -197,6 +201,8 @@ class JobConfig:
             ("replication_hot_fraction", 0 < self.replication_hot_fraction <= 1, "in (0, 1]"),
             ("transport", self.transport in ("tcp", "ray"), "'tcp' or 'ray'"),
             ("data_host", bool(self.data_host), "an address to bind the data socket to"),
+            ("group_load_sample_every", self.group_load_sample_every >= 1,
+             ">= 1 (1: count every frame)"),
         ]
         for name, ok, expected in checks:
             if not ok:

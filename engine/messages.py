@@ -335,7 +335,9 @@ class DescribeTask:
 @dataclass(frozen=True, slots=True)
 class GroupStatsRequest:
     """Per key group: records processed since the last request, and state bytes. Replied to
-    with ``GroupStats`` (the counters restart)."""
+    with ``GroupStats`` (the counters restart). The records are estimated from a sample of
+    frames scaled to the exact total (``engine.groupstats``), the bytes from a sample of
+    each table's entries."""
 
 
 @wire

@@ -26,7 +26,6 @@ per-record ports costs one check (``migration.active``) on top of its processing
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,6 +38,7 @@ from engine.codec import pack_exact
 from engine.config import JobConfig
 from engine.deployment import Deployment
 from engine.errors import OutputCodecError, ReflowError, UserFunctionError
+from engine.groupstats import GroupLoad
 from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
@@ -288,7 +288,7 @@ class TaskCore:
         self._end_pending = False  # input ended; finishing waits for a rescale
         self.hold_finish = False
         self._live = cfg.live_rescaling
-        self.group_records: Counter[int] = Counter()  # records per key group (planning)
+        self.group_load = GroupLoad(cfg.group_load_sample_every)  # per key group (planning)
         self._stats_since = clock.monotonic()
 
         # metrics
@@ -414,7 +414,7 @@ class TaskCore:
     def _run(self, values: list[Any], timestamps: list[int], keys: Any = None, kgs: Any = None,
              port: int = 0) -> None:
         if self._live and kgs is not None and self.keyed is not None:
-            self.group_records.update(kgs)
+            self.group_load.observe(kgs)
         self.router.emit(*self.chain.process(values, timestamps, keys, kgs, port))
 
     def _run_rest(self, values: list[Any], timestamps: list[int]) -> None:
@@ -734,11 +734,11 @@ class TaskCore:
                 return TaskState(self.name, self.status.value,
                                  self._end_pending or self.status == FINISHED)
             case GroupStatsRequest():
-                now, b, counts = self.clock.monotonic(), self.backend, self.group_records
+                now, b, counts = self.clock.monotonic(), self.backend, self.group_load.take()
                 groups = () if b is None else tuple(
                     (kg, counts.get(kg, 0), estimated_group_bytes(b, kg)) for kg in b.owned())
                 reply = GroupStats(self.name, groups, now - self._stats_since)
-                self.group_records, self._stats_since = Counter(), now
+                self._stats_since = now
                 return reply
             case PriorityBatch(messages=msgs):
                 for m in msgs:

@@ -23,6 +23,10 @@ from engine.errors import ConfigError
 
 
 class SinkWriter(abc.ABC):
+    #: True when ``write`` also takes an ``engine.columnar.ColumnBatch`` (with a numpy
+    #: array of timestamps); otherwise a column batch reaches ``write`` as dict rows
+    accepts_columns = False
+
     @abc.abstractmethod
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
         """Take records (in order) with their timestamps (ms).
@@ -321,10 +325,12 @@ class LatencySink(Sink):
 
 
 class _LatencyWriter(SinkWriter):
-    """Past seconds are kept as packed bytes (they no longer change), so a save costs
+    """It reads only the timestamps, so it takes column batches as they are. Past seconds are kept as packed bytes (they no longer change), so a save costs
     O(seconds) memcpy plus packing the current second and the total. A batch is observed
     once, into the current second; the total is the sealed seconds' sum (added to once per
     second) plus the current second, made at a save."""
+
+    accepts_columns = True
 
     def __init__(self, path: str, clock: Clock, save_interval_s: float) -> None:
         from engine.latency import LatencyHistogram

@@ -35,6 +35,7 @@ from engine.chain import OperatorChain
 from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputRouter
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
+from engine.columnar import ColumnBatch, as_rows
 from engine.config import JobConfig
 from engine.deployment import Deployment
 from engine.errors import OutputCodecError, ReflowError, UserFunctionError
@@ -165,10 +166,15 @@ class PartialFrame:
     __slots__ = ("values", "timestamps", "keys", "kgs", "ports", "event", "pos")
 
     def __init__(self, frame: Any) -> None:
-        self.values = frame.values
-        self.timestamps = frame.timestamps
-        self.keys = frame.keys
-        self.kgs = frame.key_groups
+        if type(frame.values) is ColumnBatch:  # a migration handles records one by one
+            self.values, self.timestamps = as_rows(frame.values, frame.timestamps)
+            self.keys = None if frame.keys is None else frame.keys.to_pylist()
+            self.kgs = None if frame.key_groups is None else frame.key_groups.tolist()
+        else:
+            self.values = frame.values
+            self.timestamps = frame.timestamps
+            self.keys = frame.keys
+            self.kgs = frame.key_groups
         self.ports = frame.ports
         self.event = frame.event
         self.pos = 0
@@ -364,8 +370,13 @@ class TaskCore:
             frame = decode_frame(payload)
             self.records_in += len(frame.values)
             if frame.ports is None and not self.migration.active:
-                if frame.values:
-                    self.guarded(self._run, list(frame.values), list(frame.timestamps),
+                values = frame.values
+                if type(values) is ColumnBatch:
+                    if len(values):
+                        self.guarded(self._run, values, frame.timestamps, frame.keys,
+                                     frame.key_groups, ch.port)
+                elif values:
+                    self.guarded(self._run, list(values), list(frame.timestamps),
                                  frame.keys, frame.key_groups, ch.port)
                 if frame.event is not None and self.status == RUNNING:
                     self.guarded(self._on_event, ch, frame.event)
@@ -604,11 +615,12 @@ class TaskCore:
             self.router.broadcast(Watermark(MAX_WATERMARK))
             self._finish()
             return True
-        if not batch.values:
+        if not len(batch.values):
             return False
         self.records_in += len(batch.values)
         if self.wm_strategy is not None:
-            m = max(batch.timestamps)
+            m = int(batch.timestamps.max()) if type(batch.values) is ColumnBatch else max(
+                batch.timestamps)
             if m > self._max_ts:
                 self._max_ts = m
             self._last_emit = self.clock.monotonic()

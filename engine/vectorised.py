@@ -10,10 +10,12 @@ function, as Ray Data's does.
   ``keyed.aggregate(*aggs)`` emits, for every input record, the key and each aggregation's
   running value for that key after the record (what Flink's ``reduce`` emits), as a
   ``ColumnBatch``.
-* Their state is keyed state of the key-group backend: per key one list of accumulators in
-  table ``AGG_STATE`` (a count, a sum, a min, a max, ``[sum, count]`` for a mean), so every
-  protocol migrates it, snapshots include it, and the rows path (records a migration had
-  to handle one by one) reads and writes the same values.
+* Their state is keyed state of the key-group backend: per aggregation one table (key ->
+  accumulator: a count, a sum, a min, a max; a mean has two, its sum and its count; names
+  from ``state_tables``), so every protocol migrates it, snapshots include it, and the
+  rows path (records a migration had to handle one by one) reads and writes the same
+  values. A batch reads and writes them with one ``map``/``update`` per key group, not a
+  Python call per key.
 * ``MapBatches(fn, batch_format)``: ``fn`` gets a ``pyarrow.Table`` ("pyarrow"), a dict of
   numpy arrays ("numpy") or a pandas DataFrame ("pandas") and returns any of those; the
   output keeps the input's timestamps when it has as many rows, else every output row gets
@@ -42,7 +44,7 @@ from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner, d
 from engine.sinks import SinkWriter
 from engine.state import KeyedStateBackend
 
-AGG_STATE = "agg"  # the table of an aggregate operator's accumulators
+AGG_STATE = "agg"  # the prefix of an aggregate operator's state tables
 
 
 class Aggregation:
@@ -254,8 +256,38 @@ class AggregateRunner(KeyedRunner):
                                    copy=False)
         return out
 
+    def _tables(self, runs: list[tuple[int, int, int]], name: str) -> list[dict[Any, Any]]:
+        """Table ``name`` of each key group of ``runs`` (created when missing)."""
+        out = []
+        groups = self.backend.groups
+        for kg, _, _ in runs:
+            owned = groups.get(kg)
+            if owned is None:
+                owned = self._group(kg)
+            t = owned.get(name)
+            if t is None:
+                t = owned[name] = {}
+            out.append(t)
+        return out
+
+    @staticmethod
+    def _read(tables: list[dict[Any, Any]], runs: list[tuple[int, int, int]],
+              keys: list[Any], defaults: list[Any]) -> list[Any]:
+        vals: list[Any] = []
+        for t, (_, s, e) in zip(tables, runs, strict=True):
+            vals.extend(map(t.get, keys[s:e], defaults[s:e]))
+        return vals
+
+    @staticmethod
+    def _write(tables: list[dict[Any, Any]], runs: list[tuple[int, int, int]],
+               keys: list[Any], values: list[Any]) -> None:
+        for t, (_, s, e) in zip(tables, runs, strict=True):
+            t.update(zip(keys[s:e], values[s:e], strict=True))
+
     def _aggregate(self, values: Any, timestamps: Any, keys: Any, kgs: Any
                    ) -> tuple[ColumnBatch, np.ndarray]:
+        import operator
+
         import pyarrow as pa
 
         n = len(values)
@@ -265,18 +297,16 @@ class AggregateRunner(KeyedRunner):
         groups = len(uniques)
         group_kg = np.empty(groups, dtype=np.int64)
         group_kg[codes] = np.asarray(kgs, dtype=np.int64)
-        backend = self.backend
-        tables = []
-        accs = []
-        for key, kg in zip(uniques, group_kg.tolist(), strict=True):
-            owned = backend.groups.get(kg)
-            if owned is None:
-                owned = self._group(kg)
-            t = owned.get(AGG_STATE)
-            if t is None:
-                t = owned[AGG_STATE] = {}
-            tables.append(t)
-            accs.append(t.get(key))
+        # distinct keys in key-group order: one table lookup per key group, not per key
+        perm = np.argsort(group_kg, kind="stable")
+        rank = np.empty(groups, dtype=np.int64)
+        rank[perm] = np.arange(groups)
+        codes = rank[codes]
+        group_kg = group_kg[perm]
+        uniques = list(operator.itemgetter(*perm.tolist())(uniques)) if groups > 1 else uniques
+        cut = np.flatnonzero(np.diff(group_kg)) + 1
+        bounds = [0, *cut.tolist(), groups]
+        runs = list(zip(group_kg[bounds[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True))
         order = np.argsort(codes, kind="stable")
         sc = codes[order]
         sizes = np.bincount(codes, minlength=groups)
@@ -284,50 +314,60 @@ class AggregateRunner(KeyedRunner):
         np.cumsum(sizes[:-1], out=starts[1:])
         pos = np.arange(n) - np.repeat(starts, sizes)
         out_cols: list[Any] = [keys if not isinstance(keys, list | tuple) else pa.array(keys)]
-        finals: list[list[Any]] = []
-        for i, agg in enumerate(self.spec.aggregations):
-            prior = [None if a is None else a[i] for a in accs]
-            running, final = self._one(agg, cols, order, sc, pos, sizes, starts, prior)
+        for agg in self.spec.aggregations:
+            running = self._one(agg, cols, order, sc, pos, sizes, starts, runs, uniques)
             out = np.empty(n, dtype=running.dtype)
             out[order] = running
             out_cols.append(pa.array(out))
-            finals.append(final)
-        tracked = backend.tracked()
-        for j, (key, t) in enumerate(zip(uniques, tables, strict=True)):
-            t[key] = [f[j] for f in finals]
-            if tracked:
-                backend.note_changed(int(group_kg[j]), key)
+        if self.backend.tracked():
+            for (kg, s, e) in runs:
+                for key in uniques[s:e]:
+                    self.backend.note_changed(kg, key)
         names = [self.spec.key_name, *(a.name for a in self.spec.aggregations)]
         return ColumnBatch(pa.RecordBatch.from_arrays(out_cols, names=names)), ts
 
-    @staticmethod
-    def _one(agg: Aggregation, cols: dict[str, np.ndarray], order: np.ndarray,
+    def _one(self, agg: Aggregation, cols: dict[str, np.ndarray], order: np.ndarray,
              sc: np.ndarray, pos: np.ndarray, sizes: np.ndarray, starts: np.ndarray,
-             prior: list[Any]) -> tuple[np.ndarray, list[Any]]:
-        """(per sorted record the running value, per key the new accumulator)."""
+             runs: list[tuple[int, int, int]], keys: list[Any]) -> np.ndarray:
+        """Per sorted record the running value of ``agg``; its accumulators (tables
+        ``state_tables(agg)``) updated for every key."""
+        groups = len(keys)
+        zeros = [0] * groups
         if agg.kind == "count":
-            base = np.asarray([0 if p is None else p for p in prior], dtype=np.int64)
-            return base[sc] + pos + 1, (base + sizes).tolist()
+            (name,) = state_tables(agg)
+            tables = self._tables(runs, name)
+            base = np.asarray(self._read(tables, runs, keys, zeros), dtype=np.int64)
+            self._write(tables, runs, keys, (base + sizes).tolist())
+            return base[sc] + pos + 1
         xs = cols[agg.on][order]  # type: ignore[index]
         if agg.kind in ("sum", "mean"):
-            seed = [0 if p is None else (p[0] if agg.kind == "mean" else p) for p in prior]
-            base = np.asarray(seed, dtype=xs.dtype if xs.dtype.kind == "f" else None)
-            if base.dtype != xs.dtype:
-                xs = xs.astype(np.result_type(base.dtype, xs.dtype))
-                base = base.astype(xs.dtype)
-            run, fin = _segmented(np.add, xs, sc, pos, sizes, starts, base)
+            names = state_tables(agg)
+            tables = self._tables(runs, names[0])
+            base = np.asarray(self._read(tables, runs, keys, zeros))
+            kind = np.result_type(base.dtype, xs.dtype)
+            run, fin = _segmented(np.add, xs.astype(kind, copy=False), sc, pos, sizes, starts,
+                                  base.astype(kind, copy=False))
+            self._write(tables, runs, keys, fin.tolist())
             if agg.kind == "sum":
-                return run, fin.tolist()
-            n0 = np.asarray([0 if p is None else p[1] for p in prior], dtype=np.int64)
-            counts = n0[sc] + pos + 1
-            return run / counts, [[s, c] for s, c in zip(fin.tolist(), (n0 + sizes).tolist(),
-                                                         strict=True)]
-        op = np.minimum if agg.kind == "min" else np.maximum
+                return run
+            counts_t = self._tables(runs, names[1])
+            n0 = np.asarray(self._read(counts_t, runs, keys, zeros), dtype=np.int64)
+            self._write(counts_t, runs, keys, (n0 + sizes).tolist())
+            return run / (n0[sc] + pos + 1)
+        (name,) = state_tables(agg)
+        tables = self._tables(runs, name)
         first = xs[starts]
-        base = np.asarray([f if p is None else p for p, f in zip(prior, first.tolist(),
-                                                                 strict=True)])
-        if base.dtype != xs.dtype:
-            xs = xs.astype(np.result_type(base.dtype, xs.dtype))
-            base = base.astype(xs.dtype)
-        run, fin = _segmented(op, xs, sc, pos, sizes, starts, base)
-        return run, fin.tolist()
+        base = np.asarray(self._read(tables, runs, keys, first.tolist()))
+        kind = np.result_type(base.dtype, xs.dtype)
+        op = np.minimum if agg.kind == "min" else np.maximum
+        run, fin = _segmented(op, xs.astype(kind, copy=False), sc, pos, sizes, starts,
+                              base.astype(kind, copy=False))
+        self._write(tables, runs, keys, fin.tolist())
+        return run
+
+
+def state_tables(agg: Aggregation) -> tuple[str, ...]:
+    """The keyed-state tables of one aggregation (key -> accumulator): one per aggregation,
+    two for a mean (its sum and its count)."""
+    base = f"{AGG_STATE}/{agg.name}"
+    return (f"{base}/sum", f"{base}/count") if agg.kind == "mean" else (base,)

@@ -372,7 +372,8 @@ def test_write_log_sink_logs_segments_count_and_span(tmp_path) -> None:
     a.flush()
     b.close()
     assert sorted(sink.segments()) == [[1000.0, 1000.02], [1001.02, 1001.02]]
-    assert sink.span() == {"first": 1000.0, "last": 1001.02, "count": 10, "writers": 2}
+    assert sink.span() == {"first": 1000.0, "last": 1001.02, "count": 10, "writers": 2,
+                           "first_record_ts": 999.99}  # the earliest record's timestamp
     assert sink.summary()["count"] == 10  # the latency files are untouched by the logs
     assert tl.longest_gap(sink.segments(), 1000.0, 1001.02)["gap_s"] == pytest.approx(1.0)
     jobs.NullSink().open(0, 1, clock).write([1], [0])  # takes anything

@@ -65,7 +65,8 @@ Protocols: every name in ``migration.protocols.PROTOCOLS`` (``--protocols a,b`` 
 one the engine refuses (``RescaleRefused``) is recorded as skipped with the reason. A run whose
 job fails is recorded as failed and the others go on. Also (``--overhead``, default on) the
 steady-state cost of rescaling support: the micro job at full speed over ``--overhead-records``
-records with ``JobConfig(live_rescaling=False)`` vs the default, alternated; and
+records with the defaults, with ``JobConfig(live_rescaling=False)`` and without metrics
+(no endpoint, no metrics polls), alternated; and
 (``--replication-cost``, default on except ``--quick``) what keeping replicas costs: the micro
 job at its rate once per ``JobConfig(replication=)`` policy, bytes and CPU from its
 Prometheus endpoint.
@@ -316,18 +317,29 @@ def analyse(sc: Scenario, sink: jobs.WriteLogLatencySink, r: dict[str, Any]) -> 
 # ------------------------------------------------------------------------------ steady state
 
 
+#: the steady-state overhead runs: name -> JobConfig fields (the default first)
+OVERHEAD_CONFIGS = {
+    "default": {},
+    "no live rescaling": {"live_rescaling": False},
+    "no metrics": {"metrics_port": None, "metrics_poll_interval_s": 3600.0},
+}
+
+
 def overhead(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
-    """Full-speed throughput of the micro job with and without live-rescaling support."""
+    """Full-speed throughput of the micro job with the defaults, without live-rescaling
+    support, and without metrics (no endpoint, no metrics polls of the tasks), the three
+    alternated ``--overhead-repeats`` times; the overhead of each feature is the default's
+    median against the median without it."""
     a = sc.args
     if sc.nexmark:
         return {"skipped": "measured on the micro job only"}
     rows: list[dict[str, Any]] = []
     for rep in range(a.overhead_repeats):
-        for live in (True, False):
-            progress.step(f"overhead {rep + 1}/{a.overhead_repeats}: live_rescaling={live}",
+        for name, fields in OVERHEAD_CONFIGS.items():
+            progress.step(f"overhead {rep + 1}/{a.overhead_repeats}: {name}",
                           4.0 + a.overhead_records / 150_000)
             sink = LatencySink()
-            handle = sc.build(sink, JobConfig(live_rescaling=live, transport=a.transport),
+            handle = sc.build(sink, JobConfig(transport=a.transport, **fields),
                               full_speed=True, num_records=a.overhead_records).run()
             try:
                 span, state = run.wait_finished(handle, 0.05, 600.0 + a.overhead_records / 1e3)
@@ -335,15 +347,21 @@ def overhead(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
                 handle.stop()
             if span is None or state != JobState.FINISHED:
                 return {"skipped": f"the job ended {state}: {handle.status().error}"}
-            rows.append({"live_rescaling": live, "repeat": rep, "seconds": span,
+            rows.append({"config": name, "live_rescaling": fields.get("live_rescaling", True),
+                         "repeat": rep, "seconds": span,
                          "records_per_s": a.overhead_records / span,
-                         "records_at_sink": sink.summary()["count"]})
-    on = an.median(r["records_per_s"] for r in rows if r["live_rescaling"])
-    off = an.median(r["records_per_s"] for r in rows if not r["live_rescaling"])
+                         "records_at_sink": sink.summary()["count"],
+                         "loadavg_at_end": os.getloadavg()[0]})
+    med = {name: an.median(r["records_per_s"] for r in rows if r["config"] == name)
+           for name in OVERHEAD_CONFIGS}
+    on, off, quiet = med["default"], med["no live rescaling"], med["no metrics"]
     return {"records": a.overhead_records, "parallelism": a.from_p, "runs": rows,
             "records_per_s_live": on, "records_per_s_without": off,
+            "records_per_s_without_metrics": quiet,
             "ratio_live_over_without": an.ratio(on, off),
-            "overhead_pct": None if not off or on is None else 100.0 * (1.0 - on / off)}
+            "overhead_pct": None if not off or on is None else 100.0 * (1.0 - on / off),
+            "metrics_overhead_pct": (None if not quiet or on is None
+                                     else 100.0 * (1.0 - on / quiet))}
 
 
 def replication_cost(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
@@ -546,10 +564,13 @@ def run_tables(results: dict[str, Any]) -> list[str]:
 def _overhead_text(o: dict[str, Any]) -> str:
     return (f"Steady-state overhead of rescaling support (micro job at full speed, "
             f"{o['records']:,} records, parallelism {o['parallelism']}, median of "
-            f"{len(o['runs']) // 2}): {fmt(o['records_per_s_live'], ',.0f')} records/s with "
+            f"{len(o['runs']) // len(OVERHEAD_CONFIGS)} alternated): {fmt(o['records_per_s_live'], ',.0f')} records/s with "
             f"live rescaling vs {fmt(o['records_per_s_without'], ',.0f')} without "
             f"(`live_rescaling=False`): ratio {fmt(o['ratio_live_over_without'], '.3f')}, "
-            f"overhead {fmt(o['overhead_pct'], '.1f')} %.")
+            f"overhead {fmt(o['overhead_pct'], '.1f')} %; of metrics: "
+            f"{fmt(o.get('records_per_s_without_metrics'), ',.0f')} records/s without the "
+            f"endpoint and the tasks' metrics polls, overhead "
+            f"{fmt(o.get('metrics_overhead_pct'), '.1f')} %.")
 
 
 def _replication_text(rc: dict[str, Any]) -> str:
@@ -747,7 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     planned = sum(per_run + (RESCALE_GUESS_S if p != NONE else 0.0)
                   for p, _ in names if p == NONE or p in PROTOCOLS)
     if args.overhead and not sc.nexmark:
-        planned += 2 * args.overhead_repeats * (4.0 + args.overhead_records / 150_000)
+        planned += len(OVERHEAD_CONFIGS) * args.overhead_repeats * (4.0 + args.overhead_records / 150_000)
     if args.replication_cost and not sc.nexmark:
         planned += len(REPLICATION_POLICIES) * (args.replication_seconds + 5.0)
     results.update({

@@ -762,7 +762,7 @@ def main(argv: list[str] | None = None) -> int:
                        drrs_subscale_bytes=args.subscale_bytes or None)
     names = run_order(args.protocols, args.repeats, not args.no_baseline_run)
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
-    print(f"runs: {', '.join(names)}; per run build {sc.build_s:g} s, baseline "
+    print(f"runs: {', '.join(p for p, _ in names)}; per run build {sc.build_s:g} s, baseline "
           f"{args.baseline:g} s, after {args.after:g} s", flush=True)
     per_run = 5.0 + sc.build_s + args.baseline + args.after
     planned = sum(per_run + (RESCALE_GUESS_S if p != NONE else 0.0)

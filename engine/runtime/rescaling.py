@@ -190,6 +190,7 @@ class Rescaler:
         coord = coordinator_for(req, ctx, m.clock)
         self._coordinators[vertex] = coord
         self._headroom[vertex] = CpuHeadroom()
+        m.collector.rescale_started[vertex] = m.clock.monotonic()
         inbox: deque[Command] = deque()
         self._inbox[vertex] = inbox
         try:

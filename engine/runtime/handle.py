@@ -35,7 +35,7 @@ from engine.errors import (
 )
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
-from engine.runtime import registry
+from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
@@ -211,10 +211,11 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
     """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors. Raises
     ``UserFunctionError`` when an operator's ``open()`` raised (naming operator and task),
     ``JobFailedError`` when a task could not start, ``ControlTimeout`` when the JobMaster
-    did not finish deploying within ``Deadlines.start_s``; the job is torn down."""
+    did not finish deploying within ``Deadlines.start_s``; the job is torn down.
+    ``RayUnavailable`` when no Ray is connected and none could be started or reached."""
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
-                 configure_logging=False)
+        local_ray.connect(address, namespace=NAMESPACE, log_to_driver=True,
+                          configure_logging=False)
     for sink in _sinks_of(graph):
         sink.prepare()
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"

@@ -5,6 +5,7 @@ from engine.config import JobConfig
 from engine.errors import (
     CodecError,
     ConfigError,
+    ControllerError,
     ControlPlaneError,
     ControlTimeout,
     InternalError,
@@ -25,6 +26,7 @@ from engine.state import ListState, MapState, ReducingState, ValueState
 __all__ = [
     "CodecError",
     "ConfigError",
+    "ControllerError",
     "ControlPlaneError",
     "ControlTimeout",
     "InternalError",

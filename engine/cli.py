@@ -42,14 +42,14 @@ def _metrics(url: str) -> int:
             tasks[op].add(s.labels["task"])
             if s.name in ("reflow_records_in_total", "reflow_records_out_total",
                           "reflow_state_bytes", "reflow_key_groups", "reflow_queued_frames",
-                          "reflow_busy_seconds_total", "reflow_backpressured_seconds_total"):
+                          "reflow_useful_seconds_total", "reflow_backpressured_seconds_total"):
                 per_op[op][s.name] += s.value
-    cols = ["tasks", "records in", "records out", "busy s", "backpr. s", "queued", "key groups",
+    cols = ["tasks", "records in", "records out", "useful s", "backpr. s", "queued", "key groups",
             "state bytes"]
     print(f"{'operator':<20}" + "".join(f"{c:>14}" for c in cols))
     for op, m in sorted(per_op.items()):
         vals = [len(tasks[op]), m["reflow_records_in_total"], m["reflow_records_out_total"],
-                m["reflow_busy_seconds_total"], m["reflow_backpressured_seconds_total"],
+                m["reflow_useful_seconds_total"], m["reflow_backpressured_seconds_total"],
                 m["reflow_queued_frames"], m["reflow_key_groups"], m["reflow_state_bytes"]]
         print(f"{op:<20}" + "".join(f"{v:>14,.1f}" if isinstance(v, float) else f"{v:>14,}"
                                       for v in vals))

@@ -119,6 +119,13 @@ class RescaleRefused(ReflowError):
         self.tasks = tuple(tasks)
 
 
+class ControllerError(ReflowError, ValueError):
+    """A controller, or a decision it built, is invalid: ``add_controller`` got something
+    that is not a controller (no ``decide``, a bad ``interval_s``, a name already used), or
+    a decision has a field of the wrong kind. A running controller's bad decision is logged
+    and skipped (``JobHandle.decisions()``), never raised into the job."""
+
+
 class RescaleTimeout(ReflowError):
     """A rescale phase (or a control call inside it) took longer than
     ``JobConfig.rescale_timeout_s``. ``phase`` and ``tasks`` say where it stood; the job

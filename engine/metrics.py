@@ -25,7 +25,14 @@ LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 @wire
 @dataclass(frozen=True, slots=True)
 class TaskMetrics:
-    """A snapshot of one task's counters (monotonic since the task started)."""
+    """A snapshot of one task's counters (monotonic since the task started).
+
+    ``useful_seconds``: time in operator work (decoding input, the operators, encoding
+    output), DS2's *useful time*; ``idle_seconds``: waiting for input;
+    ``backpressured_seconds``: waiting for output credits. ``records_in / useful_seconds``
+    is the task's true processing rate. ``source_backlog``: at a source task, records due
+    or available and not read yet (``SourceReader.backlog``); None when unknown or not a
+    source."""
 
     task: str
     vertex: str
@@ -35,7 +42,7 @@ class TaskMetrics:
     records_out: int
     bytes_in: int
     bytes_out: int
-    busy_seconds: float
+    useful_seconds: float
     idle_seconds: float
     backpressured_seconds: float
     queued_frames: int
@@ -45,6 +52,7 @@ class TaskMetrics:
     latency: Any
     watermark: int
     late_records: int = 0
+    source_backlog: int | None = None
 
 
 @wire
@@ -104,7 +112,9 @@ _COUNTERS = [
     ("records_out", "reflow_records_out", "Records sent by the task"),
     ("bytes_in", "reflow_bytes_in", "Encoded bytes received by the task"),
     ("bytes_out", "reflow_bytes_out", "Encoded bytes sent by the task"),
-    ("busy_seconds", "reflow_busy_seconds", "Time spent processing (useful time)"),
+    ("useful_seconds", "reflow_useful_seconds",
+     "Time in operator work: decoding input, the operators, encoding output (DS2's useful "
+     "time; records_in over it is the true processing rate)"),
     ("idle_seconds", "reflow_idle_seconds", "Time spent waiting for input"),
     ("backpressured_seconds", "reflow_backpressured_seconds", "Time blocked on output credits"),
     ("dead_letters", "reflow_dead_letters", "Records sent to a dead-letter sink"),
@@ -138,6 +148,8 @@ class JobCollector:
         self.replication_cpu_s: dict[str, float] = {}
         self.replicas: dict[str, int] = {}
         self.running = 1
+        # (controller, kind, outcome) -> decisions (the controller runner's counts)
+        self.decisions: dict[tuple[str, str, str], int] = {}
 
     def collect(self) -> Iterator[Any]:
         tasks = list(self.tasks.values())
@@ -151,6 +163,14 @@ class JobCollector:
             for t in tasks:
                 g.add_metric([self.job, t.vertex, str(t.task_index)], getattr(t, field))
             yield g
+        backlog = GaugeMetricFamily(
+            "reflow_source_backlog_records",
+            "Records due or available at a source task and not read yet (lag), where the "
+            "source knows", labels=_LABELS)
+        for t in tasks:
+            if t.source_backlog is not None:
+                backlog.add_metric([self.job, t.vertex, str(t.task_index)], t.source_backlog)
+        yield backlog
         yield self._unresponsive_gauge(tasks)
         hist = HistogramMetricFamily(
             "reflow_end_to_end_latency_seconds",
@@ -231,6 +251,13 @@ class JobCollector:
         for op, n in self.rescales_total.items():
             count.add_metric([self.job, op], n)
         yield count
+        dec = CounterMetricFamily(
+            "reflow_controller_decisions",
+            "Decisions of the job's controllers, by kind and by what became of them",
+            labels=["job", "controller", "kind", "outcome"])
+        for (controller, kind, outcome), n in sorted(self.decisions.items()):
+            dec.add_metric([self.job, controller, kind, outcome], n)
+        yield dec
         up = GaugeMetricFamily("reflow_job_running", "1 while the job runs", labels=["job"])
         up.add_metric([self.job], self.running)
         yield up

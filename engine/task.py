@@ -294,7 +294,7 @@ class TaskCore:
         # metrics
         self.records_in = 0
         self.bytes_in = 0
-        self.busy_s = 0.0
+        self.useful_s = 0.0  # operator work: decode, process, encode (the actor times it)
         self.idle_s = 0.0
         self.backpressured_s = 0.0
         self.latency = LatencyHistogram()
@@ -787,7 +787,7 @@ class TaskCore:
             records_out=self.router.records_out,
             bytes_in=self.bytes_in,
             bytes_out=self.router.bytes_out,
-            busy_seconds=self.busy_s,
+            useful_seconds=self.useful_s,
             idle_seconds=self.idle_s,
             backpressured_seconds=self.backpressured_s,
             queued_frames=self.queued_frames(),
@@ -797,4 +797,6 @@ class TaskCore:
             latency=self.latency.to_wire(),
             watermark=self.watermark,
             late_records=0 if self.keyed is None else self.keyed.late_records,
+            source_backlog=(None if self.reader is None or self.status != RUNNING
+                            else self.reader.backlog()),
         )

@@ -34,6 +34,7 @@ from engine.errors import (
 )
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
+from engine.reconfiguration import DecisionRecord, RescaleRecord
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
@@ -178,6 +179,43 @@ class JobHandle:
                     "the job", job=self.job_id, call="rescale", seconds=d.rescale_window_s)
             ticks = now
 
+    # -- controllers
+    def add_controller(self, controller: Any) -> str:
+        """Run ``controller`` (a ``controllers.base.Controller``) on the job from now on:
+        the JobMaster calls its ``decide`` every ``interval_s`` and carries out what it
+        decides. Returns the name it runs under. ``ControllerError`` when it is no
+        controller (or its name is taken); within ``control_timeout_s``."""
+        from engine.reconfiguration import check_controller
+
+        check_controller(controller)
+        return str(self._get(self._master.add_controller.remote(controller), "add_controller",
+                             self.deadlines.control_s))
+
+    def remove_controller(self, name: str) -> None:
+        """Stop running the controller ``name`` (its decisions stay in ``decisions()``)."""
+        self._get(self._master.remove_controller.remote(name), "remove_controller",
+                  self.deadlines.control_s)
+
+    def decisions(self, controller: str | None = None) -> tuple[DecisionRecord, ...]:
+        """Every recent decision of the job's controllers (or of ``controller``), executed
+        or not, oldest first: the latest 1000, identical consecutive no-change decisions
+        folded (``repeats``). Within ``control_timeout_s``."""
+        from engine.codec import unpack_exact
+
+        raw = unpack_exact(self._get(self._master.decisions.remote(controller), "decisions",
+                                     self.deadlines.control_s))
+        return tuple(decode_message(r) for r in raw)
+
+    def rescale_history(self) -> tuple[RescaleRecord, ...]:
+        """The job's recent finished rescales (whoever asked) with what each cost, measured
+        a few metrics polls after it ended: backlog built, peak latency, seconds of input
+        held up (``RescaleRecord``). Within ``control_timeout_s``."""
+        from engine.codec import unpack_exact
+
+        raw = unpack_exact(self._get(self._master.rescale_history.remote(), "rescale_history",
+                                     self.deadlines.control_s))
+        return tuple(decode_message(r) for r in raw)
+
     def __enter__(self) -> JobHandle:
         return self
 
@@ -204,11 +242,19 @@ def _sinks_of(graph: g.JobGraph) -> list[Any]:
     return out
 
 
-def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> JobHandle:
-    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors. Raises
-    ``UserFunctionError`` when an operator's ``open()`` raised (naming operator and task),
-    ``JobFailedError`` when a task could not start, ``ControlTimeout`` when the JobMaster
-    did not finish deploying within ``Deadlines.start_s``; the job is torn down."""
+def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
+           controllers: Sequence[Any] = ()) -> JobHandle:
+    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors, then
+    runs ``controllers``. Raises ``UserFunctionError`` when an operator's ``open()`` raised
+    (naming operator and task), ``JobFailedError`` when a task could not start,
+    ``ControlTimeout`` when the JobMaster did not finish deploying within
+    ``Deadlines.start_s``; the job is torn down. ``ControllerError`` (before anything is
+    deployed) when one of ``controllers`` is no controller or two share a name."""
+    from engine.reconfiguration import check_controller
+
+    names: list[str] = []
+    for c in controllers:
+        names.append(check_controller(c, names))
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
                  configure_logging=False)
@@ -225,4 +271,12 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
         with contextlib.suppress(Exception):
             ray.kill(master)
         _raise(exc, job_id, "start", d.start_s)
-    return JobHandle(master, job_id, url, config)
+    handle = JobHandle(master, job_id, url, config)
+    try:
+        for c in controllers:
+            handle.add_controller(c)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            handle.stop()
+        raise
+    return handle

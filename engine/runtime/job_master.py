@@ -33,7 +33,7 @@ from engine.clock import SystemClock
 from engine.codec import pack_exact
 from engine.config import JobConfig
 from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment
-from engine.errors import FailurePhase, JobFailedError
+from engine.errors import FailurePhase, JobFailedError, JobNotRunningError
 from engine.messages import (
     JobStatus,
     Start,
@@ -46,6 +46,7 @@ from engine.messages import (
 from engine.metrics import JobCollector, MetricsEndpoint
 from engine.names import JobState
 from engine.physical import PhysicalPlan, plan_physical
+from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in
 from engine.runtime.health import StandbyPool
@@ -85,6 +86,8 @@ class JobMaster:
         self.endpoint: MetricsEndpoint | None = None
         self.replicas = ReplicaKeeper(self)
         self.rescaler = Rescaler(self)
+        self.controllers = ControllerRunner(self)
+        self.nodes: dict[str, str] = {}  # task name -> the Ray node it runs on, where known
         self.watch = Watch(self)
         self.health = self.watch.health
         self._changed = asyncio.Event()
@@ -352,6 +355,27 @@ class JobMaster:
     @property
     def rescaling(self) -> bool:
         return self.rescaler.running
+
+    # -- controllers (``engine.runtime.controller_runner``)
+    async def add_controller(self, controller: Any) -> str:
+        """Run ``controller`` on this job; returns the name it runs under."""
+        if not self.state.active:
+            raise JobNotRunningError(f"job {self.job_id} is {self.state}; controllers run "
+                                     "only while it runs")
+        return self.controllers.add(controller)
+
+    async def remove_controller(self, name: str) -> None:
+        self.controllers.remove(name)
+
+    def decisions(self, controller: str | None) -> bytes:
+        return pack_exact([encode_message(r) for r in self.controllers.decisions(controller)])
+
+    def rescale_history(self) -> bytes:
+        return pack_exact([encode_message(r) for r in self.controllers.records])
+
+    def alive_nodes(self) -> list[str]:
+        """The ids of the Ray nodes alive now."""
+        return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
 
 
 RemoteJobMaster = ray.remote(max_restarts=0, max_task_retries=0)(JobMaster)

@@ -75,6 +75,11 @@ class Rescaler:
     def running(self) -> bool:
         return self._stop_restart_running or self._live_running > 0
 
+    @property
+    def running_operators(self) -> frozenset[str]:
+        """The vertices with a rescale running now."""
+        return frozenset(self._coordinators)
+
     def on_report(self, msg: Any) -> None:
         """Every running coordinator sees every task report."""
         for vertex, coord in list(self._coordinators.items()):
@@ -139,7 +144,17 @@ class Rescaler:
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int, protocol: str,
-                      assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
+                      assignment: tuple[int, ...] | None, planning: Any,
+                      by: str = "handle") -> RescaleReport:
+        """Run the rescale (see the module doc); ``by``: who asked, for the records of what
+        rescales cost (``engine.runtime.controller_runner``)."""
+        started = self.m.clock.monotonic()
+        report = await self._rescale(operator, parallelism, protocol, assignment, planning)
+        self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
+        return report
+
+    async def _rescale(self, operator: str, parallelism: int, protocol: str,
+                       assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
         m = self.m
         req = self.validate(operator, parallelism, protocol, assignment, planning)
         if PROTOCOLS[req.protocol].live:

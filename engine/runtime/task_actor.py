@@ -303,6 +303,7 @@ class TaskActor(DataConnections):
         strategy = core.wm_strategy
         wm_every = None if strategy is None else strategy.interval_ms / 1000.0
         next_wm = clock.monotonic()
+        outbox = core.router.outbox
         wake = self._event()
         try:
             while core.status == RUNNING:
@@ -318,9 +319,14 @@ class TaskActor(DataConnections):
                 if core.keyed is not None and t0 >= next_timer_check:
                     did = core.fire_timers() or did
                     next_timer_check = t0 + timer_every
+                # useful time (DS2): operator work with its decoding and the encoding of
+                # its output, lingering frames included; waits for input (idle) and for
+                # credits (backpressured) are counted apart. Two clock reads per pass.
+                framed = len(outbox)
+                core.flush_due()
                 t1 = clock.monotonic()
-                if did:
-                    core.busy_s += t1 - t0
+                if did or len(outbox) != framed:
+                    core.useful_s += t1 - t0
                 self._ack_consumed()
                 if core.priority_out:
                     self._send_priority()
@@ -330,7 +336,6 @@ class TaskActor(DataConnections):
                 if wm_every is not None and t1 >= next_wm:
                     core.emit_watermark()
                     next_wm = t1 + wm_every
-                core.flush_due()
                 await self._send_outbox()
                 self._send_reports()
                 if did:

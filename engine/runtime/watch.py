@@ -56,6 +56,7 @@ class Watch:
                 if m.state == JobState.RUNNING:
                     await m.fail(f"task {n} died: {type(exc).__name__}: {exc}")
                     return
+            m.controllers.observe()  # the controllers' metrics history
             if len(m.pool) and await m.pool.check() and not m.rescaling:
                 m.refill_standby_later()
 

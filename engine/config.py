@@ -46,6 +46,7 @@ def check_count(
 # What each annotation of a JobConfig field accepts, for the message of a refused value.
 _EXPECTED = {
     "int": "an integer", "float": "a number (not NaN)", "bool": "True or False", "str": "a string",
+    "TLS": "an engine.config.TLS",
 }
 
 
@@ -67,6 +68,8 @@ def _typed(name: str, annotation: str, value: object) -> object:
         ok = isinstance(value, bool)
     elif base == "str":
         ok = isinstance(value, str)
+    elif base == "TLS":
+        ok = isinstance(value, TLS)
     else:  # a type this check does not know yet: never fail a user's job over it
         return value
     if not ok:
@@ -79,6 +82,43 @@ def _typed(name: str, annotation: str, value: object) -> object:
     if base == "float":
         return float(value)  # type: ignore[arg-type]
     return value
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS for the data transport's connections (``JobConfig(tls=TLS(...))``): PEM files,
+    read by each task actor when it opens its data server or a connection, so the paths
+    must exist on every node (e.g. a Kubernetes secret mounted at the same path).
+
+    Both ends authenticate: a task's server presents ``cert_file`` and requires the
+    connecting task's certificate, and each side verifies the other's chain against
+    ``ca_file`` (default: ``cert_file`` itself, so one self-signed pair shared by the job's
+    tasks is enough). ``check_hostname``: also check that the address a task connects to is
+    in the server certificate's subject alternative names (off by default: tasks connect by
+    IP address, and the chain check against a job-private CA already authenticates them).
+    Wrong types or empty paths raise ``ConfigError``; an unreadable file or a bad key fails
+    the task at deployment with ``ConfigError`` naming the file."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    check_hostname: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "ca_file"):
+            value = getattr(self, name)
+            if value is None and name == "ca_file":
+                continue
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"TLS: {name} must be the path of a PEM file; got {value!r}")
+        if not isinstance(self.check_hostname, bool):
+            raise ConfigError(f"TLS: check_hostname must be True or False; got "
+                              f"{self.check_hostname!r}")
+
+    @property
+    def ca(self) -> str:
+        """The file of certificate authorities peers are verified against."""
+        return self.ca_file or self.cert_file
 
 
 @dataclass(frozen=True)
@@ -123,6 +163,12 @@ class JobConfig:
     serves a single machine (a local Ray cluster, several raylets on one host included); on a
     multi-machine cluster set it to "0.0.0.0" (each task then advertises its node's address)
     or use ``transport="ray"``.
+    ``tls``: a ``TLS`` makes the data transport's connections mutually authenticated TLS
+    (``transport="tcp"`` only; None: plain TCP, with the per-task token as the only check).
+    ``max_frame_bytes``: the largest data frame a task sends or accepts; a connection whose
+    length field announces more is closed before anything is allocated, and a sender whose
+    batch encodes to more fails naming the operator and this setting (lower
+    ``batch_size`` or raise the limit).
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
@@ -156,6 +202,8 @@ class JobConfig:
     live_rescaling: bool = True
     transport: str = "tcp"
     data_host: str = "127.0.0.1"
+    tls: TLS | None = None
+    max_frame_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -197,6 +245,9 @@ class JobConfig:
             ("replication_hot_fraction", 0 < self.replication_hot_fraction <= 1, "in (0, 1]"),
             ("transport", self.transport in ("tcp", "ray"), "'tcp' or 'ray'"),
             ("data_host", bool(self.data_host), "an address to bind the data socket to"),
+            ("tls", self.tls is None or self.transport == "tcp",
+             "None with transport='ray' (TLS is for the tcp transport's sockets)"),
+            ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
         ]
         for name, ok, expected in checks:
             if not ok:

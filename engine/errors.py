@@ -28,7 +28,8 @@ Hierarchy::
     │                           report it with the cause's traceback)
     └── DataChannelError        a task's direct data connection failed (caught by the task
         ├── ConnectionLost      shell, which fails the job naming the receiver): the
-        └── FrameRefused        receiver died, or refused a frame (e.g. unknown channel)
+        ├── FrameRefused        receiver died, or refused a frame (e.g. unknown channel),
+        └── FrameTooLarge       or a frame exceeds ``JobConfig.max_frame_bytes``
 
 Errors carry structured fields where they exist (operator, task, ``phase``: a
 ``FailurePhase`` or a rescale's phase, record, the original cause), and every one pickles
@@ -236,3 +237,8 @@ class ConnectionLost(DataChannelError):
 
 class FrameRefused(DataChannelError):
     """The receiving task refused a frame (e.g. a channel it does not have)."""
+
+
+class FrameTooLarge(DataChannelError):
+    """A data frame is longer than ``JobConfig.max_frame_bytes``: the sender refuses to send
+    it, and a receiver closes a connection whose length field announces one."""

@@ -16,8 +16,10 @@ it held up, beside the bytes it moved). This policy uses those measurements:
    build (``target rate * predicted disruption``), so a cheap live migration asks for
    little extra capacity where a fixed restart time over-provisions.
 3. **The protocol and the assignment**, per action: among ``protocols`` and the target
-   assignments of ``assignments`` (``uniform`` ranges, ``balanced``: few moves, even load;
-   any function ``(loads, sizes, current, parallelism) -> assignment``) that keep every
+   assignments of ``assignments`` (``uniform`` ranges; ``ssm``, the optimal single step of
+   ``migration.assignment``: fewest bytes moved under a load bound; ``balanced``: few
+   moves, even load, any layout; or any function ``(loads, sizes, current, parallelism)
+   -> assignment``) that keep every
    task's load within ``1 + balance`` of the mean, the pair whose predicted disruption
    (from the key groups' state sizes that would move) is lowest.
 4. **Pay-off.** An action runs only when its gain pays for its disruption over the
@@ -49,7 +51,14 @@ from controllers.ds2 import DS2, Estimate
 from engine.errors import ControllerError
 from engine.keygroups import moved_key_groups
 from engine.reconfiguration import Decision, OperatorView, RescaleRecord
-from migration.assignment import balanced, imbalance, uniform
+from migration.assignment import (
+    AssignmentError,
+    GroupWorkload,
+    balanced,
+    imbalance,
+    ssm,
+    uniform,
+)
 
 Assignment = Callable[[Sequence[float], Sequence[int], Sequence[int], int], tuple[int, ...]]
 
@@ -66,7 +75,15 @@ def balanced_target(loads: Sequence[float], sizes: Sequence[int], current: Seque
     return balanced(loads, current, parallelism)
 
 
-DEFAULT_ASSIGNMENTS: dict[str, Assignment] = {"uniform": uniform_target,
+def ssm_target(loads: Sequence[float], sizes: Sequence[int], current: Sequence[int],
+               parallelism: int, balance: float = 0.2) -> tuple[int, ...]:
+    """``migration.assignment.ssm``: the fewest bytes moved with every task's load within
+    ``1 + balance`` of the mean (contiguous ranges; ``BalanceInfeasible`` when none)."""
+    return ssm(current, parallelism, GroupWorkload(tuple(loads), tuple(sizes)),
+               balance).assignment
+
+
+DEFAULT_ASSIGNMENTS: dict[str, Assignment] = {"uniform": uniform_target, "ssm": ssm_target,
                                               "balanced": balanced_target}
 
 
@@ -219,7 +236,10 @@ class CostAwareDS2(DS2):
         loads, sizes = self._profile(op, view, metrics)
         seen: set[tuple[int, ...]] = set()
         for name, fn in self.assignments.items():
-            target = tuple(fn(loads, sizes, current, parallelism))
+            try:
+                target = tuple(fn(loads, sizes, current, parallelism))
+            except AssignmentError:  # e.g. ssm: no contiguous assignment within its bound
+                continue
             if target in seen or len(target) != len(current):
                 continue
             seen.add(target)
@@ -289,4 +309,4 @@ class CostAwareDS2(DS2):
 
 
 __all__ = ["DEFAULT_ASSIGNMENTS", "Assignment", "CostAwareDS2", "CostModel", "Option",
-           "balanced_target", "fit_cost", "uniform_target"]
+           "balanced_target", "fit_cost", "ssm_target", "uniform_target"]

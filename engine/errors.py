@@ -13,6 +13,8 @@ Hierarchy::
     │   └── OutputCodecError    an operator's output record cannot be encoded (names it)
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
     │                           changed (names the phase and tasks); the job is untouched
+    ├── ControllerError         a controller or one of its decisions is invalid (also a
+    │                           ``ValueError``); a running one's bad decision is only recorded
     ├── RescaleTimeout          a rescale phase or control call did not finish within
     │                           ``JobConfig.rescale_timeout_s`` (names the phase and tasks)
     ├── JobFailedError          the running job failed (user function error, task died, ...)

@@ -78,6 +78,9 @@ class RescaleProgress:
 class JobMetrics:
     """What ``JobHandle.metrics()`` returns: every live task's snapshot and rescale progress.
 
+    ``taken_at``: the JobMaster's monotonic seconds when it was taken (``rates_since``
+    divides by the difference of two).
+
     ``unresponsive``: ``(task, seconds)`` for each task that did not answer this poll in
     time, with the seconds since it last answered (stuck in user code, or overloaded); its
     entry in ``tasks`` is the last snapshot it sent (its counters stood still since)."""
@@ -88,6 +91,7 @@ class JobMetrics:
     rescales: tuple[RescaleProgress, ...]
     endpoint: str | None
     unresponsive: tuple[tuple[str, float], ...] = ()
+    taken_at: float = 0.0
 
     def __post_init__(self) -> None:
         if any(seconds < 0 for _, seconds in self.unresponsive):
@@ -95,6 +99,15 @@ class JobMetrics:
 
     def operator(self, vertex: str) -> list[TaskMetrics]:
         return [t for t in self.tasks if t.vertex == vertex]
+
+    def rates_since(self, earlier: JobMetrics) -> Any:
+        """The ``engine.rates.MetricsWindow`` between ``earlier`` (a previous
+        ``JobHandle.metrics()`` of this job) and this snapshot: per operator true and observed
+        processing and output rates, utilisation (MAX and mean over its tasks), capacity."""
+        from engine.rates import metrics_window
+
+        return metrics_window({t.task: t for t in earlier.tasks}, {t.task: t for t in self.tasks},
+                              earlier.taken_at, self.taken_at)
 
     def total(self, field: str, vertex: str | None = None) -> float:
         return sum(getattr(t, field) for t in self.tasks if vertex is None or t.vertex == vertex)

@@ -424,7 +424,9 @@ def measure_rescale(history: MetricsHistory, *, operator: str, protocol: str,
     before = history.before(requested_at)
     after = history.snapshots(requested_at, math.inf)
     rate, base_latency, base_backlog, trend = 0.0, 0.0, None, 0.0
+    base_at = requested_at
     if before is not None:
+        base_at = before[0]
         base_backlog = _backlog(before[1])
         start = history.before(before[0] - baseline_s) or history.snapshots()[0]
         if start[0] < before[0]:
@@ -442,7 +444,7 @@ def measure_rescale(history: MetricsHistory, *, operator: str, protocol: str,
             peak_latency = max(peak_latency, _p99(sink_latency(prev[1], snap)))
         b = _backlog(snap)
         if b is not None:
-            expected = (base_backlog or 0) + trend * (at - requested_at)
+            expected = (base_backlog or 0) + trend * (at - base_at)
             excess_backlog = max(excess_backlog, b - expected)
             known = True
         prev = (at, snap)

@@ -244,10 +244,9 @@ class ControllerRunner:
             report = await m.rescaler.rescale(d.operator, d.parallelism, d.protocol,
                                               d.assignment, d.planning, by=by)
             return str(report)
-        if isinstance(d, ChangeLogic):
-            return str(await m.change_logic(d.operator, d.fn))
-        if isinstance(d, Place):
-            return str(await m.place(d.operator, d.task_index, d.node, by=by))
+        if isinstance(d, (ChangeLogic, Place)):
+            raise RescaleRefused(f"{d.kind} decisions are not carried out yet by this version "
+                                 "of reflow")
         raise ControllerError(f"unknown decision {d!r}")
 
     def _record(self, controller: str, d: Any, outcome: DecisionOutcome, detail: str = "",

@@ -118,11 +118,11 @@ class JobHandle:
         not answer (with seconds since they last did); within ``control_timeout_s``."""
         from engine.codec import unpack_exact
 
-        state, tasks, rescales, url, silent = unpack_exact(self._get(
+        state, tasks, rescales, url, silent, taken_at = unpack_exact(self._get(
             self._master.metrics.remote(), "metrics", self.deadlines.control_s))
         return JobMetrics(self.job_id, state, tuple(decode_message(t) for t in tasks),
                           tuple(decode_message(r) for r in rescales), url or None,
-                          tuple((t, float(s)) for t, s in silent))
+                          tuple((t, float(s)) for t, s in silent), float(taken_at))
 
     def rescale(self, operator: str, parallelism: int, protocol: str = "drrs",
                 planning: Any = None) -> RescaleReport:

@@ -323,6 +323,7 @@ class JobMaster:
             [encode_message(r) for r in self.collector.rescales.values()],
             self.endpoint.url if self.endpoint else "",
             [list(e) for e in self.watch.unresponsive()],
+            self.clock.monotonic(),
         ])
 
     async def stop(self) -> None:

@@ -11,6 +11,7 @@ from engine.codec import pack_exact, pack_fast
 from engine.errors import CodecError
 from engine.latency import LatencyHistogram
 from engine.metrics import RescaleProgress, TaskMetrics
+from engine.reconfiguration import DecisionRecord, RescaleRecord
 from migration.report import RescaleReport
 
 _H = LatencyHistogram()
@@ -104,6 +105,10 @@ FLAT_CONTROL_MESSAGES = [
         "wordcount", "failed", "user function raised", "count", 2, "('a', 1)", "KeyError('a')",
         "http://127.0.0.1:9000/metrics",
     ),
+    DecisionRecord(1.5, "ds2", "scale", "sum", "scale 'sum' to 4 (drrs)", "load 1.9",
+                   "executed", "drrs rescale of 'sum' 2 -> 4 done", 1.25, 3, 9.5),
+    RescaleRecord("sum", "drrs", 2, 4, 10.0, 11.5, 16, 2048, False, 900.0, 120, 12.5, 80.0,
+                  0.13, "controller ds2"),
 ]
 
 # Messages that nest other wire messages (OutputEdge holds OutputChannels, Connect holds

@@ -105,3 +105,16 @@ def test_what_a_rescale_cost_is_measured_around_it():
     assert rec.peak_latency_ms == pytest.approx(400.0, rel=0.05)
     assert rec.disruption_s == pytest.approx(2.0)  # 2,000 records at 1,000/s
     assert rec.duration_s == pytest.approx(1.5) and rec.megabytes_moved == 5.0
+
+
+def test_an_overloaded_jobs_growing_backlog_is_not_charged_to_the_rescale():
+    hist = MetricsHistory(keep_s=60.0)
+    src = 0
+    for t in range(20):  # the backlog grows by 500 records/s all along: overload, not rescale
+        src += 1_000
+        hist.add(float(t), {"s/0": tm("s/0", "src", 0, src, src, 0.1, backlog=500 * t),
+                            "a/0": tm("a/0", "agg", 0, src, 0, 0.9 * t)})
+    rec = measure_rescale(hist, operator="agg", protocol="drrs", old_parallelism=1,
+                          new_parallelism=2, requested_at=9.5, completed_at=12.0,
+                          key_groups_moved=64, bytes_moved=1, cut_short=False, by="test")
+    assert rec.backlog_records == 0 and rec.disruption_s == 0.0

@@ -295,6 +295,17 @@ class RemoveOutputChannels:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class ReplaceOutputChannel:
+    """Live (placement): output channel ``replacement``, the last of its edge, takes the
+    place of ``retired`` (its index in the edge and in the routing); ``retired`` is dropped
+    (nothing routes to it any more). The replacement keeps its sequence numbers."""
+
+    retired: int
+    replacement: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class AddInputs:
     """Live: read these ``(channel_id, port)`` channels too."""
 

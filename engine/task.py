@@ -60,6 +60,7 @@ from engine.messages import (
     PauseSource,
     PriorityBatch,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
@@ -719,6 +720,9 @@ class TaskCore:
                 return Ack()
             case RemoveOutputChannels(channel_ids=ids):
                 self.router.remove_channels(set(ids))
+                return Ack()
+            case ReplaceOutputChannel(retired=retired, replacement=replacement):
+                self.router.replace_channel(retired, replacement)
                 return Ack()
             case AddInputs(inputs=inputs):
                 for cid, port in inputs:

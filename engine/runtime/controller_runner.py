@@ -244,7 +244,10 @@ class ControllerRunner:
             report = await m.rescaler.rescale(d.operator, d.parallelism, d.protocol,
                                               d.assignment, d.planning, by=by)
             return str(report)
-        if isinstance(d, (ChangeLogic, Place)):
+        if isinstance(d, Place):
+            report = await m.rescaler.place(d.operator, d.task_index, d.node, "drrs", by=by)
+            return str(report)
+        if isinstance(d, ChangeLogic):
             raise RescaleRefused(f"{d.kind} decisions are not carried out yet by this version "
                                  "of reflow")
         raise ControllerError(f"unknown decision {d!r}")
@@ -266,6 +269,9 @@ class ControllerRunner:
         dep, plan = m.dep, m.dep.plan
         nkg = plan.num_key_groups
         ops: dict[str, OperatorView] = {}
+        for v in plan.vertices:  # asks each task's node once, later calls read the cache
+            await m.placement(v.name)
+        dep, plan = m.dep, m.dep.plan
         for v in plan.vertices:
             tasks = dep.tasks[v.name]
             ops[v.name] = OperatorView(

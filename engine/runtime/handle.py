@@ -161,10 +161,33 @@ class JobHandle:
             raise RescaleRefused("the assignment is empty; give one task index per key group")
         return self._rescale(operator, max(a) + 1, protocol, a, planning)
 
+    def place(self, operator: str, task_index: int, node: str, protocol: str = "drrs"
+              ) -> RescaleReport:
+        """Move task ``task_index`` of keyed ``operator`` to Ray node ``node`` (an id, as in
+        ``ray.nodes()`` or ``placement()``) while the job runs: its replacement starts on that
+        node and the task's key groups migrate to it with ``protocol`` (live); the
+        parallelism and the assignment stay. Returns the report. ``RescaleRefused`` (job
+        untouched) for an operator that is not keyed, an unknown task or node, a task
+        already there, or while the operator rescales; deadline as ``rescale``."""
+        return self._await_rescale(
+            self._master.place.remote(operator, task_index, node, protocol), operator)
+
+    def placement(self, operator: str) -> list[str]:
+        """The Ray node id of each task of ``operator``, by task index ("" for a task that
+        did not answer within ``control_timeout_s / 2``)."""
+        return list(self._get(self._master.placement.remote(operator), "placement",
+                              self.deadlines.control_s))
+
     def _rescale(self, operator: str, parallelism: int, protocol: str,
                  assignment: tuple[int, ...] | None, planning: Any = None) -> RescaleReport:
+        return self._await_rescale(
+            self._master.rescale.remote(operator, parallelism, protocol, assignment, planning),
+            operator)
+
+    def _await_rescale(self, ref: Any, operator: str) -> RescaleReport:
+        """The report of a rescale (or placement) call ``ref``, waiting as long as the
+        JobMaster runs new steps (see ``rescale``)."""
         d = self.deadlines
-        ref = self._master.rescale.remote(operator, parallelism, protocol, assignment, planning)
         ticks = -1
         while True:
             ready, _ = ray.wait([ref], timeout=d.for_ray(d.rescale_window_s))

@@ -42,6 +42,7 @@ from engine.messages import (
     PriorityBatch,
     RefreshReplicas,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     ReplicasRefreshed,
     ReplicaUpdate,
     Start,
@@ -131,6 +132,10 @@ class TaskActor(DataConnections):
     async def ping(self) -> None:
         """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
 
+    async def node_id(self) -> str:
+        """The id of the Ray node this task runs on (placement)."""
+        return str(ray.get_runtime_context().get_node_id())
+
     async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
         if self._broken is not None:
             raise self._broken
@@ -156,10 +161,13 @@ class TaskActor(DataConnections):
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
         blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource)))
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel,
+                                        PauseSource)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
+        if isinstance(msg, ReplaceOutputChannel):  # the retired task took all it was sent
+            await self._settle_in_flight({msg.retired})
         if isinstance(msg, StopTask):
             await self._settle_in_flight()
         self._send_reports()

@@ -77,6 +77,7 @@ FLAT_CONTROL_MESSAGES = [
     m.JobStatus("wordcount", "running"),
     m.StopTask(True),
     m.RemoveOutputChannels((4, 5)),
+    m.ReplaceOutputChannel(4, 9),
     m.AddInputs(((7, 0), (8, -1))),
     m.InjectSubscale(2, 0, (5, 6, 7), 3),
     m.TriggerBarrier(2),

@@ -3,6 +3,7 @@
 from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
+    ChangeLogicRefused,
     CodecError,
     ConfigError,
     ControllerError,
@@ -24,6 +25,7 @@ from engine.functions import Context, KeyedProcessFunction, RuntimeContext
 from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
+    "ChangeLogicRefused",
     "CodecError",
     "ConfigError",
     "ControllerError",

@@ -277,6 +277,30 @@ class RescaleRecord:
         return self.bytes_moved / 1e6
 
 
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicChangeReport:
+    """A finished change of logic: ``operator`` runs function ``version`` in all its
+    ``tasks``; wall-clock ``requested_at``/``completed_at``; ``alignment_s``: the longest a
+    task waited for the barrier on all its inputs."""
+
+    operator: str
+    version: int
+    tasks: int
+    requested_at: float
+    completed_at: float
+    alignment_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.completed_at - self.requested_at
+
+    def __str__(self) -> str:
+        return (f"change of logic of {self.operator!r} to version {self.version} done in "
+                f"{self.duration_s:.2f} s on {self.tasks} tasks (longest alignment "
+                f"{self.alignment_s * 1000:.0f} ms)")
+
+
 @dataclass(frozen=True)
 class JobView:
     """A read-only view of the job when a controller is called.
@@ -498,6 +522,7 @@ def as_decisions(returned: Any) -> list[Any]:
 
 
 __all__ = ["DECISION_TYPES", "ChangeLogic", "Decision", "DecisionKind", "DecisionLog",
-           "DecisionOutcome", "DecisionRecord", "JobView", "NoChange", "OperatorView", "Place",
+           "DecisionOutcome", "DecisionRecord", "JobView", "LogicChangeReport", "NoChange",
+           "OperatorView", "Place",
            "Rebalance", "RescaleRecord", "Scale", "as_decisions", "check_controller",
            "measure_rescale", "record_of"]

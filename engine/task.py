@@ -25,6 +25,7 @@ per-record ports costs one check (``migration.active``) on top of its processing
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import Counter
 from collections.abc import Callable
@@ -48,15 +49,19 @@ from engine.messages import (
     ChannelIdle,
     Connect,
     DescribeTask,
+    DiscardLogic,
     DrainBarrier,
     Drained,
     EndOfStream,
     GroupStats,
     GroupStatsRequest,
     HoldFinish,
+    InjectLogicBarrier,
     InstallKeyGroups,
     KeyGroupSnapshot,
     LatencyMarker,
+    LogicBarrier,
+    LogicChanged,
     PauseSource,
     PriorityBatch,
     RemoveOutputChannels,
@@ -66,6 +71,7 @@ from engine.messages import (
     SourcePaused,
     Start,
     StopTask,
+    SwitchLogic,
     TaskFailed,
     TaskFinished,
     TaskState,
@@ -273,6 +279,9 @@ class TaskCore:
 
         # alignment of drain barriers (engine.alignment), watermarks
         self.drain = BarrierAligner(clock.monotonic)
+        # change of logic: barriers aligned like drains; functions staged by version
+        self.logic = BarrierAligner(clock.monotonic)
+        self._staged: dict[int, tuple[str, Any]] = {}
         self.tracker = WatermarkTracker()
         self.watermark = MIN_WATERMARK
         # sources: event-time watermark generation
@@ -332,7 +341,8 @@ class TaskCore:
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
-            if cid in self._step_blocked or self.drain.is_blocked(cid):
+            if (cid in self._step_blocked or self.drain.is_blocked(cid)
+                    or self.logic.is_blocked(cid)):
                 continue
             ch = self.inputs[cid]
             head = self._heads.get(cid)
@@ -520,9 +530,12 @@ class TaskCore:
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
             case DrainBarrier(epoch=epoch):
                 self._on_drained(self.drain.on_barrier(ch.channel_id, epoch))
+            case LogicBarrier(version=version):
+                self._on_logic(self.logic.on_barrier(ch.channel_id, version))
             case EndOfStream():
                 ch.ended = True
                 advanced = self.tracker.end(ch.channel_id)
+                self._on_logic(self.logic.on_end(ch.channel_id))
                 if not self._live_inputs():
                     self.drain.on_end(ch.channel_id)  # a finished task needs no drain
                     self._end_pending = True
@@ -551,6 +564,32 @@ class TaskCore:
     def _inputs_changed(self) -> None:
         """The live inputs changed (connected, added, removed): the aligners follow."""
         self._on_drained(self.drain.set_channels(self._live_inputs()))
+        self._on_logic(self.logic.set_channels(self._live_inputs()))
+
+    # ------------------------------------------------------------ change of logic
+    def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` to replace ``operator``'s function at logic barrier ``version``; a
+        keyed function is opened now, on this task's state. Raises when the operator is not
+        in this task or the function cannot be opened (nothing switched yet)."""
+        self.chain.prepare(operator, fn)
+        self._staged[version] = (operator, fn)
+
+    def _on_logic(self, aligned: Aligned | None) -> None:
+        """Every live input delivered logic barrier ``version`` (or the task has none):
+        switch to the staged function and report; the barrier goes no further."""
+        if aligned is None:
+            return
+        staged = self._staged.pop(aligned.barrier_id, None)
+        if staged is None:
+            raise TaskControlError(f"task {self.name}: logic barrier {aligned.barrier_id} "
+                                   "aligned, but no function was staged for it")
+        operator, fn = staged
+        self.chain.switch(operator, fn)
+        self.spec = dataclasses.replace(self.spec, operators=tuple(
+            dataclasses.replace(op, fn=fn) if op.name == operator else op
+            for op in self.spec.operators))
+        self.reports.append(LogicChanged(self.name, operator, aligned.barrier_id,
+                                         aligned.alignment_s))
 
     def _on_drained(self, aligned: Aligned | None) -> None:
         """Every live input delivered the drain barrier: forward it, flush, go quiet."""
@@ -723,6 +762,17 @@ class TaskCore:
                 return Ack()
             case ReplaceOutputChannel(retired=retired, replacement=replacement):
                 self.router.replace_channel(retired, replacement)
+                return Ack()
+            case InjectLogicBarrier(version=version, channel_ids=ids):
+                self.router.send_event_to(set(ids), LogicBarrier(version))
+                return Ack()
+            case SwitchLogic(version=version):
+                self._on_logic(self.logic.trigger(version))
+                return Ack()
+            case DiscardLogic(version=version):
+                self._staged.pop(version, None)
+                if self.logic.pending == version:
+                    self.logic.abort()
                 return Ack()
             case AddInputs(inputs=inputs):
                 for cid, port in inputs:

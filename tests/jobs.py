@@ -403,3 +403,49 @@ def stepped_reference(n: int, keys: int = 40) -> list[tuple[int, int]]:
         acc[k] = acc.get(k, 0) + v
         out.append((k, acc[k]))
     return out
+
+
+# ------------------------------------------------------------------------ change of logic
+
+class Tag(KeyedProcessFunction):
+    """Counts per key and tags each output with the logic's version:
+    ``(key, i, count, tag)`` for a record ``(key, i)``."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.value_state("count", 0)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        self.count.update(self.count.value() + 1)
+        yield (value[0], value[1], self.count.value(), self.tag)
+
+
+def load_outside_tasks(tag: str) -> Tag:
+    """Unpickles an ``Unloadable`` anywhere but in a task actor (where it raises, as a
+    function whose module exists only on the driver's machine would)."""
+    import ray
+
+    name = ray.get_runtime_context().get_actor_name() or ""
+    if name.count("/") >= 3:  # a task: <job>/<operator>/<index>/g<generation>
+        raise ImportError(f"logic {tag!r} cannot be loaded in task {name}")
+    return Unloadable(tag)
+
+
+class Unloadable(Tag):
+    """A ``Tag`` that the tasks cannot deserialise (see ``load_outside_tasks``)."""
+
+    def __reduce__(self) -> Any:
+        return (load_outside_tasks, (self.tag,))
+
+
+def tag_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+            rate: float | None = None, gates: Gates = None,
+            config: JobConfig = SMALL) -> StreamJob:
+    job = StreamJob("tagged", num_key_groups=32, parallelism=parallelism, config=config)
+    (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .process(Tag("v1"), name="tag")
+        .sink(sink, name="out"))
+    return job

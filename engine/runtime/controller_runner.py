@@ -248,8 +248,7 @@ class ControllerRunner:
             report = await m.rescaler.place(d.operator, d.task_index, d.node, "drrs", by=by)
             return str(report)
         if isinstance(d, ChangeLogic):
-            raise RescaleRefused(f"{d.kind} decisions are not carried out yet by this version "
-                                 "of reflow")
+            return str(await m.logic.change(d.operator, d.fn))
         raise ControllerError(f"unknown decision {d!r}")
 
     def _record(self, controller: str, d: Any, outcome: DecisionOutcome, detail: str = "",

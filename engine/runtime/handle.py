@@ -25,6 +25,7 @@ from ray.exceptions import RayActorError, RayError
 from engine import graph as g
 from engine.config import JobConfig, check_count
 from engine.errors import (
+    ChangeLogicRefused,
     ControlTimeout,
     JobFailedError,
     ReflowError,
@@ -34,7 +35,7 @@ from engine.errors import (
 )
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
-from engine.reconfiguration import DecisionRecord, RescaleRecord
+from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
@@ -57,7 +58,7 @@ class JobHandle:
     def _get(self, ref: Any, call: str, seconds: float) -> Any:
         """``ray.get(ref)`` within ``seconds``, Ray's errors translated."""
         try:
-            return ray.get(ref, timeout=seconds)
+            return ray.get(ref, timeout=Deadlines.for_ray(seconds))
         except RayError as exc:
             _raise(exc, self.job_id, call, seconds)
 
@@ -171,6 +172,28 @@ class JobHandle:
         already there, or while the operator rescales; deadline as ``rescale``."""
         return self._await_rescale(
             self._master.place.remote(operator, task_index, node, protocol), operator)
+
+    def change_logic(self, operator: str, fn: Any) -> LogicChangeReport:
+        """Replace ``operator``'s function by ``fn`` in every task while the job runs, at a
+        barrier aligned over the operator's inputs: each record before the barrier saw the
+        old function, each one after it the new one; keyed state stays. ``fn``: a function
+        for map/flat_map/filter, a function of two values for reduce, a
+        ``KeyedProcessFunction`` for process (for a window operator also the new window
+        function of the same kind). Returns the report once every task switched.
+        ``ChangeLogicRefused`` (every task keeps the old function) when the operator cannot
+        change (a source or sink), ``fn`` does not fit, cannot be serialised here or be
+        deserialised and opened on a task, or the job is finishing. Waits at most twice
+        ``rescale_timeout_s`` (staging, switching) plus ``control_timeout_s``."""
+        d = self.deadlines
+        try:
+            ref = self._master.change_logic.remote(operator, fn)
+        except Exception as exc:  # pickling on this side: nothing was sent
+            raise ChangeLogicRefused(
+                f"change of logic of {operator!r} refused: the new function cannot be "
+                f"serialised to ship it ({type(exc).__name__}: {exc}); define it at module "
+                "level and keep what it holds picklable", operator=operator) from exc
+        return decode_message(self._get(ref, "change_logic",
+                                        2 * d.rescale_s + d.control_s))  # type: ignore[no-any-return]
 
     def placement(self, operator: str) -> list[str]:
         """The Ray node id of each task of ``operator``, by task index ("" for a task that

@@ -51,6 +51,7 @@ from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in
 from engine.runtime.health import StandbyPool
+from engine.runtime.logic import LogicChanger
 from engine.runtime.replicas import ReplicaKeeper
 from engine.runtime.rescaling import Rescaler
 from engine.runtime.task_actor import RemoteTask
@@ -88,6 +89,7 @@ class JobMaster:
         self.replicas = ReplicaKeeper(self)
         self.rescaler = Rescaler(self)
         self.controllers = ControllerRunner(self)
+        self.logic = LogicChanger(self)
         self.nodes: dict[str, str] = {}  # task name -> the Ray node it runs on, where known
         self.watch = Watch(self)
         self.health = self.watch.health
@@ -264,6 +266,7 @@ class JobMaster:
                           f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
             await self._fail()
         self.rescaler.on_report(msg)
+        self.logic.on_report(msg)
         if isinstance(msg, TaskFinished):
             await self._maybe_finish()
         self._notify()
@@ -387,6 +390,10 @@ class JobMaster:
     def alive_nodes(self) -> list[str]:
         """The ids of the Ray nodes alive now."""
         return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+    # -- change of logic (``engine.runtime.logic``)
+    async def change_logic(self, operator: str, fn: Any) -> bytes:
+        return encode_message(await self.logic.change(operator, fn))
 
     # -- placement
     async def placement(self, operator: str) -> list[str]:

@@ -187,6 +187,18 @@ class Rescaler:
                 m.refill_standby_later()
                 await m.maybe_finish()
 
+    @contextlib.asynccontextmanager
+    async def excluding_stop_restart(self) -> Any:
+        """While in it, no stop-restart runs (``RescaleRefused`` now if one does): a change
+        that needs the tasks to stay (a change of logic) counts as a live rescale."""
+        if self._stop_restart_running:
+            raise RescaleRefused("a stop-restart rescale is running; try again after it")
+        self._live_running += 1
+        try:
+            yield
+        finally:
+            self._live_running -= 1
+
     async def place(self, operator: str, task_index: int, node: str, protocol: str,
                     by: str = "handle") -> RescaleReport:
         """Move task ``task_index`` of keyed ``operator`` to Ray node ``node`` live
@@ -196,15 +208,11 @@ class Rescaler:
         m = self.m
         started = m.clock.monotonic()
         req = await self._placement(operator, task_index, node, protocol)
-        async with m.vertex_lock(req.operator):
+        async with m.vertex_lock(req.operator), self.excluding_stop_restart():
             req = await self._placement(operator, task_index, node, protocol)  # still valid
-            if self._stop_restart_running:
-                raise RescaleRefused("a stop-restart rescale is running; try again after it")
-            self._live_running += 1
             try:
                 report = await self._execute(req)
             finally:
-                self._live_running -= 1
                 await m.maybe_finish()
         m.controllers.rescale_finished(report, started, m.clock.monotonic(), by)
         return report

@@ -132,6 +132,13 @@ class TaskActor(DataConnections):
     async def ping(self) -> None:
         """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
 
+    async def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` (deserialised here by Ray, opened on this task's state) to replace
+        ``operator``'s function at logic barrier ``version``; raises when it cannot."""
+        if self._broken is not None:
+            raise self._broken
+        self.core.stage_logic(version, operator, fn)
+
     async def node_id(self) -> str:
         """The id of the Ray node this task runs on (placement)."""
         return str(ray.get_runtime_context().get_node_id())

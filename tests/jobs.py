@@ -360,27 +360,23 @@ class _SteppedReader(SourceReader):
 
 
 class ServiceSum(KeyedProcessFunction):
-    """A running sum per key that costs ``service_us`` per record (slept, with the
-    overruns of a busy machine credited to later records, so a task serves about
-    1e6 / ``service_us`` records/s whatever the load): parallelism matters."""
-
-    MAX_CREDIT_S = 0.01
+    """A running sum per key that costs ``service_us`` per record
+    (``examples.bench.harness.jobs.ServiceTime``: about 1e6 / ``service_us`` records/s per
+    task whatever the machine's load), so parallelism matters."""
 
     def __init__(self, service_us: float) -> None:
-        self.service_s = service_us / 1e6
+        self.service_us = service_us
 
     def open(self, ctx: Any) -> None:
+        from examples.bench.harness.jobs import ServiceTime
+
         self.total = ctx.value_state("total", 0)
-        self.owed = 0.0
+        self.service = ServiceTime(self.service_us)
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         total = self.total.value() + value[1]
         self.total.update(total)
-        self.owed += self.service_s
-        if self.owed >= 0.001:
-            t0 = time.monotonic()
-            time.sleep(self.owed)
-            self.owed = max(-self.MAX_CREDIT_S, self.owed - (time.monotonic() - t0))
+        self.service.spend()
         yield (ctx.key, total)
 
 

@@ -80,6 +80,12 @@ def _reason(value: object, what: str) -> str:
     return value
 
 
+def _protocol(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise ControllerError(f"{what}: protocol must be a protocol name; got {value!r}")
+    return value
+
+
 def _assignment(value: object, what: str) -> tuple[int, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise ControllerError(f"{what}: assignment must be a sequence of task indices, one per "
@@ -109,8 +115,7 @@ class Scale:
         _operator(self.operator, what)
         object.__setattr__(self, "parallelism", _integer(self.parallelism, f"{what}: parallelism", 1))
         _reason(self.reason, what)
-        if not isinstance(self.protocol, str):
-            raise ControllerError(f"{what}: protocol must be a protocol name; got {self.protocol!r}")
+        _protocol(self.protocol, what)
         if self.assignment is not None:
             object.__setattr__(self, "assignment", _assignment(self.assignment, what))
 
@@ -136,8 +141,7 @@ class Rebalance:
         _operator(self.operator, what)
         object.__setattr__(self, "assignment", _assignment(self.assignment, what))
         _reason(self.reason, what)
-        if not isinstance(self.protocol, str):
-            raise ControllerError(f"{what}: protocol must be a protocol name; got {self.protocol!r}")
+        _protocol(self.protocol, what)
 
     @property
     def parallelism(self) -> int:

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from engine import KeyedProcessFunction
 from engine import graph as g
 from engine.clock import ManualClock
 from engine.config import JobConfig
@@ -22,23 +21,10 @@ from engine.testing import TestingSink
 from engine.time import tumbling_event_time
 from engine.windows import AggregateFunction, WindowOperator
 from tests.harness import wire
+from tests.jobs import Tag
 from tests.unit.test_drrs_core import DNet, drrs_job
 
 CFG = JobConfig(batch_size=3, linger_ms=0, metrics_port=None)
-
-
-class Tag(KeyedProcessFunction):
-    """Counts per key and tags each output with its version: ``(key, i, count, tag)``."""
-
-    def __init__(self, tag: str) -> None:
-        self.tag = tag
-
-    def open(self, ctx: Any) -> None:
-        self.count = ctx.value_state("count", 0)
-
-    def process_element(self, value: Any, ctx: Any) -> Any:
-        self.count.update(self.count.value() + 1)
-        yield (value[0], value[1], self.count.value(), self.tag)
 
 
 def _net(records: list[tuple[int, int]], src_p: int, sum_p: int) -> tuple[DNet, TestingSink]:

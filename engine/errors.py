@@ -22,6 +22,7 @@ Hierarchy::
     │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
     │                           operator, task, phase and record
     ├── JobNotRunningError      the call needs a running job
+    ├── JobNotFound             no running job has the name or id given (``reflow status``)
     ├── WaitTimeout             ``JobHandle.wait(timeout)`` returned with the job still
     │                           running (also a ``TimeoutError``)
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
@@ -192,6 +193,11 @@ class UserFunctionError(JobFailedError):
 
 class JobNotRunningError(ReflowError):
     """The call needs a running job, and this one has finished, failed or been stopped."""
+
+
+class JobNotFound(ReflowError):
+    """No running job has the name or id given to ``reflow status``/``rescale``/``metrics``
+    (``engine.runtime.registry``); the message lists the jobs it knows and what to pass."""
 
 
 class WaitTimeout(ReflowError, TimeoutError):

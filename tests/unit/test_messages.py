@@ -11,7 +11,7 @@ from engine.codec import pack_exact, pack_fast
 from engine.errors import CodecError
 from engine.latency import LatencyHistogram
 from engine.metrics import RescaleProgress, TaskMetrics
-from engine.reconfiguration import DecisionRecord, RescaleRecord
+from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
 from migration.report import RescaleReport
 
 _H = LatencyHistogram()
@@ -49,6 +49,7 @@ CHANNEL_EVENTS = [
     m.ChannelIdle(),
     m.ConfirmBarrier(3, 17),
     m.PauseBarrier(3),
+    m.LogicBarrier(3),
 ]
 
 # Messages whose fields are plain values.
@@ -78,6 +79,11 @@ FLAT_CONTROL_MESSAGES = [
     m.StopTask(True),
     m.RemoveOutputChannels((4, 5)),
     m.ReplaceOutputChannel(4, 9),
+    m.InjectLogicBarrier(3, (4, 5)),
+    m.SwitchLogic(3),
+    m.DiscardLogic(3),
+    m.LogicChanged("j/sum/0/g0", "sum", 3, 0.125),
+    LogicChangeReport("sum", 3, 2, 10.0, 11.5, 0.125),
     m.AddInputs(((7, 0), (8, -1))),
     m.InjectSubscale(2, 0, (5, 6, 7), 3),
     m.TriggerBarrier(2),

@@ -5,6 +5,7 @@ from engine.config import JobConfig
 from engine.errors import (
     ChangeLogicRefused,
     CodecError,
+    ColumnarError,
     ConfigError,
     ControllerError,
     ControlPlaneError,
@@ -27,6 +28,7 @@ from engine.state import ListState, MapState, ReducingState, ValueState
 __all__ = [
     "ChangeLogicRefused",
     "CodecError",
+    "ColumnarError",
     "ConfigError",
     "ControllerError",
     "ControlPlaneError",

@@ -7,6 +7,10 @@ import os
 import pytest
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Every Ray this test process or its children start without an address is a new local one:
+# never the cluster another process recorded with `ray start` or ray.cluster_utils (which a
+# bare ray.init() would join). Tests that want a cluster pass its address explicitly.
+os.environ.setdefault("RAY_ADDRESS", "local")
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,16 @@ leaving the node's processes running. A job, a benchmark or a test session that 
 own Ray then fails for a reason that has nothing to do with it.
 
 What ``connect`` does: with an address (argument or ``RAY_ADDRESS``) it connects once, as
-``ray.init`` does. Without one it starts a local Ray, and when the start times out it stops
-what that attempt left running (the processes it started, found as new children of this
-process in ``/proc``) and tries again, ``attempts`` times in all. Errors: ``RayUnavailable``
-(a ``ReflowError``) naming the address or the attempts and the load average, with Ray's
-error as the cause; any other error of ``ray.init`` propagates unchanged.
+``ray.init`` does. Without one it does what ``ray.init`` does (join the cluster that
+``ray start`` recorded on this machine, else start a local one), except that a recorded
+cluster that is gone (its GCS no longer runs: a crashed ``ray start`` or test cluster) is
+ignored instead of failing the connection; and when a local start times out it stops what
+that attempt left running (the processes it started, found as new children of this process
+in ``/proc``) and tries again, ``attempts`` times in all. ``RAY_ADDRESS=local`` (Ray's own
+word for "start a new local instance"; the test suite sets it so that no test joins another
+process's cluster) counts as no address. Errors: ``RayUnavailable`` (a ``ReflowError``)
+naming the address or the attempts and the load average, with Ray's error as the cause;
+any other error of ``ray.init`` propagates unchanged.
 """
 
 from __future__ import annotations
@@ -27,6 +32,19 @@ from engine.errors import RayUnavailable
 
 START_ATTEMPTS = 3
 _STARTUP_TIMEOUT = "timed out during startup"
+LOCAL = "local"
+
+
+def address_from_env() -> str | None:
+    """``RAY_ADDRESS``, unless it is unset, empty or ``"local"``."""
+    address = os.environ.get("RAY_ADDRESS")
+    return None if not address or address == LOCAL else address
+
+
+def submitted() -> bool:
+    """Whether this driver runs against a given cluster (``RAY_ADDRESS``) or was submitted
+    with ``ray job submit``, rather than starting its own local Ray."""
+    return address_from_env() is not None or "RAY_JOB_CONFIG_JSON_ENV_VAR" in os.environ
 
 
 def connect(address: str | None = None, *, attempts: int = START_ATTEMPTS,
@@ -38,7 +56,9 @@ def connect(address: str | None = None, *, attempts: int = START_ATTEMPTS,
 
     if init is None:
         init = ray.init
-    local = address is None and not os.environ.get("RAY_ADDRESS")
+    local = address == LOCAL or (address is None and address_from_env() is None)
+    if address is None and local and _recorded_cluster_is_gone():
+        address = LOCAL
     tries = attempts if local else 1
     last: Exception | None = None
     for _ in range(tries):
@@ -53,11 +73,27 @@ def connect(address: str | None = None, *, attempts: int = START_ATTEMPTS,
                 ray.shutdown()
             _stop(_descendants(os.getpid()) - before)
     where = (f"a local Ray did not start in {tries} attempts" if local
-             else f"Ray at {address or os.environ.get('RAY_ADDRESS')} did not answer in time")
+             else f"Ray at {address or address_from_env()} did not answer in time")
     raise RayUnavailable(
         f"{where} (load average {_load()}): {last}. Start Ray yourself (`ray start --head`) "
         "and pass its address (RAY_ADDRESS or job.run(address=...)), or retry when the "
         "machine is less busy") from last
+
+
+def _recorded_cluster_is_gone() -> bool:
+    """Whether ``ray start`` recorded a cluster on this machine whose GCS no longer runs
+    (``ray.init()`` would try to join it and fail). Ray's own lookups; False when they are
+    not there (another Ray version): then Ray decides as it always does."""
+    try:
+        from ray._private import services, utils
+
+        recorded = utils.read_ray_address(None)
+        if not recorded:
+            return False
+        services.find_gcs_addresses.cache_clear()
+        return recorded not in services.find_gcs_addresses()
+    except Exception:
+        return False
 
 
 def _load() -> str:

@@ -61,8 +61,7 @@ def init_ray() -> None:
 
     if ray.is_initialized():
         return
-    submitted = os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    if submitted:
+    if local_ray.submitted():
         local_ray.connect(namespace=NAMESPACE, log_to_driver=True, configure_logging=False)
     else:
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)

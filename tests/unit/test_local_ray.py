@@ -30,6 +30,7 @@ class FlakyInit:
 @pytest.fixture(autouse=True)
 def _no_ray_address(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(local_ray, "_recorded_cluster_is_gone", lambda: False)
 
 
 def test_a_local_start_that_times_out_is_tried_again():
@@ -73,3 +74,39 @@ def test_descendants_of_this_process_exclude_itself_and_strangers():
     mine = local_ray._descendants(os.getpid())
     assert os.getpid() not in mine
     assert 1 not in mine  # init is nobody's child
+
+
+@pytest.mark.parametrize("value, expected", [(None, None), ("", None), ("local", None),
+                                             ("10.0.0.1:6379", "10.0.0.1:6379")])
+def test_ray_address_local_or_empty_is_no_address(monkeypatch, value, expected):
+    if value is not None:
+        monkeypatch.setenv("RAY_ADDRESS", value)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert local_ray.address_from_env() == expected
+    assert local_ray.submitted() is (expected is not None)
+
+
+def test_a_submitted_job_counts_as_submitted(monkeypatch):
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    assert local_ray.submitted()
+
+
+def test_ray_address_local_starts_locally_with_retries(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    init = FlakyInit(TIMEOUT)
+    assert local_ray.connect(init=init) == "connected"
+    assert len(init.calls) == 2
+
+
+def test_a_recorded_cluster_that_is_gone_is_not_joined(monkeypatch):
+    monkeypatch.setattr(local_ray, "_recorded_cluster_is_gone", lambda: True)
+    init = FlakyInit()
+    local_ray.connect(init=init)
+    assert init.calls == [{"address": "local"}]
+
+
+def test_a_live_recorded_cluster_is_left_to_ray(monkeypatch):
+    monkeypatch.setattr(local_ray, "_recorded_cluster_is_gone", lambda: False)
+    init = FlakyInit()
+    local_ray.connect(init=init)
+    assert init.calls == [{"address": None}]

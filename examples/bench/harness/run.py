@@ -52,8 +52,7 @@ def init_ray(*, log_to_driver: bool = True, **kwargs: Any) -> None:
 
     if ray.is_initialized():
         return
-    submitted = os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    if not submitted:
+    if not local_ray.submitted():
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
     local_ray.connect(namespace=NAMESPACE, log_to_driver=log_to_driver,

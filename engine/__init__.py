@@ -3,6 +3,7 @@
 from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
+    CheckpointFailed,
     CodecError,
     ConfigError,
     ControlPlaneError,
@@ -16,6 +17,7 @@ from engine.errors import (
     ReflowError,
     RescaleRefused,
     RescaleTimeout,
+    RestoreError,
     UserFunctionError,
     WaitTimeout,
 )
@@ -23,6 +25,7 @@ from engine.functions import Context, KeyedProcessFunction, RuntimeContext
 from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
+    "CheckpointFailed",
     "CodecError",
     "ConfigError",
     "ControlPlaneError",
@@ -32,6 +35,7 @@ __all__ = [
     "JobMasterLost",
     "OutputCodecError",
     "RescaleTimeout",
+    "RestoreError",
     "WaitTimeout",
     "Context",
     "JobConfig",

@@ -39,7 +39,7 @@ from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
 from migration.report import RescaleReport
 
-_ACTIVE = ("created", "running")
+_ACTIVE = ("created", "running", "restarting")
 
 
 class JobHandle:
@@ -94,11 +94,32 @@ class JobHandle:
                               seconds=timeout)
         return st
 
-    def stop(self) -> None:
+    def savepoint(self, location: str | None = None) -> str:
+        """Take a savepoint (a checkpoint kept until you delete it) into ``location`` (a
+        directory or URI; None: ``savepoint-<n>`` in the job's checkpoint directory) and
+        return where it is; ``job.run(restore_from=...)`` starts a job from it, at any
+        parallelism. Raises ``CheckpointFailed`` (the job goes on) when it failed. Waits
+        at most ``checkpoint_timeout_s`` plus ``rescale_window_s`` (it may wait for a
+        running subscale of a rescale to finish first)."""
+        d = self.deadlines
+        return self._get(self._master.savepoint.remote(location),  # type: ignore[no-any-return]
+                         "savepoint", d.savepoint_s)
+
+    def stop(self, savepoint: str | None = None) -> str | None:
         """Stop the job (sinks are flushed) and release its actors. The JobMaster stops the
         tasks within ``Deadlines.stop_budget_s``; it is killed in any case. A JobMaster
         already gone is not an error; one that does not answer in time raises
-        ``ControlTimeout`` (after it was killed: sinks may not have been flushed)."""
+        ``ControlTimeout`` (after it was killed: sinks may not have been flushed).
+
+        ``savepoint``: Flink's stop-with-savepoint: the sources read nothing after the
+        savepoint's barrier, the savepoint is written to ``savepoint`` (a directory or URI)
+        and its sinks' output committed, then the job stops; returns the savepoint's path.
+        If the savepoint fails, ``CheckpointFailed`` is raised and the job goes on."""
+        if savepoint is not None:
+            path: str = self._get(self._master.savepoint.remote(savepoint, True), "stop",
+                                  self.deadlines.savepoint_s)
+            self.stop()
+            return path
         failed: ReflowError | None = None
         try:
             ray.get(self._master.stop.remote(), timeout=self.deadlines.stop_s)
@@ -111,6 +132,7 @@ class JobHandle:
             ray.kill(self._master)
         if failed is not None:
             raise failed
+        return None
 
     def metrics(self) -> JobMetrics:
         """Every live task's latest snapshot, the rescales' progress and the tasks that did
@@ -204,11 +226,15 @@ def _sinks_of(graph: g.JobGraph) -> list[Any]:
     return out
 
 
-def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> JobHandle:
-    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors. Raises
+def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
+           restore_from: str | None = None,
+           allow_non_restored_state: bool = False) -> JobHandle:
+    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors (from the
+    checkpoint or savepoint at ``restore_from`` when given: see ``StreamJob.run``). Raises
     ``UserFunctionError`` when an operator's ``open()`` raised (naming operator and task),
-    ``JobFailedError`` when a task could not start, ``ControlTimeout`` when the JobMaster
-    did not finish deploying within ``Deadlines.start_s``; the job is torn down."""
+    ``JobFailedError`` when a task could not start, ``RestoreError`` when the checkpoint
+    cannot be restored, ``ControlTimeout`` when the JobMaster did not finish deploying
+    within ``Deadlines.start_s``; the job is torn down."""
     if not ray.is_initialized():
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
                  configure_logging=False)
@@ -217,7 +243,7 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"
     master = RemoteJobMaster.options(
         name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
-    ).remote(graph, config, job_id)
+    ).remote(graph, config, job_id, restore_from, allow_non_restored_state)
     d = Deadlines.of(config)
     try:
         url = ray.get(master.start.remote(), timeout=d.for_ray(d.start_s))

@@ -206,7 +206,7 @@ class _CommittingWriter(SinkWriter):
 
 # ------------------------------------------------------------------------------------ jobs
 
-def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
                     rate: float | None = None, config: JobConfig = SMALL,
                     gates: Gates = None) -> StreamJob:
     job = StreamJob("running-sum", num_key_groups=32, parallelism=parallelism, config=config)
@@ -247,9 +247,10 @@ class Profile(KeyedProcessFunction):
                self.total.get())
 
 
-def profile_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
-                rate: float | None = None, gates: Gates = None) -> StreamJob:
-    job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=SMALL)
+def profile_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
+                rate: float | None = None, gates: Gates = None,
+                config: JobConfig = SMALL) -> StreamJob:
+    job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=config)
     (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
         .key_by(lambda r: r[0])
         .process(Profile(), name="profile")

@@ -234,7 +234,7 @@ def test_restore_from_uses_the_last_complete_checkpoint_and_refuses_bad_ones(ray
     with pytest.raises(RestoreError, match="not a reflow checkpoint"):
         running_sum_job(records, 2, sink, config=cfg).run(restore_from=str(foreign))
     renamed = StreamJob("running-sum", num_key_groups=32, parallelism=2, config=cfg)
-    (renamed.source(TestingSource(records), name="src").key_by(lambda r: r[0])
+    (renamed.source(TestingSource(records), name="src", parallelism=1).key_by(lambda r: r[0])
         .reduce(lambda a, b: (a[0], a[1] + b[1]), name="total").sink(sink, name="out"))
     with pytest.raises(RestoreError, match="keyed state of operator 'sum'"):
         renamed.run(restore_from=job_dir)

@@ -22,3 +22,12 @@ def test_tasks_on_two_nodes_exchange_frames_and_rescale_live(data_host):
                           timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "OK" in proc.stdout
+
+
+def test_a_removed_node_restarts_its_tasks_on_the_surviving_node():
+    script = os.path.join(os.path.dirname(SCRIPT), "multinode_recovery_job.py")
+    env = dict(os.environ, RAY_ADDRESS="")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "OK" in proc.stdout

@@ -259,6 +259,7 @@ class Rescaler:
         self._coordinators[vertex] = coord
         self._epochs[vertex] = m.recovery.epoch
         changes = self._changes[vertex] = DataflowChanges()
+        m.collector.rescale_started[vertex] = m.clock.monotonic()
         inbox: deque[Command] = deque()
         self._inbox[vertex] = inbox
         try:

@@ -5,6 +5,7 @@ from engine.config import JobConfig
 from engine.errors import (
     CheckpointFailed,
     CodecError,
+    ColumnarError,
     ConfigError,
     ControlPlaneError,
     ControlTimeout,
@@ -27,6 +28,7 @@ from engine.state import ListState, MapState, ReducingState, ValueState
 __all__ = [
     "CheckpointFailed",
     "CodecError",
+    "ColumnarError",
     "ConfigError",
     "ControlPlaneError",
     "ControlTimeout",

@@ -205,6 +205,9 @@ def test_a_savepoint_restores_exactly_at_another_parallelism(ray_cluster, tmp_pa
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
+# slow until run to the end on this machine: Ray could not start under the load of
+# the session that wrote it (see the lead's report)
+@pytest.mark.slow
 def test_restore_from_uses_the_last_complete_checkpoint_and_refuses_bad_ones(ray_cluster,
                                                                              tmp_path):
     records = [(i % 30, 1) for i in range(4000)]
@@ -249,6 +252,9 @@ def test_restore_from_uses_the_last_complete_checkpoint_and_refuses_bad_ones(ray
 # ------------------------------------------------------------------ faults of the store
 
 
+# slow until run to the end on this machine: Ray could not start under the load of
+# the session that wrote it (see the lead's report)
+@pytest.mark.slow
 def test_an_unwritable_store_fails_checkpoints_the_job_goes_on_then_fails(ray_cluster,
                                                                          tmp_path):
     blocker = tmp_path / "a-file"
@@ -277,6 +283,9 @@ def test_an_unwritable_store_fails_checkpoints_the_job_goes_on_then_fails(ray_cl
 # ------------------------------------------------------------------ finished tasks (FLIP-147)
 
 
+# slow until run to the end on this machine: Ray could not start under the load of
+# the session that wrote it (see the lead's report)
+@pytest.mark.slow
 def test_a_job_with_a_finished_source_keeps_rescaling_and_checkpointing(ray_cluster, tmp_path):
     bounded = [(i % 20, 1) for i in range(300)]
     unbounded = [(i % 20, 2) for i in range(4000)]
@@ -313,6 +322,9 @@ def test_a_job_with_a_finished_source_keeps_rescaling_and_checkpointing(ray_clus
 # ------------------------------------------------------------------ a lost JobMaster
 
 
+# slow until run to the end on this machine: Ray could not start under the load of
+# the session that wrote it (see the lead's report)
+@pytest.mark.slow
 def test_a_lost_jobmaster_is_resumed_from_its_latest_checkpoint(ray_cluster, tmp_path):
     records = [(i % 40, i % 5) for i in range(5000)]
     sink = CommittingSink(str(tmp_path / "out"))

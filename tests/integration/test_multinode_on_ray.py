@@ -24,6 +24,7 @@ def test_tasks_on_two_nodes_exchange_frames_and_rescale_live(data_host):
     assert "OK" in proc.stdout
 
 
+@pytest.mark.slow  # three raylets' worth of start-up; not yet run to the end on this machine
 def test_a_removed_node_restarts_its_tasks_on_the_surviving_node():
     script = os.path.join(os.path.dirname(SCRIPT), "multinode_recovery_job.py")
     env = dict(os.environ, RAY_ADDRESS="")

@@ -90,10 +90,8 @@ def _read(uri: str) -> bytes:
         return f.read()
 
 
-def read_metadata(location: str) -> CheckpointMetadata:
-    """The checkpoint or savepoint at ``location``; ``RestoreError`` when there is none
-    (no such directory, or no ``_metadata``: it never completed), or it is foreign or
-    corrupt."""
+def _has_metadata(location: str) -> bool:
+    """Whether ``location`` holds ``_metadata`` (``RestoreError`` when it cannot be read)."""
     import pyarrow.fs as pafs
 
     try:
@@ -102,7 +100,14 @@ def read_metadata(location: str) -> CheckpointMetadata:
     except (OSError, ValueError) as exc:
         raise RestoreError(f"cannot read {location}: {exc}", path=location,
                            reason="unreadable") from exc
-    if info.type != pafs.FileType.File:
+    return bool(info.type == pafs.FileType.File)
+
+
+def read_metadata(location: str) -> CheckpointMetadata:
+    """The checkpoint or savepoint at ``location``; ``RestoreError`` when there is none
+    (no such directory, or no ``_metadata``: it never completed), or it is foreign or
+    corrupt."""
+    if not _has_metadata(location):
         raise RestoreError(
             f"{location} holds no complete checkpoint or savepoint (no {METADATA_FILE}: it "
             "never completed, or it is not a checkpoint directory); give a checkpoint "
@@ -141,15 +146,7 @@ def resolve(location: str) -> str:
     """The checkpoint to restore for ``location``: itself when it holds ``_metadata``,
     else the latest complete ``chk-<n>`` inside it (a job's checkpoint directory).
     ``RestoreError`` when there is neither."""
-    import pyarrow.fs as pafs
-
-    try:
-        fs, path = _fs(location)
-        own = fs.get_file_info(f"{path}/{METADATA_FILE}")
-    except (OSError, ValueError) as exc:
-        raise RestoreError(f"cannot read {location}: {exc}", path=location,
-                           reason="unreadable") from exc
-    if own.type == pafs.FileType.File:
+    if _has_metadata(location):
         return location.rstrip("/")
     found = complete_checkpoints(location)
     if not found:

@@ -3,10 +3,12 @@
 from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
+    ChangeLogicRefused,
     CheckpointFailed,
     CodecError,
     ColumnarError,
     ConfigError,
+    ControllerError,
     ControlPlaneError,
     ControlTimeout,
     InternalError,
@@ -26,10 +28,12 @@ from engine.functions import Context, KeyedProcessFunction, RuntimeContext
 from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
+    "ChangeLogicRefused",
     "CheckpointFailed",
     "CodecError",
     "ColumnarError",
     "ConfigError",
+    "ControllerError",
     "ControlPlaneError",
     "ControlTimeout",
     "InternalError",

@@ -33,6 +33,7 @@ per-record ports costs one check (``migration.active``) on top of its processing
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,18 +64,24 @@ from engine.messages import (
     CommitTransactions,
     Connect,
     DescribeTask,
+    DiscardLogic,
     EndOfStream,
     GroupStats,
     GroupStatsRequest,
     HandOver,
     HoldFinish,
+    InjectLogicBarrier,
     InstallKeyGroups,
     LatencyMarker,
+    LogicBarrier,
+    LogicChanged,
     PriorityBatch,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     Resume,
     Start,
     StopTask,
+    SwitchLogic,
     TaskFailed,
     TaskFinished,
     TaskState,
@@ -294,6 +301,9 @@ class TaskCore:
         self._adopted: list[tuple[str, Any]] = []  # a removed peer's, for the next checkpoint
         self._two_phase = cfg.checkpointing
         self._writers_open = True
+        # change of logic: barriers aligned like checkpoints; functions staged by version
+        self.logic = BarrierAligner(clock.monotonic)
+        self._staged: dict[int, tuple[str, Any]] = {}
         self.tracker = WatermarkTracker()
         self.watermark = MIN_WATERMARK
         # sources: event-time watermark generation
@@ -316,7 +326,7 @@ class TaskCore:
         # metrics
         self.records_in = 0
         self.bytes_in = 0
-        self.busy_s = 0.0
+        self.useful_s = 0.0  # operator work: decode, process, encode (the actor times it)
         self.idle_s = 0.0
         self.backpressured_s = 0.0
         self.latency = LatencyHistogram()
@@ -353,7 +363,8 @@ class TaskCore:
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
-            if cid in self._step_blocked or self.checkpoints.is_blocked(cid):
+            if (cid in self._step_blocked or self.checkpoints.is_blocked(cid)
+                    or self.logic.is_blocked(cid)):
                 continue
             ch = self.inputs[cid]
             head = self._heads.get(cid)
@@ -547,11 +558,14 @@ class TaskCore:
             case CheckpointBarrier(checkpoint_id=cid):
                 self._barriers.setdefault(cid, event)
                 self._on_checkpoint_aligned(self.checkpoints.on_barrier(ch.channel_id, cid))
+            case LogicBarrier(version=version):
+                self._on_logic(self.logic.on_barrier(ch.channel_id, version))
             case EndOfStream():
                 ch.ended = True
                 advanced = self.tracker.end(ch.channel_id)
                 # an input that ended counts as aligned: a pending checkpoint may complete
                 self._on_checkpoint_aligned(self.checkpoints.on_end(ch.channel_id))
+                self._on_logic(self.logic.on_end(ch.channel_id))
                 if not self._live_inputs():
                     self._end_pending = True
                     self._finish_if_ended()
@@ -578,6 +592,32 @@ class TaskCore:
     def _inputs_changed(self) -> None:
         """The live inputs changed (connected, added, removed): the aligners follow."""
         self._on_checkpoint_aligned(self.checkpoints.set_channels(self._live_inputs()))
+        self._on_logic(self.logic.set_channels(self._live_inputs()))
+
+    # ------------------------------------------------------------ change of logic
+    def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` to replace ``operator``'s function at logic barrier ``version``; a
+        keyed function is opened now, on this task's state. Raises when the operator is not
+        in this task or the function cannot be opened (nothing switched yet)."""
+        self.chain.prepare(operator, fn)
+        self._staged[version] = (operator, fn)
+
+    def _on_logic(self, aligned: Aligned | None) -> None:
+        """Every live input delivered logic barrier ``version`` (or the task has none):
+        switch to the staged function and report; the barrier goes no further."""
+        if aligned is None:
+            return
+        staged = self._staged.pop(aligned.barrier_id, None)
+        if staged is None:
+            raise TaskControlError(f"task {self.name}: logic barrier {aligned.barrier_id} "
+                                   "aligned, but no function was staged for it")
+        operator, fn = staged
+        self.chain.switch(operator, fn)
+        self.spec = dataclasses.replace(self.spec, operators=tuple(
+            dataclasses.replace(op, fn=fn) if op.name == operator else op
+            for op in self.spec.operators))
+        self.reports.append(LogicChanged(self.name, operator, aligned.barrier_id,
+                                         aligned.alignment_s))
 
     # ------------------------------------------------------------ checkpoints
     def _on_checkpoint_aligned(self, aligned: Aligned | None) -> None:
@@ -851,6 +891,20 @@ class TaskCore:
             case RemoveOutputChannels(channel_ids=ids):
                 self.router.remove_channels(set(ids))
                 return Ack()
+            case ReplaceOutputChannel(retired=retired, replacement=replacement):
+                self.router.replace_channel(retired, replacement)
+                return Ack()
+            case InjectLogicBarrier(version=version, channel_ids=ids):
+                self.router.send_event_to(set(ids), LogicBarrier(version))
+                return Ack()
+            case SwitchLogic(version=version):
+                self._on_logic(self.logic.trigger(version))
+                return Ack()
+            case DiscardLogic(version=version):
+                self._staged.pop(version, None)
+                if self.logic.pending == version:
+                    self.logic.abort()
+                return Ack()
             case AddInputs(inputs=inputs):
                 for cid, port in inputs:
                     self.add_input(cid, port)
@@ -922,7 +976,7 @@ class TaskCore:
             records_out=self.router.records_out,
             bytes_in=self.bytes_in,
             bytes_out=self.router.bytes_out,
-            busy_seconds=self.busy_s,
+            useful_seconds=self.useful_s,
             idle_seconds=self.idle_s,
             backpressured_seconds=self.backpressured_s,
             queued_frames=self.queued_frames(),
@@ -932,4 +986,6 @@ class TaskCore:
             latency=self.latency.to_wire(),
             watermark=self.watermark,
             late_records=0 if self.keyed is None else self.keyed.late_records,
+            source_backlog=(None if self.reader is None or self.status != RUNNING
+                            else self.reader.backlog()),
         )

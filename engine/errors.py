@@ -30,6 +30,8 @@ Hierarchy::
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
     │   ├── ControlTimeout      ... within the call's deadline (``JobConfig.control_timeout_s``)
     │   └── JobMasterLost       ... because the JobMaster actor died (Ray's error is the cause)
+    ├── RayUnavailable          Ray could not be started (a local start timed out every
+    │                           attempt) or reached at the address given
     ├── InternalError           reflow's runtime raised something it did not mean to (a bug:
     │                           report it with the cause's traceback)
     └── DataChannelError        a task's direct data connection failed (caught by the task
@@ -244,6 +246,13 @@ class ControlTimeout(ControlPlaneError):
 class JobMasterLost(ControlPlaneError):
     """The JobMaster actor died (its process or node went away, or it was killed); the job
     is gone with it. Ray's error is the ``__cause__``. Deploy the job again."""
+
+
+class RayUnavailable(ReflowError):
+    """Ray could not be started or reached (``engine.runtime.local_ray.connect``): a local
+    start timed out in every attempt (a very busy machine), or the cluster at the address
+    given did not answer. Ray's error is the ``__cause__``. Start Ray yourself and pass its
+    address, or retry when the machine is less busy."""
 
 
 class InternalError(ReflowError):

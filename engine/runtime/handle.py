@@ -37,7 +37,7 @@ from engine.errors import (
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
 from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
-from engine.runtime import registry
+from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
@@ -298,15 +298,16 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     (naming operator and task), ``JobFailedError`` when a task could not start,
     ``ControlTimeout`` when the JobMaster did not finish deploying within
     ``Deadlines.start_s``; the job is torn down. ``ControllerError`` (before anything is
-    deployed) when one of ``controllers`` is no controller or two share a name."""
+    deployed) when one of ``controllers`` is no controller or two share a name.
+    ``RayUnavailable`` when no Ray is connected and none could be started or reached."""
     from engine.reconfiguration import check_controller
 
     names: list[str] = []
     for c in controllers:
         names.append(check_controller(c, names))
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
-                 configure_logging=False)
+        local_ray.connect(address, namespace=NAMESPACE, log_to_driver=True,
+                          configure_logging=False)
     for sink in _sinks_of(graph):
         sink.prepare()
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"

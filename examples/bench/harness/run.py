@@ -48,7 +48,7 @@ def init_ray(*, log_to_driver: bool = True, **kwargs: Any) -> None:
     ``ray job submit --working-dir .`` the working directory already is on it."""
     import ray
 
-    from engine.runtime import NAMESPACE
+    from engine.runtime import NAMESPACE, local_ray
 
     if ray.is_initialized():
         return
@@ -56,8 +56,8 @@ def init_ray(*, log_to_driver: bool = True, **kwargs: Any) -> None:
     if not submitted:
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
-    ray.init(namespace=NAMESPACE, log_to_driver=log_to_driver, configure_logging=False,
-             **kwargs)
+    local_ray.connect(namespace=NAMESPACE, log_to_driver=log_to_driver,
+                      configure_logging=False, **kwargs)
 
 
 def shutdown_ray() -> None:

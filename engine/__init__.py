@@ -4,6 +4,7 @@ from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
     ChangeLogicRefused,
+    CheckpointFailed,
     CodecError,
     ColumnarError,
     ConfigError,
@@ -20,6 +21,7 @@ from engine.errors import (
     ReflowError,
     RescaleRefused,
     RescaleTimeout,
+    RestoreError,
     UserFunctionError,
     WaitTimeout,
 )
@@ -28,6 +30,7 @@ from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
     "ChangeLogicRefused",
+    "CheckpointFailed",
     "CodecError",
     "ColumnarError",
     "ConfigError",
@@ -40,6 +43,7 @@ __all__ = [
     "OutputCodecError",
     "RayUnavailable",
     "RescaleTimeout",
+    "RestoreError",
     "WaitTimeout",
     "Context",
     "JobConfig",

@@ -20,6 +20,11 @@ Hierarchy::
     │                           ``ValueError``); a running one's bad decision is only recorded
     ├── RescaleTimeout          a rescale phase or control call did not finish within
     │                           ``JobConfig.rescale_timeout_s`` (names the phase and tasks)
+    ├── CheckpointFailed        a checkpoint or savepoint did not complete (names the
+    │                           checkpoint, the task and the reason); the job goes on
+    ├── RestoreError            ``job.run(restore_from=...)`` refused a checkpoint or savepoint:
+    │                           corrupt, foreign, incomplete, or holding state the job cannot
+    │                           map (names the path and the reason); nothing was deployed
     ├── JobFailedError          the running job failed (user function error, task died, ...)
     │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
     │                           operator, task, phase and record
@@ -157,6 +162,33 @@ class RescaleTimeout(ReflowError):
         super().__init__(message)
         self.phase = phase
         self.tasks = tasks
+
+
+class CheckpointFailed(ReflowError):
+    """A checkpoint or savepoint did not complete; the job goes on (a checkpoint that fails
+    more than ``JobConfig.tolerable_checkpoint_failures`` times in a row fails the job).
+    ``checkpoint_id``, ``task`` (a task that declined it, '' when none) and ``reason`` say
+    which and why."""
+
+    def __init__(self, message: str, *, checkpoint_id: int = -1, task: str = "",
+                 reason: str = "") -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.task = task
+        self.reason = reason
+
+
+class RestoreError(ReflowError):
+    """A checkpoint or savepoint cannot be restored: it is incomplete (no metadata), corrupt
+    (a checksum does not match), foreign (not a reflow checkpoint, or of another format
+    version), or holds state the job cannot take (an operator it does not have, another
+    ``num_key_groups``) without ``allow_non_restored_state=True``. ``path`` and ``reason``
+    say which and why; nothing was deployed."""
+
+    def __init__(self, message: str, *, path: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class JobFailedError(ReflowError):

@@ -725,6 +725,50 @@ def plan_assignment(strategy: str, old: Sequence[int], parallelism: int,
     return mtm(old, parallelism, workload, projected, balance)
 
 
+@dataclass(frozen=True)
+class AssignmentSpec:
+    """How a rescale chooses its target (``handle.rescale(op, n, assignment=..., balance=...,
+    projected_costs=...)``): the ``strategy``, θ (``balance``: ssm and mtm enforce it;
+    None: ``DEFAULT_BALANCE`` for ssm, the table's for mtm), mtm's ``projected`` table
+    (a ``migration.sequences.ProjectedCosts``) and consistent hashing's ``virtual_nodes``."""
+
+    strategy: AssignmentStrategy
+    balance: float | None = None
+    projected: Any = None
+    virtual_nodes: int = DEFAULT_VIRTUAL_NODES
+
+    def __post_init__(self) -> None:
+        try:
+            s = AssignmentStrategy.parse(self.strategy, "assignment strategy")
+        except ValueError as exc:
+            raise AssignmentError(str(exc)) from None
+        object.__setattr__(self, "strategy", s)
+        if self.balance is not None:
+            object.__setattr__(self, "balance", _check_balance(self.balance))
+        if s == AssignmentStrategy.MTM and self.projected is None:
+            raise AssignmentError("assignment 'mtm' needs the pre-computed projected costs: "
+                                  "pass projected_costs= (a directory written by "
+                                  "python -m migration.pmc, or a ProjectedCosts)")
+        if self.projected is not None and s != AssignmentStrategy.MTM:
+            raise AssignmentError(f"projected costs are for assignment 'mtm', not {s!r}")
+        if isinstance(self.virtual_nodes, bool) or self.virtual_nodes < 1:
+            raise AssignmentError(f"virtual_nodes must be >= 1; got {self.virtual_nodes!r}")
+
+    def check(self, num_key_groups: int) -> None:
+        """``AssignmentError`` unless it fits an operator with ``num_key_groups`` groups."""
+        if self.projected is not None and self.projected.num_key_groups != num_key_groups:
+            raise AssignmentError(
+                f"the projected-cost table was computed for {self.projected.num_key_groups} key "
+                f"groups; this job has {num_key_groups}: pre-compute it with "
+                f"--key-groups {num_key_groups}")
+
+    def plan(self, old: Sequence[int], parallelism: int,
+             workload: GroupWorkload) -> AssignmentPlan:
+        """The target of a rescale from ``old`` to ``parallelism`` tasks."""
+        return plan_assignment(self.strategy, old, parallelism, workload, balance=self.balance,
+                               projected=self.projected, virtual_nodes=self.virtual_nodes)
+
+
 # ---------------------------------------------------------------------- balanced (heuristic)
 
 

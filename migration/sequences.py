@@ -52,7 +52,6 @@ from migration.assignment import (
     effective_loads,
     label_intervals,
     make_plan,
-    max_weight_matching,
 )
 
 OMS_MAX_STATES = 200_000
@@ -195,19 +194,22 @@ def ends_to_assignment(ends: Sequence[int], labels: Sequence[int]) -> tuple[int,
 
 def partition_cost(sizes: Sequence[int] | np.ndarray, a: Sequence[int], b: Sequence[int]) -> int:
     """Bytes moved from partitioning ``a`` to ``b`` (interval ends) in the paper's model:
-    the nodes of ``a`` keep whichever intervals of ``b`` save most (any may go)."""
-    sz = np.asarray(sizes, dtype=np.float64)
-    pre = np.concatenate(([0.0], np.cumsum(sz)))
-    sa = np.asarray((0, *a[:-1]))
-    sb = np.asarray((0, *b[:-1]))
-    lo = np.maximum(sa[:, None], sb[None, :])
-    hi = np.minimum(np.asarray(a)[:, None], np.asarray(b)[None, :])
-    overlap = np.where(hi > lo, pre[hi] - pre[lo], 0.0)
-    if overlap.shape[0] > overlap.shape[1]:
-        overlap = overlap.T
-    cols = max_weight_matching(overlap)
-    kept = sum(overlap[i, c] for i, c in enumerate(cols))
-    return int(round(float(pre[-1]) - kept))
+    the nodes of ``a`` keep whichever intervals of ``b`` save most (any may go).
+
+    Two interval partitions overlap without crossing (if ``a_i`` before ``a_j`` both keep a
+    part of ``b_q``, ``b_p``, then ``b_p`` is not after ``b_q``), so the best matching is a
+    longest-common-subsequence style DP over both in order, O(|a| · |b|)."""
+    pre = np.concatenate(([0.0], np.cumsum(np.asarray(sizes, dtype=np.float64)))).tolist()
+    sa, sb = (0, *a[:-1]), (0, *b[:-1])
+    best = [0.0] * (len(b) + 1)
+    for i in range(len(a)):
+        prev_diag = 0.0
+        for j in range(len(b)):
+            lo, hi = max(sa[i], sb[j]), min(a[i], b[j])
+            here = prev_diag + (pre[hi] - pre[lo] if hi > lo else 0.0)
+            prev_diag = best[j + 1]
+            best[j + 1] = max(best[j + 1], best[j], here)
+    return int(round(pre[-1] - best[-1]))
 
 
 # ---------------------------------------------------------------------- PMC (value iteration)

@@ -37,7 +37,9 @@ from engine.metrics import JobMetrics
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
+from migration.assignment import AssignmentError, AssignmentSpec
 from migration.report import RescaleReport
+from migration.sequences import ProjectedCosts
 
 _ACTIVE = ("created", "running")
 
@@ -124,13 +126,20 @@ class JobHandle:
                           tuple((t, float(s)) for t, s in silent))
 
     def rescale(self, operator: str, parallelism: int, protocol: str = "drrs",
-                planning: Any = None) -> RescaleReport:
+                planning: Any = None, assignment: str | None = None,
+                balance: float | None = None, projected_costs: Any = None) -> RescaleReport:
         """Change ``operator``'s parallelism while the job runs; returns the report.
 
         ``protocol``: one of ``migration.protocols.PROTOCOLS``. ``planning``: a
         ``migration.planning.Planning`` ordering (and, for non-disruptive, chunking) the
         moving key groups; None uses the protocol's default (the adaptive strategy for
-        non-disruptive). Raises ``RescaleRefused`` (job untouched) for an invalid request
+        non-disruptive). ``assignment``: how to choose the target assignment (a
+        ``migration.assignment.AssignmentStrategy`` name: "uniform", the default,
+        "consistent-hashing", "ssm" or "mtm"); ``balance``: θ, every task's load within
+        ``(1 + θ)`` x the mean (ssm, mtm); ``projected_costs``: mtm's table (a directory
+        written by ``python -m migration.pmc`` or a ``ProjectedCosts``). When no assignment
+        meets θ the request is refused naming the smallest θ that would.
+        Raises ``RescaleRefused`` (job untouched) for an invalid request
         or one that failed before anything changed (e.g. a task did not answer within
         ``rescale_timeout_s``: the error names it), ``JobFailedError`` when it failed after.
 
@@ -139,7 +148,8 @@ class JobHandle:
         runs new steps, and raises ``ControlTimeout`` when it ran none for
         ``Deadlines.rescale_window_s`` (2 × (rescale_timeout_s + control_timeout_s)) or
         did not answer within ``control_timeout_s`` when asked."""
-        return self._rescale(operator, parallelism, protocol, None, planning)
+        return self._rescale(operator, parallelism, protocol, None, planning,
+                             _strategy(assignment, balance, projected_costs))
 
     def set_replication(self, operator: str, policy: str, period_s: float | None = None,
                         hot_fraction: float | None = None) -> None:
@@ -150,20 +160,32 @@ class JobHandle:
         self._get(self._master.set_replication.remote(operator, policy, period_s, hot_fraction),
                   "set_replication", self.deadlines.control_s)
 
-    def rebalance(self, operator: str, assignment: Sequence[int], protocol: str = "drrs",
-                  planning: Any = None) -> RescaleReport:
+    def rebalance(self, operator: str, assignment: Sequence[int] | str, protocol: str = "drrs",
+                  planning: Any = None, balance: float | None = None,
+                  projected_costs: Any = None) -> RescaleReport:
         """Move key groups so that key group ``kg`` is held by task ``assignment[kg]``; the
-        parallelism becomes ``max(assignment) + 1``. Errors and deadline as ``rescale``."""
+        parallelism becomes ``max(assignment) + 1``. Or, with a strategy name (e.g.
+        ``"ssm"``, with ``balance``), the target it chooses at the current parallelism.
+        Errors and deadline as ``rescale``."""
+        if isinstance(assignment, str):
+            return self._rescale(operator, None, protocol, None, planning,
+                                 _strategy(assignment, balance, projected_costs))
+        if balance is not None or projected_costs is not None:
+            raise RescaleRefused("balance and projected_costs go with an assignment strategy "
+                                 "(e.g. rebalance(op, 'ssm', balance=0.2)), not an explicit "
+                                 "assignment")
         a = tuple(check_count(f"assignment for {operator!r}: the task index of key group {kg}",
                               t, 0, RescaleRefused) for kg, t in enumerate(assignment))
         if not a:
             raise RescaleRefused("the assignment is empty; give one task index per key group")
         return self._rescale(operator, max(a) + 1, protocol, a, planning)
 
-    def _rescale(self, operator: str, parallelism: int, protocol: str,
-                 assignment: tuple[int, ...] | None, planning: Any = None) -> RescaleReport:
+    def _rescale(self, operator: str, parallelism: int | None, protocol: str,
+                 assignment: tuple[int, ...] | None, planning: Any = None,
+                 strategy: AssignmentSpec | None = None) -> RescaleReport:
         d = self.deadlines
-        ref = self._master.rescale.remote(operator, parallelism, protocol, assignment, planning)
+        ref = self._master.rescale.remote(operator, parallelism, protocol, assignment, planning,
+                                          strategy)
         ticks = -1
         while True:
             ready, _ = ray.wait([ref], timeout=d.for_ray(d.rescale_window_s))
@@ -187,6 +209,23 @@ class JobHandle:
             return
         with contextlib.suppress(ReflowError):  # keep the error that ended the block
             self.stop()
+
+
+def _strategy(name: str | None, balance: float | None,
+              projected_costs: Any) -> AssignmentSpec | None:
+    """The ``AssignmentSpec`` a handle call asks for (None: uniform ranges, as before);
+    ``RescaleRefused`` for a bad name, θ or table (the job is not asked)."""
+    if name is None:
+        if balance is not None or projected_costs is not None:
+            raise RescaleRefused("balance and projected_costs need an assignment strategy: "
+                                 "assignment='ssm' or 'mtm'")
+        return None
+    try:
+        table = (ProjectedCosts.load(projected_costs) if isinstance(projected_costs, str)
+                 else projected_costs)
+        return AssignmentSpec(name, balance, table)  # type: ignore[arg-type]
+    except AssignmentError as exc:
+        raise RescaleRefused(str(exc)) from None
 
 
 def _raise(exc: RayError, job: str, call: str, seconds: float) -> NoReturn:

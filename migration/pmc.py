@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from migration.assignment import AssignmentError, GroupWorkload
+from migration.assignment import GroupWorkload
 from migration.sequences import (
     DEFAULT_GAMMA,
     PAPER_TABLE_4,
@@ -34,6 +34,7 @@ from migration.sequences import (
     ProjectedCosts,
     TransitionMatrix,
     bellman,
+    iterate,
     transition_row,
     value_iteration,
 )
@@ -75,20 +76,16 @@ def precompute(spark: Any, model: PmcModel, path: str | None = None, *,
 def _distributed_iteration(sc: Any, rows: Any, n: int, gamma: float, tolerance: float,
                            max_iterations: int) -> tuple[np.ndarray, int]:
     """Value iteration with the rows on the executors: one Spark job per sweep."""
-    values = np.zeros(n)
-    for iterations in range(1, max_iterations + 1):
+    def sweep(values: np.ndarray) -> np.ndarray:
         current = sc.broadcast(values)
-        updated = rows.map(lambda r, c=current: (r[0], bellman(r[1], c.value, gamma))).collect()
+        updated = rows.map(lambda r: (r[0], bellman(r[1], current.value, gamma))).collect()
         current.unpersist()
         new = np.zeros(n)
         for i, v in updated:
             new[i] = v
-        done = np.max(np.abs(new - values), initial=0.0) <= tolerance * (1 + np.max(new, initial=0.0))
-        values = new
-        if done:
-            return values, iterations
-    raise AssignmentError(f"value iteration did not converge in {max_iterations} iterations "
-                          f"(γ={gamma}); lower γ or raise max_iterations")
+        return new
+
+    return iterate(sweep, n, gamma, tolerance, max_iterations)
 
 
 def write(spark: Any, table: ProjectedCosts, path: str) -> None:

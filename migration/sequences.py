@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,20 +295,28 @@ def bellman(row: TransitionRow, values: np.ndarray, gamma: float) -> float:
                      for prob, idx, costs in row.targets))
 
 
-def value_iteration(rows: Sequence[TransitionRow], gamma: float, tolerance: float = 1e-6,
-                    max_iterations: int = 10_000) -> tuple[np.ndarray, int]:
-    """The projected costs ``C`` (fixed point of ``bellman``) from ``C = 0``, until no value
-    changes by more than ``tolerance`` x (1 + the largest); returns them and the number of
-    iterations. ``AssignmentError`` if it has not converged by ``max_iterations``."""
-    values = np.zeros(len(rows))
+def iterate(sweep: Callable[[np.ndarray], np.ndarray], states: int, gamma: float,
+            tolerance: float = 1e-6, max_iterations: int = 10_000) -> tuple[np.ndarray, int]:
+    """Value iteration: from ``C = 0``, ``C = sweep(C)`` (one ``bellman`` update of every
+    state, wherever it runs) until no value changes by more than ``tolerance`` x (1 + the
+    largest); returns the values and the number of sweeps. ``AssignmentError`` if it has
+    not converged by ``max_iterations``."""
+    values = np.zeros(states)
     for it in range(1, max_iterations + 1):
-        new = np.asarray([bellman(r, values, gamma) for r in rows])
+        new = sweep(values)
         done = np.max(np.abs(new - values), initial=0.0) <= tolerance * (1 + np.max(new, initial=0))
         values = new
         if done:
             return values, it
     raise AssignmentError(f"value iteration did not converge in {max_iterations} iterations "
                           f"(γ={gamma}); lower γ or raise max_iterations")
+
+
+def value_iteration(rows: Sequence[TransitionRow], gamma: float, tolerance: float = 1e-6,
+                    max_iterations: int = 10_000) -> tuple[np.ndarray, int]:
+    """``iterate`` over ``rows`` in this process."""
+    return iterate(lambda v: np.asarray([bellman(r, v, gamma) for r in rows]), len(rows),
+                   gamma, tolerance, max_iterations)
 
 
 @dataclass(frozen=True)

@@ -338,3 +338,13 @@ def report_stub() -> Any:
     from migration.report import RescaleReport
 
     return RescaleReport("sum", "drrs", 2, 3, 0.0, 1.0, 1.0, 0, 0, ())
+
+
+def test_a_rebalance_by_ssm_that_finds_the_load_within_theta_moves_nothing():
+    for protocol in ("drrs", "fluid", "non-disruptive"):
+        req = RescaleRequest("sum", 2, protocol, strategy=AssignmentSpec("ssm", 0.5))
+        coord = LiveRescale(req, context(), ManualClock())
+        Driver(coord, finish_running).run()
+        report = coord.report()
+        assert report.key_groups_moved == report.key_groups_planned == 0
+        assert report.predicted_bytes == 0 and report.new_parallelism == 2

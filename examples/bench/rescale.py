@@ -27,6 +27,11 @@ Scenarios (``--scenario``; one fresh job per run, every run the same job and tim
   timestamps are the scheduled emission times; the window operator (``q7-partial-max``,
   ``q8-join``) is rescaled 4 -> 6. Latency is that of the window results (arrival - window end).
 
+``--assignment`` (``uniform``, ``consistent-hashing``, ``ssm``; with ``--balance`` θ) chooses
+the target of a rescale by that strategy (``migration.assignment``), and the ``skew``
+scenario's rebalance by it instead of the precomputed target; ``examples/bench/assignment.py``
+compares uniform and ssm this way.
+
 Per run: deploy, build state (``--build`` s; with ``--coverage`` c at least until the
 generator has emitted enough records for a share c of the keys, computed exactly from its
 key sequence), baseline (``--baseline`` s), then the request

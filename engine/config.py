@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from engine.errors import ConfigError, ReflowError
 
@@ -84,6 +85,23 @@ def _typed(name: str, annotation: str, value: object) -> object:
     return value
 
 
+def _metrics_host_default() -> str:
+    return os.environ.get("REFLOW_METRICS_HOST") or "127.0.0.1"
+
+
+def _data_host_default() -> str:
+    return os.environ.get("REFLOW_DATA_HOST") or "127.0.0.1"
+
+
+def _metrics_port_default() -> object:
+    """``REFLOW_METRICS_PORT`` as an int (a value that is not one is refused by the type
+    check, naming it), else 0."""
+    text = os.environ.get("REFLOW_METRICS_PORT", "").strip()
+    if not text:
+        return 0
+    return int(text) if text.isdigit() else text
+
+
 @dataclass(frozen=True)
 class TLS:
     """TLS for the data transport's connections (``JobConfig(tls=TLS(...))``): PEM files,
@@ -128,8 +146,11 @@ class JobConfig:
     ``batch_size``/``linger_ms``: a channel sends a frame when it holds this many records or
     its oldest record waited this long. ``credits``: unacknowledged frames a sender may have
     on one channel (a frame is acknowledged when the receiver takes it for processing), so a
-    task holds at most ``credits`` frames per input channel. ``metrics_port``: 0 picks a free
-    port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
+    task holds at most ``credits`` frames per input channel. ``metrics_host``: the address
+    the job's Prometheus endpoint binds to (default ``REFLOW_METRICS_HOST``, else
+    127.0.0.1); ``metrics_port``: 0 picks a free port, None disables the endpoint (default
+    ``REFLOW_METRICS_PORT``, else 0). The variables let a deployment (``deploy/k8s``) open
+    the endpoint on the pod network without changing the job's code. ``task_num_cpus``: CPUs each task actor reserves
     (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
     task (records), subscale size (key groups) and subscales per task at once;
     ``drrs_max_subscales``: subscales of the operator at once (None: as many as the CPUs
@@ -162,7 +183,7 @@ class JobConfig:
     address each task's data socket binds to and is reached at: 127.0.0.1 by default, which
     serves a single machine (a local Ray cluster, several raylets on one host included); on a
     multi-machine cluster set it to "0.0.0.0" (each task then advertises its node's address)
-    or use ``transport="ray"``.
+    or use ``transport="ray"`` (default: ``REFLOW_DATA_HOST``, else 127.0.0.1).
     ``tls``: a ``TLS`` makes the data transport's connections mutually authenticated TLS
     (``transport="tcp"`` only; None: plain TCP, with the per-task token as the only check).
     ``max_frame_bytes``: the largest data frame a task sends or accepts; a connection whose
@@ -172,14 +193,20 @@ class JobConfig:
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
+    ``drrs_pacing``: drrs starts at most as many subscales at once as the machine's idle
+    cores allow (half a core each, between 1 and ``drrs_max_subscales``), measured while it
+    runs (``migration.pacing``); False: always ``drrs_max_subscales``.
+    ``group_load_sample_every``: a keyed task counts its records per key group (the load
+    rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
+    scales the counts to all its records (``engine.groupstats``); 1 counts every frame.
     """
 
     batch_size: int = 1000
     linger_ms: float = 5.0
     credits: int = 4
     latency_marker_interval_ms: float = 100.0
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = 0
+    metrics_host: str = field(default_factory=_metrics_host_default)
+    metrics_port: int | None = field(default_factory=_metrics_port_default)  # type: ignore[assignment]
     metrics_poll_interval_s: float = 1.0
     task_num_cpus: float = 0.0
     source_poll_records: int = 1000
@@ -201,9 +228,11 @@ class JobConfig:
     replication_hot_fraction: float = 0.2
     live_rescaling: bool = True
     transport: str = "tcp"
-    data_host: str = "127.0.0.1"
+    data_host: str = field(default_factory=_data_host_default)
     tls: TLS | None = None
     max_frame_bytes: int = 64 * 1024 * 1024
+    group_load_sample_every: int = 8
+    drrs_pacing: bool = True
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -248,6 +277,8 @@ class JobConfig:
             ("tls", self.tls is None or self.transport == "tcp",
              "None with transport='ray' (TLS is for the tcp transport's sockets)"),
             ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
+            ("group_load_sample_every", self.group_load_sample_every >= 1,
+             ">= 1 (1: count every frame)"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -9,6 +9,8 @@ Hierarchy::
     ├── InvalidKeyError         a key_by function returned a key that cannot partition records:
     │   │                       NaN (never equal to itself) (also a ``ValueError``)
     │   └── UnhashableKeyError  ... or a type without a stable hash (also a ``TypeError``)
+    ├── ColumnarError           records cannot be put in columns, or a columnar operator got a
+    │                           column it cannot use (also a ``ValueError``)
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
     │   └── OutputCodecError    an operator's output record cannot be encoded (names it)
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
@@ -19,6 +21,7 @@ Hierarchy::
     │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
     │                           operator, task, phase and record
     ├── JobNotRunningError      the call needs a running job
+    ├── JobNotFound             no running job has the name or id given (``reflow status``)
     ├── WaitTimeout             ``JobHandle.wait(timeout)`` returned with the job still
     │                           running (also a ``TimeoutError``)
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
@@ -91,6 +94,12 @@ class InvalidKeyError(ReflowError, ValueError):
 class UnhashableKeyError(InvalidKeyError, TypeError):
     """A key_by function returned a key of a type with no stable hash (a list, a dict, an
     object); a ``TypeError`` too, as before."""
+
+
+class ColumnarError(ReflowError, ValueError):
+    """Records cannot be put in columns (not dict rows, or fields that do not fit one
+    schema), or a columnar operator got a column it cannot use (missing, with nulls, not
+    numeric); the message names the column and what to do (``engine.columnar``)."""
 
 
 class CodecError(ReflowError):
@@ -175,6 +184,11 @@ class UserFunctionError(JobFailedError):
 
 class JobNotRunningError(ReflowError):
     """The call needs a running job, and this one has finished, failed or been stopped."""
+
+
+class JobNotFound(ReflowError):
+    """No running job has the name or id given to ``reflow status``/``rescale``/``metrics``
+    (``engine.runtime.registry``); the message lists the jobs it knows and what to pass."""
 
 
 class WaitTimeout(ReflowError, TimeoutError):

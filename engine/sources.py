@@ -22,7 +22,9 @@ from engine.errors import ConfigError
 
 @dataclass
 class SourceBatch:
-    """Records polled from a source, with one timestamp (ms) each."""
+    """Records polled from a source, with one timestamp (ms) each: lists, or an
+    ``engine.columnar.ColumnBatch`` with a numpy int64 array of timestamps (a columnar
+    source)."""
 
     values: list[Any] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
@@ -102,6 +104,9 @@ class GeneratorSource(Source):
       scheduled time in ms, so time spent waiting for a slow engine counts as latency. At
       full speed, timestamps are the poll time.
     * Offset: the number of records this task has emitted (an int).
+    * ``columnar=True``: batches of columns ``key`` and ``seq`` (int64; an
+      ``engine.columnar.ColumnBatch``, whose records are dict rows ``{"key": k, "seq": s}``)
+      instead of tuples; the same keys in the same order. Not with ``state_bytes_per_key``.
     """
 
     def __init__(
@@ -114,6 +119,7 @@ class GeneratorSource(Source):
         zipf_exponent: float = 1.2,
         state_bytes_per_key: int = 0,
         seed: int = 0,
+        columnar: bool = False,
     ) -> None:
         if rate is not None and not _is_positive_number(rate):
             raise ConfigError(
@@ -145,6 +151,11 @@ class GeneratorSource(Source):
             )
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"GeneratorSource seed must be an int >= 0; got {seed!r}")
+        if not isinstance(columnar, bool) or (columnar and state_bytes_per_key):
+            raise ConfigError("GeneratorSource columnar must be a bool, and columnar batches "
+                              f"carry no padding (state_bytes_per_key 0); got {columnar!r} "
+                              f"with state_bytes_per_key {state_bytes_per_key!r}")
+        self.columnar = columnar
         self.rate = None if rate is None else float(rate)
         self.num_records = None if num_records is None else int(num_records)
         self.duration_s = None if duration_s is None else float(duration_s)
@@ -205,8 +216,11 @@ class _GeneratorReader(SourceReader):
             self._cdf = cdf / cdf[-1]
         self._chunk_no = -1
         self._chunk_keys: list[int] = []
+        self._chunk_array: Any = None
+        self._columnar = src.columnar
 
-    def _keys(self, chunk_no: int) -> list[int]:
+    def _keys(self, chunk_no: int) -> Any:
+        """The chunk's keys: a list, or a numpy array for a columnar reader."""
         if chunk_no != self._chunk_no:
             import numpy as np
 
@@ -216,9 +230,10 @@ class _GeneratorReader(SourceReader):
             else:
                 keys = np.searchsorted(self._cdf, rng.random(_GEN_CHUNK), side="right")
                 np.minimum(keys, self._num_keys - 1, out=keys)
-            self._chunk_keys = keys.tolist()
+            self._chunk_array = keys.astype(np.int64)
+            self._chunk_keys = [] if self._columnar else keys.tolist()
             self._chunk_no = chunk_no
-        return self._chunk_keys
+        return self._chunk_array if self._columnar else self._chunk_keys
 
     def _due(self) -> int:
         """Index one past the last record due now (ignoring the limit)."""
@@ -246,6 +261,8 @@ class _GeneratorReader(SourceReader):
         if end <= self._pos:
             return SourceBatch()
         start = self._pos
+        if self._columnar:
+            return self._columns(start, end)
         values: list[Any] = []
         pos = start
         while pos < end:
@@ -270,6 +287,36 @@ class _GeneratorReader(SourceReader):
             sched += self._start_ms
             timestamps = np.floor(sched).astype(np.int64).tolist()
         return SourceBatch(values, timestamps)
+
+    def _columns(self, start: int, end: int) -> SourceBatch:
+        import numpy as np
+        import pyarrow as pa
+
+        from engine.clock import now_ms
+        from engine.columnar import ColumnBatch
+
+        parts = []
+        pos = start
+        while pos < end:
+            chunk_no = pos // _GEN_CHUNK
+            base = chunk_no * _GEN_CHUNK
+            hi = min(end, base + _GEN_CHUNK)
+            parts.append(self._keys(chunk_no)[pos - base:hi - base])
+            pos = hi
+        keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._pos = end
+        if self._rate is None:
+            ts = np.full(end - start, now_ms(self._clock), dtype=np.int64)
+        else:
+            sched = np.arange(start - self._start_pos, end - self._start_pos, dtype=np.float64)
+            sched *= 1000.0  # the same arithmetic as the rows path: the same timestamps
+            sched /= self._rate
+            sched += self._start_ms
+            ts = np.floor(sched).astype(np.int64)
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(keys), pa.array(np.arange(start, end, dtype=np.int64))],
+            names=["key", "seq"])
+        return SourceBatch(ColumnBatch(batch), ts)  # type: ignore[arg-type]
 
     def offset(self) -> Any:
         return self._pos

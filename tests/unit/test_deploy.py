@@ -130,7 +130,7 @@ def test_prometheus_config_and_rules_pass_promtool():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     proc = _run(promtool, "check", "rules", "--lint=all", "deploy/prometheus/rules.yml")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 4 rules found" in proc.stdout + proc.stderr
+    assert "SUCCESS: 5 rules found" in proc.stdout + proc.stderr
 
 
 def test_every_dashboard_query_is_valid_promql(tmp_path):

@@ -3,9 +3,11 @@
 from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
+    ChangeLogicRefused,
     CodecError,
     ColumnarError,
     ConfigError,
+    ControllerError,
     ControlPlaneError,
     ControlTimeout,
     InternalError,
@@ -24,9 +26,11 @@ from engine.functions import Context, KeyedProcessFunction, RuntimeContext
 from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
+    "ChangeLogicRefused",
     "CodecError",
     "ColumnarError",
     "ConfigError",
+    "ControllerError",
     "ControlPlaneError",
     "ControlTimeout",
     "InternalError",

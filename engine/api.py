@@ -115,11 +115,12 @@ class StreamJob:
         """The validated logical graph."""
         return g.JobGraph(self.name, self.num_key_groups, tuple(self._ops))
 
-    def run(self, address: str | None = None) -> JobHandle:
-        """Deploy on Ray (``ray.init()`` is called when no cluster is connected)."""
+    def run(self, address: str | None = None, controllers: Iterable[Any] = ()) -> JobHandle:
+        """Deploy on Ray (``ray.init()`` is called when no cluster is connected) and run
+        ``controllers`` (``controllers.base.Controller`` instances) on the job."""
         from engine.runtime import deploy
 
-        return deploy(self.graph(), self.config, address=address)
+        return deploy(self.graph(), self.config, address=address, controllers=tuple(controllers))
 
 
 def _or(parallelism: int | None, default: int) -> int:

@@ -19,6 +19,7 @@ runners raise them (``UserFunctionError`` and friends); the core decides what th
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from engine import graph as g
@@ -70,6 +71,26 @@ class OperatorChain:
         pol = ErrorPolicy(op.name, self.task_index, writer)
         self.policies.append(pol)
         return pol
+
+    def prepare(self, operator: str, fn: Any) -> None:
+        """Make ``fn`` ready to replace ``operator``'s function (a keyed one is opened on
+        this task's state now, so an ``open`` that raises refuses the change before any
+        task switches); ``ValueError`` when the operator is not in this chain."""
+        if self.keyed is not None and self.keyed.op.name == operator:
+            self.keyed.prepare(fn)
+        elif not any(r.op.name == operator for r in self.runners):
+            raise ValueError(f"operator {operator!r} is not in this task's chain")
+
+    def switch(self, operator: str, fn: Any) -> None:
+        """``operator`` runs ``fn`` (prepared) from the next record on; state stays."""
+        if self.keyed is not None and self.keyed.op.name == operator:
+            self.keyed.use(fn)
+            return
+        for r in self.runners:
+            if r.op.name == operator:
+                r.op, r.fn = replace(r.op, fn=fn), fn
+                return
+        raise ValueError(f"operator {operator!r} is not in this task's chain")
 
     def process(self, values: list[Any], timestamps: list[int], keys: Any = None,
                 kgs: Any = None, port: int = 0) -> Batch:

@@ -245,6 +245,34 @@ class OutputRouter:
             self._rr.pop(e.edge_id, None)
             self._rr.pop(-1 - e.edge_id, None)
 
+    def replace_channel(self, retired: int, replacement: int) -> None:
+        """Channel ``replacement`` (the last of its edge) takes ``retired``'s index: the
+        routing to it follows, ``retired`` is dropped (nothing may route to it any more)."""
+        for i, e in enumerate(self.edges):
+            ids = [c.channel_id for c in e.channels]
+            if retired not in ids and replacement not in ids:
+                continue
+            if retired not in ids or replacement not in ids:
+                raise ValueError(f"channels {retired} and {replacement} are not on one edge")
+            a, b = ids.index(retired), ids.index(replacement)
+            if b != len(ids) - 1:
+                raise ValueError("only the last channel of an edge can replace another")
+            keyed = e.partitioning == "keyed"
+            if keyed and any(r == a for r in e.routing):
+                raise ValueError("routing still points at the channel being retired")
+            bufs = self._buffers[e.edge_id]
+            self._flush(bufs[a])
+            self._dirty.discard(bufs[a])
+            bufs[a] = bufs.pop()
+            chans = list(e.channels)
+            chans[a] = chans.pop()
+            routing = tuple(a if r == b else r for r in e.routing) if keyed else e.routing
+            self.edges[i] = OutputEdge(e.edge_id, e.partitioning, tuple(chans), routing)
+            self._rr.pop(e.edge_id, None)
+            self._rr.pop(-1 - e.edge_id, None)
+            return
+        raise ValueError(f"no output edge has channels {retired} and {replacement}")
+
     def redirect(self, edge_id: int, key_groups: Sequence[int], new_index: int) -> list[OutputChannel]:
         """Route ``key_groups`` of a keyed edge to channel ``new_index`` from now on; their
         records not yet sent move, in order, to that channel's buffer. Returns the channels

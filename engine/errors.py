@@ -14,7 +14,10 @@ Hierarchy::
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
     │   └── OutputCodecError    an operator's output record cannot be encoded (names it)
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
-    │                           changed (names the phase and tasks); the job is untouched
+    │   │                       changed (names the phase and tasks); the job is untouched
+    │   └── ChangeLogicRefused  ... a change of logic, before any task switched
+    ├── ControllerError         a controller or one of its decisions is invalid (also a
+    │                           ``ValueError``); a running one's bad decision is only recorded
     ├── RescaleTimeout          a rescale phase or control call did not finish within
     │                           ``JobConfig.rescale_timeout_s`` (names the phase and tasks)
     ├── JobFailedError          the running job failed (user function error, task died, ...)
@@ -127,6 +130,20 @@ class RescaleRefused(ReflowError):
         self.operator = operator
         self.phase = phase
         self.tasks = tuple(tasks)
+
+
+class ControllerError(ReflowError, ValueError):
+    """A controller, or a decision it built, is invalid: ``add_controller`` got something
+    that is not a controller (no ``decide``, a bad ``interval_s``, a name already used), or
+    a decision has a field of the wrong kind. A running controller's bad decision is logged
+    and skipped (``JobHandle.decisions()``), never raised into the job."""
+
+
+class ChangeLogicRefused(RescaleRefused):
+    """A change of logic was refused before any task switched; the job runs on with the old
+    function. The message says why: the operator cannot change its logic, the new function
+    does not fit it, could not be deserialised or opened on a task (``tasks``), or the job
+    is finishing."""
 
 
 class RescaleTimeout(ReflowError):

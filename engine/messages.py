@@ -140,8 +140,19 @@ class ChannelIdle:
     its next watermark."""
 
 
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicBarrier:
+    """A change of logic's cut, sent by every predecessor of the operator's tasks on its
+    channels to them: a task switches to function version ``version`` once every live
+    input delivered it (channels that did are not read meanwhile); records before it on a
+    channel saw the old function, records after it the new one."""
+
+    version: int
+
+
 ChannelEvent = (Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
-                | ChannelIdle | ConfirmBarrier | PauseBarrier)
+                | ChannelIdle | ConfirmBarrier | PauseBarrier | LogicBarrier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +317,17 @@ class RemoveOutputChannels:
     """Live: drop these output channels (nothing routes to them any more)."""
 
     channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplaceOutputChannel:
+    """Live (placement): output channel ``replacement``, the last of its edge, takes the
+    place of ``retired`` (its index in the edge and in the routing); ``retired`` is dropped
+    (nothing routes to it any more). The replacement keeps its sequence numbers."""
+
+    retired: int
+    replacement: int
 
 
 @wire
@@ -542,6 +564,45 @@ class SourcePaused:
 
     task: str
     offset: Any
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InjectLogicBarrier:
+    """Change of logic: send ``LogicBarrier(version)`` on these output channels now (behind
+    every record already sent or buffered on them)."""
+
+    version: int
+    channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SwitchLogic:
+    """Change of logic at a task without inputs (a source's chain): switch to the staged
+    function ``version`` now, between two reads."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DiscardLogic:
+    """A change of logic was refused: forget the function staged as ``version``."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicChanged:
+    """``task`` switched ``operator`` to function ``version`` after aligning its inputs for
+    ``alignment_s`` seconds."""
+
+    task: str
+    operator: str
+    version: int
+    alignment_s: float
 
 
 @wire

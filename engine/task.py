@@ -25,6 +25,7 @@ per-record ports costs one check (``migration.active``) on top of its processing
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,23 +50,29 @@ from engine.messages import (
     ChannelIdle,
     Connect,
     DescribeTask,
+    DiscardLogic,
     DrainBarrier,
     Drained,
     EndOfStream,
     GroupStats,
     GroupStatsRequest,
     HoldFinish,
+    InjectLogicBarrier,
     InstallKeyGroups,
     KeyGroupSnapshot,
     LatencyMarker,
+    LogicBarrier,
+    LogicChanged,
     PauseSource,
     PriorityBatch,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
     Start,
     StopTask,
+    SwitchLogic,
     TaskFailed,
     TaskFinished,
     TaskState,
@@ -278,6 +285,9 @@ class TaskCore:
 
         # alignment of drain barriers (engine.alignment), watermarks
         self.drain = BarrierAligner(clock.monotonic)
+        # change of logic: barriers aligned like drains; functions staged by version
+        self.logic = BarrierAligner(clock.monotonic)
+        self._staged: dict[int, tuple[str, Any]] = {}
         self.tracker = WatermarkTracker()
         self.watermark = MIN_WATERMARK
         # sources: event-time watermark generation
@@ -300,7 +310,7 @@ class TaskCore:
         # metrics
         self.records_in = 0
         self.bytes_in = 0
-        self.busy_s = 0.0
+        self.useful_s = 0.0  # operator work: decode, process, encode (the actor times it)
         self.idle_s = 0.0
         self.backpressured_s = 0.0
         self.latency = LatencyHistogram()
@@ -337,7 +347,8 @@ class TaskCore:
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
-            if cid in self._step_blocked or self.drain.is_blocked(cid):
+            if (cid in self._step_blocked or self.drain.is_blocked(cid)
+                    or self.logic.is_blocked(cid)):
                 continue
             ch = self.inputs[cid]
             head = self._heads.get(cid)
@@ -530,9 +541,12 @@ class TaskCore:
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
             case DrainBarrier(epoch=epoch):
                 self._on_drained(self.drain.on_barrier(ch.channel_id, epoch))
+            case LogicBarrier(version=version):
+                self._on_logic(self.logic.on_barrier(ch.channel_id, version))
             case EndOfStream():
                 ch.ended = True
                 advanced = self.tracker.end(ch.channel_id)
+                self._on_logic(self.logic.on_end(ch.channel_id))
                 if not self._live_inputs():
                     self.drain.on_end(ch.channel_id)  # a finished task needs no drain
                     self._end_pending = True
@@ -561,6 +575,32 @@ class TaskCore:
     def _inputs_changed(self) -> None:
         """The live inputs changed (connected, added, removed): the aligners follow."""
         self._on_drained(self.drain.set_channels(self._live_inputs()))
+        self._on_logic(self.logic.set_channels(self._live_inputs()))
+
+    # ------------------------------------------------------------ change of logic
+    def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` to replace ``operator``'s function at logic barrier ``version``; a
+        keyed function is opened now, on this task's state. Raises when the operator is not
+        in this task or the function cannot be opened (nothing switched yet)."""
+        self.chain.prepare(operator, fn)
+        self._staged[version] = (operator, fn)
+
+    def _on_logic(self, aligned: Aligned | None) -> None:
+        """Every live input delivered logic barrier ``version`` (or the task has none):
+        switch to the staged function and report; the barrier goes no further."""
+        if aligned is None:
+            return
+        staged = self._staged.pop(aligned.barrier_id, None)
+        if staged is None:
+            raise TaskControlError(f"task {self.name}: logic barrier {aligned.barrier_id} "
+                                   "aligned, but no function was staged for it")
+        operator, fn = staged
+        self.chain.switch(operator, fn)
+        self.spec = dataclasses.replace(self.spec, operators=tuple(
+            dataclasses.replace(op, fn=fn) if op.name == operator else op
+            for op in self.spec.operators))
+        self.reports.append(LogicChanged(self.name, operator, aligned.barrier_id,
+                                         aligned.alignment_s))
 
     def _on_drained(self, aligned: Aligned | None) -> None:
         """Every live input delivered the drain barrier: forward it, flush, go quiet."""
@@ -732,6 +772,20 @@ class TaskCore:
             case RemoveOutputChannels(channel_ids=ids):
                 self.router.remove_channels(set(ids))
                 return Ack()
+            case ReplaceOutputChannel(retired=retired, replacement=replacement):
+                self.router.replace_channel(retired, replacement)
+                return Ack()
+            case InjectLogicBarrier(version=version, channel_ids=ids):
+                self.router.send_event_to(set(ids), LogicBarrier(version))
+                return Ack()
+            case SwitchLogic(version=version):
+                self._on_logic(self.logic.trigger(version))
+                return Ack()
+            case DiscardLogic(version=version):
+                self._staged.pop(version, None)
+                if self.logic.pending == version:
+                    self.logic.abort()
+                return Ack()
             case AddInputs(inputs=inputs):
                 for cid, port in inputs:
                     self.add_input(cid, port)
@@ -803,7 +857,7 @@ class TaskCore:
             records_out=self.router.records_out,
             bytes_in=self.bytes_in,
             bytes_out=self.router.bytes_out,
-            busy_seconds=self.busy_s,
+            useful_seconds=self.useful_s,
             idle_seconds=self.idle_s,
             backpressured_seconds=self.backpressured_s,
             queued_frames=self.queued_frames(),
@@ -813,4 +867,6 @@ class TaskCore:
             latency=self.latency.to_wire(),
             watermark=self.watermark,
             late_records=0 if self.keyed is None else self.keyed.late_records,
+            source_backlog=(None if self.reader is None or self.status != RUNNING
+                            else self.reader.backlog()),
         )

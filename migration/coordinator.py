@@ -49,6 +49,7 @@ from engine.messages import (
     OutputChannel,
     PauseSource,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     Resume,
     SnapshotKeyGroups,
     SourcePaused,
@@ -106,9 +107,10 @@ class RescaleRequest:
     """What was asked: ``operator`` (a vertex) to ``parallelism`` tasks with ``protocol``;
     ``assignment``: the target assignment (a rebalance; None: uniform ranges);
     ``planning``: a ``migration.planning.Planning`` or None for the protocol's default;
-    ``reason``: who asked and why (a user call, a controller's decision); ``strategy``: how
-    to choose the target assignment (``migration.assignment.AssignmentSpec``; None with no
-    ``assignment``: uniform ranges)."""
+    ``reason``: who asked and why (a user call, a controller's decision); ``place``:
+    ``(task index, node id)`` for a placement (``Placement``: the task moves to that Ray
+    node, ``parallelism`` stays); ``strategy``: how to choose the target assignment
+    (``migration.assignment.AssignmentSpec``; None with no ``assignment``: uniform ranges)."""
 
     operator: str
     parallelism: int
@@ -116,6 +118,7 @@ class RescaleRequest:
     assignment: tuple[int, ...] | None = None
     planning: Planning | None = None
     reason: str = "requested"
+    place: tuple[int, str] | None = None
     strategy: AssignmentSpec | None = None
 
     def __post_init__(self) -> None:
@@ -124,6 +127,11 @@ class RescaleRequest:
             raise ValueError(f"rescale of {self.operator!r}: give an assignment or a strategy, "
                              "not both")
         object.__setattr__(self, "protocol", RescaleProtocol.parse(self.protocol, "protocol"))
+        if self.place is not None:
+            check_count(f"placement of {self.operator!r}: task index", self.place[0], 0)
+            if self.place[0] >= self.parallelism:
+                raise ValueError(f"placement of {self.operator!r}: no task {self.place[0]} "
+                                 f"among {self.parallelism}")
 
 
 @dataclass
@@ -181,11 +189,16 @@ class SendControl:
 @dataclass(frozen=True)
 class CreateTasks:
     """Create task actors ``names`` of ``vertex`` (spec from ``deployment``; a warm standby
-    actor where the pool has one). Calls to them wait until they exist."""
+    actor where the pool has one). Calls to them wait until they exist. ``nodes``: (name,
+    Ray node id) of tasks that must start on that node (never a standby actor);
+    ``indices``: (name, task index) of tasks whose spec (what their functions see as their
+    index) differs from their position, e.g. a placed task replacing another."""
 
     vertex: str
     names: tuple[str, ...]
     deployment: Deployment
+    nodes: tuple[tuple[str, str], ...] = ()
+    indices: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -564,21 +577,15 @@ class LiveRescale(RescaleCoordinator):
         if new_names:
             self.phase = Phase.DEPLOY
             self.dep = self.dep.with_vertex(vertex, tuple(self._names), generation=gen)
-            yield from add_tasks_steps(self.dep, vertex, new_names, self.ctx.channel_ids)
+            nodes, indices = self._creation(new_names)
+            yield from add_tasks_steps(self.dep, vertex, new_names, self.ctx.channel_ids,
+                                       nodes=nodes, indices=indices)
             yield UpdateVertex(vertex, tuple(self._names), None, gen)
         # 4. subscales
         yield from self._run_subscales(plan)
-        # 5. remove tasks left without key groups (scale-in), then release the hold
+        # 5. remove tasks left without key groups, then release the hold
         self.phase = Phase.REMOVE
-        current = self.dep.assignments[vertex]
-        keep = final_p if not self.superseded else work_p
-        gone: tuple[str, ...] = ()
-        if keep < work_p and max(current) < keep:
-            gone = tuple(self._names[keep:])
-            yield from remove_tasks_steps(self.dep, vertex, gone, self.ctx.channel_ids)
-            self._names = self._names[:keep]
-            self.dep = self.dep.with_vertex(vertex, tuple(self._names))
-            yield UpdateVertex(vertex, tuple(self._names))
+        gone = yield from self._remove(final_p, work_p)
         yield ReleaseReplicas(vertex, gone)
         self._held = tuple(self._names)
         yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in self._held))
@@ -590,6 +597,27 @@ class LiveRescale(RescaleCoordinator):
             s.first_start if s.first_start is not None else done, s.rerouted, s.suspended,
             s.delay, tuple(s.timings), self.superseded, self._reason(plan),
             len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved)))
+
+    def _creation(self, new_names: tuple[str, ...]
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+        """Where the new tasks start and the index their specs carry (``CreateTasks``):
+        anywhere, at their position."""
+        return (), ()
+
+    def _remove(self, final_p: int, work_p: int) -> Generator[Command, Any, tuple[str, ...]]:
+        """Scale-in: remove the tasks at ``final_p`` and above once they hold no key group
+        (not after a supersede: the next request starts from every task). Returns them."""
+        vertex = self.vertex
+        current = self.dep.assignments[vertex]
+        keep = final_p if not self.superseded else work_p
+        if not (keep < work_p and max(current) < keep):
+            return ()
+        gone = tuple(self._names[keep:])
+        yield from remove_tasks_steps(self.dep, vertex, gone, self.ctx.channel_ids)
+        self._names = self._names[:keep]
+        self.dep = self.dep.with_vertex(vertex, tuple(self._names))
+        yield UpdateVertex(vertex, tuple(self._names))
+        return gone
 
     def _reason(self, plan: MigrationPlan) -> str:
         if not self.spec.concurrent:
@@ -691,11 +719,14 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
 
 
 def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
-                    ids: ChannelIds, hold: bool = True) -> Generator[Command, Any, None]:
+                    ids: ChannelIds, hold: bool = True,
+                    nodes: tuple[tuple[str, str], ...] = (),
+                    indices: tuple[tuple[str, int], ...] = ()) -> Generator[Command, Any, None]:
     """Create, wire and start new tasks of ``vertex`` (already in ``dep``) while the job
     runs: they read from every predecessor and write to the operator's receivers; with
-    ``hold`` they do not finish before the rescale releases them."""
-    yield CreateTasks(vertex, new_names, dep)
+    ``hold`` they do not finish before the rescale releases them. ``nodes``/``indices``:
+    as in ``CreateTasks``."""
+    yield CreateTasks(vertex, new_names, dep, nodes, indices)
     msgs = connect_messages(dep, ids)
     if hold:
         yield SendControl(tuple(Call(n, HoldFinish(True)) for n in new_names), Phase.DEPLOY)
@@ -742,6 +773,61 @@ def _profiles(replies: Sequence[Any]) -> dict[int, Any]:
             loads[kg] = records / r.seconds if r.seconds > 0 else 0.0
             sizes[kg] = size
     return profiles_from_metrics(loads, sizes)
+
+
+# ---------------------------------------------------------------------- placement
+
+
+class Placement(LiveRescale):
+    """Move task ``i`` of a keyed operator to another Ray node, live (Trisk's placement):
+    a replacement task starts on that node (it sees ``i`` as its task index) at index
+    ``p`` (the operator runs ``p + 1`` tasks meanwhile), every key group of task ``i``
+    migrates to it with the request's live protocol, then the replacement takes task
+    ``i``'s index: every predecessor puts its channel to the replacement in the old one's
+    place (``ReplaceOutputChannel``, so the routing is unchanged), and the old task ends
+    its outputs and goes. The operator ends with ``p`` tasks and the same assignment. A
+    placement superseded by a newer request before every group moved keeps ``p + 1``
+    tasks (the report says it was cut short)."""
+
+    def __init__(self, request: RescaleRequest, ctx: RescaleContext, clock: Clock) -> None:
+        if request.place is None:
+            raise ValueError("a placement request names the task and the node (place=)")
+        index, node = request.place
+        old = ctx.deployment.assignments.get(request.operator, ())
+        p = len(ctx.deployment.tasks[request.operator])
+        if not old or index not in old:
+            raise RescaleRefused(f"task {index} of {request.operator!r} holds no key group; "
+                                 "placement moves keyed tasks with their key groups",
+                                 operator=request.operator)
+        target = tuple(p if t == index else t for t in old)
+        super().__init__(dataclasses.replace(request, parallelism=p + 1, assignment=target),
+                         ctx, clock)
+        self.index, self.node, self.final_p = index, node, p
+
+    def _creation(self, new_names: tuple[str, ...]
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+        return tuple((n, self.node) for n in new_names), tuple((n, self.index) for n in new_names)
+
+    def _remove(self, final_p: int, work_p: int) -> Generator[Command, Any, tuple[str, ...]]:
+        vertex, i, p = self.vertex, self.index, self.final_p
+        current = list(self.dep.assignments[vertex])
+        if self.superseded or i in current or len(self._names) != p + 1:
+            return ()  # cut short: task i still holds groups, both stay
+        old_name, new_name = self._names[i], self._names[p]
+        ids = self.ctx.channel_ids
+        preds = _predecessors(self.dep, vertex)
+        if preds:
+            yield SendControl(tuple(
+                Call(u, ReplaceOutputChannel(ids.get(e.edge_id, u, old_name),
+                                             ids.get(e.edge_id, u, new_name)))
+                for e, u in preds), Phase.REMOVE)
+        yield SendControl((Call(old_name, StopTask(end_outputs=True)),), Phase.REMOVE)
+        yield RemoveTasks((old_name,))
+        self._names = [*self._names[:i], new_name, *self._names[i + 1:p]]
+        assignment = tuple(i if t == p else t for t in current)
+        self.dep = self.dep.with_vertex(vertex, tuple(self._names), assignment)
+        yield UpdateVertex(vertex, tuple(self._names), assignment)
+        return (old_name,)
 
 
 # ---------------------------------------------------------------------- stop-restart
@@ -857,7 +943,12 @@ class StopRestartRescale(RescaleCoordinator):
 
 def coordinator_for(request: RescaleRequest, ctx: RescaleContext,
                     clock: Clock) -> RescaleCoordinator:
-    """The coordinator that runs ``request``'s protocol."""
+    """The coordinator that runs ``request``'s protocol (a placement: ``Placement``)."""
+    if request.place is not None:
+        if not PROTOCOLS[request.protocol].live:
+            raise RescaleRefused(f"placement moves key groups live; protocol "
+                                 f"{request.protocol!r} is not a live protocol")
+        return Placement(request, ctx, clock)
     if PROTOCOLS[request.protocol].live:
         return LiveRescale(request, ctx, clock)
     return StopRestartRescale(request, ctx, clock)

@@ -128,10 +128,11 @@ class InProcessExecutor:
                 if self.after_send is not None:
                     self.after_send(cmd)
                 return [wire(r) for r in replies]
-            case CreateTasks(vertex=vertex, names=names, deployment=dep):
+            case CreateTasks(vertex=vertex, names=names, deployment=dep, indices=indices):
+                index = dict(indices)  # a placed task carries the index it replaces
                 for name in names:
-                    net.cores[name] = net.new_core(dep, vertex, dep.tasks[vertex].index(name),
-                                                   name)
+                    net.cores[name] = net.new_core(
+                        dep, vertex, index.get(name, dep.tasks[vertex].index(name)), name)
             case RemoveTasks(names=names):
                 for n in names:
                     self._seen.pop(n, None)

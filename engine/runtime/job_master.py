@@ -27,13 +27,14 @@ import contextlib
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine import graph as g
 from engine.clock import SystemClock
 from engine.codec import pack_exact
 from engine.config import JobConfig
 from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment
-from engine.errors import FailurePhase, JobFailedError
+from engine.errors import FailurePhase, JobFailedError, JobNotRunningError, RescaleRefused
 from engine.messages import (
     JobStatus,
     Start,
@@ -46,9 +47,11 @@ from engine.messages import (
 from engine.metrics import JobCollector, MetricsEndpoint
 from engine.names import JobState
 from engine.physical import PhysicalPlan, plan_physical
+from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in
 from engine.runtime.health import StandbyPool
+from engine.runtime.logic import LogicChanger
 from engine.runtime.replicas import ReplicaKeeper
 from engine.runtime.rescaling import Rescaler
 from engine.runtime.task_actor import RemoteTask
@@ -88,6 +91,9 @@ class JobMaster:
         self.endpoint: MetricsEndpoint | None = None
         self.replicas = ReplicaKeeper(self)
         self.rescaler = Rescaler(self)
+        self.controllers = ControllerRunner(self)
+        self.logic = LogicChanger(self)
+        self.nodes: dict[str, str] = {}  # task name -> the Ray node it runs on, where known
         self.watch = Watch(self)
         self.health = self.watch.health
         self._changed = asyncio.Event()
@@ -107,13 +113,17 @@ class JobMaster:
         """Set at the next change of the job (a report, a failure, a stop)."""
         return self._changed
 
-    async def create_task_actor(self, vertex: str, name: str, dep: Deployment) -> None:
+    async def create_task_actor(self, vertex: str, name: str, dep: Deployment,
+                                node: str | None = None, index: int | None = None) -> None:
         """Task ``name`` of ``vertex``: a warm standby actor that answers its ping (its
-        ``configure`` call is awaited before any other call reaches it), else a new one."""
-        spec = TaskSpec.of(dep, vertex, dep.tasks[vertex].index(name), name, self.config)
-        handle = await self.pool.take() if len(self.pool) else None
+        ``configure`` call is awaited before any other call reaches it), else a new one.
+        ``node``: a new actor on that Ray node (placement); ``index``: the task index its
+        spec carries (default: its position in ``dep``)."""
+        position = dep.tasks[vertex].index(name)
+        spec = TaskSpec.of(dep, vertex, position if index is None else index, name, self.config)
+        handle = await self.pool.take() if len(self.pool) and node is None else None
         if handle is None:
-            self._create(name, spec)
+            self._create(name, spec, node)
             return
         self._configuring[name] = handle.configure.remote(spec)
         self.handles[name] = handle
@@ -123,6 +133,7 @@ class JobMaster:
         """Task ``name`` was removed (its actor killed): no more metrics or health."""
         self.watch.forget(name)
         self.finished.discard(name)
+        self.nodes.pop(name, None)
 
     def refill_standby_later(self) -> None:
         self._refill_standby_later()
@@ -145,12 +156,16 @@ class JobMaster:
         return decode_message(await self.handles[task].control.remote(encode_message(msg),
                                                                        handles))
 
-    def _create(self, name: str, spec: TaskSpec) -> None:
-        """A new task actor for ``spec``."""
+    def _create(self, name: str, spec: TaskSpec, node: str | None = None) -> None:
+        """A new task actor for ``spec`` (on Ray node ``node`` when given)."""
         me = ray.get_runtime_context().current_actor
+        where: dict[str, Any] = {}
+        if node is not None:
+            where["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+            self.nodes[name] = node
         self.handles[name] = RemoteTask.options(
             name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
-            max_concurrency=10_000,
+            max_concurrency=10_000, **where,
         ).remote(spec, me)
         self.health.created(name)
 
@@ -254,6 +269,7 @@ class JobMaster:
                           f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
             await self._fail()
         self.rescaler.on_report(msg)
+        self.logic.on_report(msg)
         if isinstance(msg, TaskFinished):
             await self._maybe_finish()
         self._notify()
@@ -323,6 +339,7 @@ class JobMaster:
             [encode_message(r) for r in self.collector.rescales.values()],
             self.endpoint.url if self.endpoint else "",
             [list(e) for e in self.watch.unresponsive()],
+            self.clock.monotonic(),
         ])
 
     async def stop(self) -> None:
@@ -351,11 +368,67 @@ class JobMaster:
                       assignment: tuple[int, ...] | None = None, planning: Any = None,
                       strategy: Any = None) -> bytes:
         return encode_message(await self.rescaler.rescale(operator, parallelism, protocol,
-                                                          assignment, planning, strategy))
+                                                          assignment, planning,
+                                                          strategy=strategy))
 
     @property
     def rescaling(self) -> bool:
         return self.rescaler.running
+
+    # -- controllers (``engine.runtime.controller_runner``)
+    async def add_controller(self, controller: Any) -> str:
+        """Run ``controller`` on this job; returns the name it runs under."""
+        if not self.state.active:
+            raise JobNotRunningError(f"job {self.job_id} is {self.state}; controllers run "
+                                     "only while it runs")
+        return self.controllers.add(controller)
+
+    async def remove_controller(self, name: str) -> None:
+        self.controllers.remove(name)
+
+    def decisions(self, controller: str | None) -> bytes:
+        return pack_exact([encode_message(r) for r in self.controllers.decisions(controller)])
+
+    def rescale_history(self) -> bytes:
+        return pack_exact([encode_message(r) for r in self.controllers.records])
+
+    def alive_nodes(self) -> list[str]:
+        """The ids of the Ray nodes alive now."""
+        return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+    # -- change of logic (``engine.runtime.logic``)
+    async def change_logic(self, operator: str, fn: Any) -> bytes:
+        return encode_message(await self.logic.change(operator, fn))
+
+    # -- placement
+    async def placement(self, operator: str) -> list[str]:
+        """The Ray node of each task of ``operator`` (a vertex), by task index; "" for a
+        task that did not say within ``Deadlines.task_poll_s``. Asked once per task."""
+        if operator not in self.dep.tasks:
+            raise RescaleRefused(f"job {self.job_id} has no operator (vertex) {operator!r}; "
+                                 f"vertices: {', '.join(self.dep.tasks)}")
+        tasks = self.dep.tasks[operator]
+        unknown = [t for t in tasks if t not in self.nodes and t in self.handles]
+        if unknown:
+            asks = [asyncio.ensure_future(self._node_of(t)) for t in unknown]
+            await asyncio.wait(asks, timeout=self.deadlines.task_poll_s)
+            for t, f in zip(unknown, asks, strict=True):
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    self.nodes[t] = f.result()
+                else:
+                    f.cancel()
+        return [self.nodes.get(t, "") for t in tasks]
+
+    async def _node_of(self, task: str) -> str:
+        pending = self._configuring.get(task)
+        if pending is not None:
+            await pending
+        return str(await self.handles[task].node_id.remote())
+
+    async def place(self, operator: str, task_index: int, node: str, protocol: str = "drrs",
+                    by: str = "handle") -> bytes:
+        return encode_message(await self.rescaler.place(operator, task_index, node, protocol,
+                                                        by))
 
 
 RemoteJobMaster = ray.remote(max_restarts=0, max_task_retries=0)(JobMaster)

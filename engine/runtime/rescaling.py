@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,11 @@ class Rescaler:
     @property
     def running(self) -> bool:
         return self._stop_restart_running or self._live_running > 0
+
+    @property
+    def running_operators(self) -> frozenset[str]:
+        """The vertices with a rescale running now."""
+        return frozenset(self._coordinators)
 
     def on_report(self, msg: Any) -> None:
         """Every running coordinator sees every task report."""
@@ -153,12 +159,25 @@ class Rescaler:
             proto = RescaleProtocol.STOP_RESTART  # a stateless operator has no groups to move
         return RescaleRequest(v.name, parallelism, proto,
                               tuple(assignment) if assignment is not None else None, planning,
-                              "requested through the job handle", strategy)
+                              "requested through the job handle", strategy=strategy)
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None, planning: Any,
-                      strategy: AssignmentSpec | None = None) -> RescaleReport:
+                      by: str = "handle", strategy: AssignmentSpec | None = None
+                      ) -> RescaleReport:
+        """Run the rescale (see the module doc); ``by``: who asked, for the records of what
+        rescales cost (``engine.runtime.controller_runner``); ``strategy``: how to choose the
+        target assignment (``parallelism`` None: the current one)."""
+        started = self.m.clock.monotonic()
+        report = await self._rescale(operator, parallelism, protocol, assignment, planning,
+                                     strategy)
+        self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
+        return report
+
+    async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
+                       assignment: tuple[int, ...] | None, planning: Any,
+                       strategy: AssignmentSpec | None = None) -> RescaleReport:
         m = self.m
         req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
         if PROTOCOLS[req.protocol].live:
@@ -191,6 +210,64 @@ class Rescaler:
                 self._stop_restart_running = False
                 m.refill_standby_later()
                 await m.maybe_finish()
+
+    @contextlib.asynccontextmanager
+    async def excluding_stop_restart(self) -> Any:
+        """While in it, no stop-restart runs (``RescaleRefused`` now if one does): a change
+        that needs the tasks to stay (a change of logic) counts as a live rescale."""
+        if self._stop_restart_running:
+            raise RescaleRefused("a stop-restart rescale is running; try again after it")
+        self._live_running += 1
+        try:
+            yield
+        finally:
+            self._live_running -= 1
+
+    async def place(self, operator: str, task_index: int, node: str, protocol: str,
+                    by: str = "handle") -> RescaleReport:
+        """Move task ``task_index`` of keyed ``operator`` to Ray node ``node`` live
+        (``migration.coordinator.Placement``). Refused (job untouched) when the operator is
+        not keyed, the task or node does not exist, the task runs there already, or a
+        rescale of the operator runs (a placement never supersedes one)."""
+        m = self.m
+        started = m.clock.monotonic()
+        req = await self._placement(operator, task_index, node, protocol)
+        async with m.vertex_lock(req.operator), self.excluding_stop_restart():
+            req = await self._placement(operator, task_index, node, protocol)  # still valid
+            try:
+                report = await self._execute(req)
+            finally:
+                await m.maybe_finish()
+        m.controllers.rescale_finished(report, started, m.clock.monotonic(), by)
+        return report
+
+    async def _placement(self, operator: str, task_index: int, node: str,
+                         protocol: str) -> RescaleRequest:
+        m = self.m
+        p = len(m.dep.tasks.get(operator, ())) or 1  # validate names what is wrong
+        req = self.validate(operator, p, protocol, None, None)
+        v = m.dep.plan.vertex(req.operator)
+        if not v.keyed or not PROTOCOLS[req.protocol].live:
+            raise RescaleRefused(f"operator {operator!r} is not keyed: placement moves a task "
+                                 "with its key groups, live (a stateless operator can be "
+                                 "rescaled with stop-restart instead)", operator=operator)
+        index = check_count(f"placement of {operator!r}: task_index", task_index, 0,
+                            error=RescaleRefused)
+        if index >= p:
+            raise RescaleRefused(f"operator {operator!r} has no task {index}; its tasks are "
+                                 f"0..{p - 1}", operator=operator)
+        if not isinstance(node, str) or node not in m.alive_nodes():
+            raise RescaleRefused(f"no alive Ray node {node!r}; alive: "
+                                 f"{', '.join(m.alive_nodes())}", operator=operator)
+        if operator in self._coordinators:
+            raise RescaleRefused(f"a rescale of {operator!r} is running; a placement does not "
+                                 "supersede it: try again after it", operator=operator)
+        where = (await m.placement(operator))[index]
+        if where == node:
+            raise RescaleRefused(f"task {index} of {operator!r} runs on node {node} already",
+                                 operator=operator)
+        return dataclasses.replace(req, place=(index, node),
+                                   reason=f"place task {index} on node {node}")
 
     def _max_subscales(self) -> int:
         """Subscales of one operator at once: the configured number, else as many as the
@@ -292,9 +369,11 @@ class Rescaler:
                     if mine is not None:
                         raise mine from exc
                 return [f.result() for f in futs]
-            case CreateTasks(vertex=vertex, names=names, deployment=dep):
+            case CreateTasks(vertex=vertex, names=names, deployment=dep, nodes=nodes,
+                             indices=indices):
+                at, index = dict(nodes), dict(indices)
                 for name in names:
-                    await m.create_task_actor(vertex, name, dep)
+                    await m.create_task_actor(vertex, name, dep, at.get(name), index.get(name))
             case RemoveTasks(names=names):
                 for n in names:
                     h = m.handles.pop(n, None)

@@ -42,6 +42,7 @@ from engine.messages import (
     PriorityBatch,
     RefreshReplicas,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     ReplicasRefreshed,
     ReplicaUpdate,
     Start,
@@ -131,6 +132,17 @@ class TaskActor(DataConnections):
     async def ping(self) -> None:
         """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
 
+    async def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` (deserialised here by Ray, opened on this task's state) to replace
+        ``operator``'s function at logic barrier ``version``; raises when it cannot."""
+        if self._broken is not None:
+            raise self._broken
+        self.core.stage_logic(version, operator, fn)
+
+    async def node_id(self) -> str:
+        """The id of the Ray node this task runs on (placement)."""
+        return str(ray.get_runtime_context().get_node_id())
+
     async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
         if self._broken is not None:
             raise self._broken
@@ -156,10 +168,13 @@ class TaskActor(DataConnections):
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
         blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource)))
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel,
+                                        PauseSource)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
+        if isinstance(msg, ReplaceOutputChannel):  # the retired task took all it was sent
+            await self._settle_in_flight({msg.retired})
         if isinstance(msg, StopTask):
             await self._settle_in_flight()
         self._send_reports()
@@ -305,6 +320,7 @@ class TaskActor(DataConnections):
         strategy = core.wm_strategy
         wm_every = None if strategy is None else strategy.interval_ms / 1000.0
         next_wm = clock.monotonic()
+        outbox = core.router.outbox
         wake = self._event()
         try:
             while core.status == RUNNING:
@@ -320,9 +336,14 @@ class TaskActor(DataConnections):
                 if core.keyed is not None and t0 >= next_timer_check:
                     did = core.fire_timers() or did
                     next_timer_check = t0 + timer_every
+                # useful time (DS2): operator work with its decoding and the encoding of
+                # its output, lingering frames included; waits for input (idle) and for
+                # credits (backpressured) are counted apart. Two clock reads per pass.
+                framed = len(outbox)
+                core.flush_due()
                 t1 = clock.monotonic()
-                if did:
-                    core.busy_s += t1 - t0
+                if did or len(outbox) != framed:
+                    core.useful_s += t1 - t0
                 self._ack_consumed()
                 if core.priority_out:
                     self._send_priority()
@@ -332,7 +353,6 @@ class TaskActor(DataConnections):
                 if wm_every is not None and t1 >= next_wm:
                     core.emit_watermark()
                     next_wm = t1 + wm_every
-                core.flush_due()
                 await self._send_outbox()
                 self._send_reports()
                 if did:

@@ -11,6 +11,7 @@ from engine.codec import pack_exact, pack_fast
 from engine.errors import CodecError
 from engine.latency import LatencyHistogram
 from engine.metrics import RescaleProgress, TaskMetrics
+from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
 from migration.report import RescaleReport
 
 _H = LatencyHistogram()
@@ -48,6 +49,7 @@ CHANNEL_EVENTS = [
     m.ChannelIdle(),
     m.ConfirmBarrier(3, 17),
     m.PauseBarrier(3),
+    m.LogicBarrier(3),
 ]
 
 # Messages whose fields are plain values.
@@ -76,6 +78,12 @@ FLAT_CONTROL_MESSAGES = [
     m.JobStatus("wordcount", "running"),
     m.StopTask(True),
     m.RemoveOutputChannels((4, 5)),
+    m.ReplaceOutputChannel(4, 9),
+    m.InjectLogicBarrier(3, (4, 5)),
+    m.SwitchLogic(3),
+    m.DiscardLogic(3),
+    m.LogicChanged("j/sum/0/g0", "sum", 3, 0.125),
+    LogicChangeReport("sum", 3, 2, 10.0, 11.5, 0.125),
     m.AddInputs(((7, 0), (8, -1))),
     m.InjectSubscale(2, 0, (5, 6, 7), 3),
     m.TriggerBarrier(2),
@@ -104,6 +112,10 @@ FLAT_CONTROL_MESSAGES = [
         "wordcount", "failed", "user function raised", "count", 2, "('a', 1)", "KeyError('a')",
         "http://127.0.0.1:9000/metrics",
     ),
+    DecisionRecord(1.5, "ds2", "scale", "sum", "scale 'sum' to 4 (drrs)", "load 1.9",
+                   "executed", "drrs rescale of 'sum' 2 -> 4 done", 1.25, 3, 9.5),
+    RescaleRecord("sum", "drrs", 2, 4, 10.0, 11.5, 16, 2048, False, 900.0, 120, 12.5, 80.0,
+                  0.13, "controller ds2"),
 ]
 
 # Messages that nest other wire messages (OutputEdge holds OutputChannels, Connect holds

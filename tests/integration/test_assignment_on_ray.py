@@ -126,7 +126,7 @@ def refused_then_ssm(n: int) -> Action:
 CASES: dict[str, tuple[str, int, list[tuple[str, Action]]]] = {
     "drrs": ("sum", 2, [
         ("ssm 3", ssm_to(3, 0.3)),
-        ("rebalance ssm", lambda h, op, p: h.rebalance(op, "ssm", p, balance=0.1))]),
+        ("rebalance ssm", lambda h, op, p: h.rebalance(op, "ssm", p, balance=0.5))]),
     "pause-resume": ("profile", 2, [
         ("ssm 4", ssm_to(4, 0.3)),
         ("mtm 2", lambda h, op, p: h.rescale(op, 2, p, assignment="mtm",

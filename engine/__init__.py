@@ -4,6 +4,7 @@ from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
     ChangeLogicRefused,
+    CheckpointFailed,
     CodecError,
     ColumnarError,
     ConfigError,
@@ -16,9 +17,11 @@ from engine.errors import (
     JobFailedError,
     JobMasterLost,
     OutputCodecError,
+    RayUnavailable,
     ReflowError,
     RescaleRefused,
     RescaleTimeout,
+    RestoreError,
     UserFunctionError,
     WaitTimeout,
 )
@@ -27,6 +30,7 @@ from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
     "ChangeLogicRefused",
+    "CheckpointFailed",
     "CodecError",
     "ColumnarError",
     "ConfigError",
@@ -37,7 +41,9 @@ __all__ = [
     "InvalidKeyError",
     "JobMasterLost",
     "OutputCodecError",
+    "RayUnavailable",
     "RescaleTimeout",
+    "RestoreError",
     "WaitTimeout",
     "Context",
     "JobConfig",

@@ -30,6 +30,29 @@ from engine.state import KeyedStateBackend
 from engine.vectorised import AggregateRunner, MapBatchesRunner
 
 
+def writer_names(operators: tuple[g.OperatorDef, ...]) -> list[str]:
+    """The names of the writers a task of these operators owns (``all_writers``): sinks by
+    operator, ``<operator>/late``, ``<operator>/dead-letter``. Stable across restarts and
+    parallelisms, so a checkpoint's sink transactions find their writer again."""
+    out = []
+    for op in operators:
+        if op.kind == g.SINK:
+            out.append(op.name)
+        if op.late_sink is not None and op.keyed:
+            out.append(late_writer(op.name))
+        if op.dead_letter is not None:
+            out.append(dead_letter_writer(op.name))
+    return out
+
+
+def late_writer(operator: str) -> str:
+    return f"{operator}/late"
+
+
+def dead_letter_writer(operator: str) -> str:
+    return f"{operator}/dead-letter"
+
+
 class OperatorChain:
     """The operators of task ``task_index`` of ``parallelism`` (a source head is not run
     here). ``keyed``/``backend``: the keyed head and its state backend, owning
@@ -55,7 +78,7 @@ class OperatorChain:
             late = None
             if head.late_sink is not None:
                 late = head.late_sink.open(task_index, parallelism, clock)
-                self.writers[f"{head.name}/late"] = late
+                self.writers[late_writer(head.name)] = late
             keyed_runner = AggregateRunner if head.kind == g.AGGREGATE else KeyedRunner
             self.keyed = keyed_runner(head, self._policy(head), self.backend, task_index, clock,
                                       watermark, late)
@@ -107,19 +130,40 @@ class OperatorChain:
             values, timestamps = r.process(values, timestamps)
         return values, timestamps
 
-    def flush(self) -> None:
-        for w in self.writers.values():
-            w.flush()
+    def all_writers(self) -> dict[str, SinkWriter]:
+        """Every writer of the task by a name stable across restarts: sinks by operator,
+        late-data sinks as ``<operator>/late``, dead-letter sinks as
+        ``<operator>/dead-letter``."""
+        out = dict(self.writers)
         for p in self.policies:
             if p.dead_letter is not None:
-                p.dead_letter.flush()
+                out[dead_letter_writer(p.operator)] = p.dead_letter
+        return out
+
+    def flush(self) -> None:
+        for w in self.all_writers().values():
+            w.flush()
+
+    def pre_commit(self, checkpoint_id: int) -> tuple[tuple[str, Any], ...]:
+        """Every writer's transaction for checkpoint ``checkpoint_id`` (``(writer,
+        transaction)``; a writer that returns None has nothing to commit)."""
+        out = []
+        for name, w in self.all_writers().items():
+            txn = w.pre_commit(checkpoint_id)
+            if txn is not None:
+                out.append((name, txn))
+        return tuple(out)
+
+    def commit(self, writer: str, transactions: list[Any]) -> None:
+        """Commit ``writer``'s pre-committed transactions (a writer this task does not
+        have, after a restore into another graph, is skipped)."""
+        w = self.all_writers().get(writer)
+        if w is not None and transactions:
+            w.commit(transactions)
 
     def close(self) -> None:
-        for w in self.writers.values():
+        for w in self.all_writers().values():
             w.close()
-        for p in self.policies:
-            if p.dead_letter is not None:
-                p.dead_letter.close()
 
     @property
     def dead_letters(self) -> int:

@@ -357,12 +357,7 @@ class OutputRouter:
             if edge.partitioning == "keyed":
                 self._emit_keyed(edge, bufs, values, timestamps)
             else:
-                if edge.partitioning == "forward" or len(bufs) == 1:
-                    buf = bufs[0]
-                else:
-                    i = self._rr.get(edge.edge_id, 0) % len(bufs)
-                    self._rr[edge.edge_id] = (i + 1) % len(bufs)
-                    buf = bufs[i]
+                buf = self._unkeyed_buffer(edge, bufs)
                 if not buf.values:
                     buf.since = self.now()
                     self._dirty.add(buf)
@@ -370,6 +365,15 @@ class OutputRouter:
                 buf.timestamps.extend(timestamps)
                 if len(buf.values) >= self.batch_size:
                     self._flush(buf)
+
+    def _unkeyed_buffer(self, edge: OutputEdge, bufs: list[_ChannelBuffer]) -> _ChannelBuffer:
+        """The buffer a forward edge's records go to, or a rebalance edge's next (round
+        robin per emitted batch)."""
+        if edge.partitioning == "forward" or len(bufs) == 1:
+            return bufs[0]
+        i = self._rr.get(edge.edge_id, 0) % len(bufs)
+        self._rr[edge.edge_id] = (i + 1) % len(bufs)
+        return bufs[i]
 
     def _emit_columns(self, batch: ColumnBatch, ts: np.ndarray) -> None:
         if self._row_buffers():  # column batches must not overtake rows waiting
@@ -380,13 +384,7 @@ class OutputRouter:
         for edge in self.edges:
             bufs = self._buffers[edge.edge_id]
             if edge.partitioning != "keyed":
-                if edge.partitioning == "forward" or len(bufs) == 1:
-                    buf = bufs[0]
-                else:
-                    i = self._rr.get(edge.edge_id, 0) % len(bufs)
-                    self._rr[edge.edge_id] = (i + 1) % len(bufs)
-                    buf = bufs[i]
-                self._append_cols(buf, batch, ts, None)
+                self._append_cols(self._unkeyed_buffer(edge, bufs), batch, ts, None)
                 continue
             key_fn = self.key_fns[edge.edge_id]
             if not isinstance(key_fn, ColumnKey):  # a key function of rows: rows it is

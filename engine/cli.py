@@ -174,11 +174,12 @@ def _find(args: argparse.Namespace) -> Any:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from engine.runtime import registry
+    from engine.runtime import local_ray, registry
 
     if not args.job:
-        if args.address or os.environ.get("RAY_ADDRESS"):
-            registry.connect(args.address or os.environ["RAY_ADDRESS"])
+        address = args.address or local_ray.address_from_env()
+        if address:
+            registry.connect(address)
             jobs = [{"job": j} for j in registry.cluster_jobs()]
         else:
             jobs = [{"job": a.job_id, "metrics_url": a.metrics_url, "ray_address": a.ray_address,

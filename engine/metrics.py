@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from engine.latency import LatencyHistogram
 from engine.messages import wire
 
+CHECKPOINT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -173,6 +174,11 @@ class JobCollector:
         self.replication_bytes: dict[str, int] = {}
         self.replication_cpu_s: dict[str, float] = {}
         self.replicas: dict[str, int] = {}
+        self.checkpoints_total: dict[str, int] = {}  # outcome (completed, failed) -> count
+        self.checkpoint_durations: list[float] = []  # every completed checkpoint's, in order
+        self.checkpoint_bytes = 0  # the latest completed checkpoint's
+        self.checkpoint_alignment: dict[str, tuple[str, int, float]] = {}  # task -> (op, i, s)
+        self.restarts = 0
         self.running = 1
         # (controller, kind, outcome) -> decisions (the controller runner's counts)
         self.decisions: dict[tuple[str, str, str], int] = {}
@@ -287,10 +293,44 @@ class JobCollector:
         for (controller, kind, outcome), n in sorted(self.decisions.items()):
             dec.add_metric([self.job, controller, kind, outcome], n)
         yield dec
+        yield from self._checkpoint_metrics()
         up = GaugeMetricFamily("reflow_job_running", "1 while the job runs", labels=["job"])
         up.add_metric([self.job], self.running)
         yield up
 
+
+    def _checkpoint_metrics(self) -> Iterator[Any]:
+        """Checkpoints by outcome, their durations and the latest one's size and alignment
+        per task; restarts after failures."""
+        total = CounterMetricFamily("reflow_checkpoints", "Checkpoints by outcome",
+                                    labels=["job", "outcome"])
+        for outcome in ("completed", "failed"):
+            total.add_metric([self.job, outcome], self.checkpoints_total.get(outcome, 0))
+        yield total
+        durations = self.checkpoint_durations
+        hist = HistogramMetricFamily("reflow_checkpoint_duration_seconds",
+                                     "Time from trigger to complete of each checkpoint",
+                                     labels=["job"])
+        buckets = [(repr(b), sum(1 for d in durations if d <= b)) for b in CHECKPOINT_BUCKETS_S]
+        buckets.append(("+Inf", len(durations)))
+        hist.add_metric([self.job], buckets, sum(durations))
+        yield hist
+        size = GaugeMetricFamily("reflow_checkpoint_size_bytes",
+                                 "Bytes of state in the latest complete checkpoint",
+                                 labels=["job"])
+        size.add_metric([self.job], self.checkpoint_bytes)
+        yield size
+        align = GaugeMetricFamily("reflow_checkpoint_alignment_seconds",
+                                  "Time the task aligned its inputs in the latest complete "
+                                  "checkpoint (first barrier to last)", labels=_LABELS)
+        for operator, index, seconds in self.checkpoint_alignment.values():
+            align.add_metric([self.job, operator, str(index)], seconds)
+        yield align
+        restarts = CounterMetricFamily("reflow_job_restarts",
+                                       "Restarts of the job from a checkpoint after a failure",
+                                       labels=["job"])
+        restarts.add_metric([self.job], self.restarts)
+        yield restarts
 
     def _rescale_clock(self) -> Iterator[GaugeMetricFamily]:
         """How long each operator's running rescale has run (0 when none runs), and the

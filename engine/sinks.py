@@ -37,6 +37,19 @@ class SinkWriter(abc.ABC):
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Make everything written so far durable/visible."""
 
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        """At a checkpoint barrier, after every record before it was written: make what was
+        written since the last ``pre_commit`` durable but not yet visible, and return the
+        transaction (msgpack-able) the checkpoint keeps. Default: ``flush()`` (visible at
+        once: at-least-once after a recovery), no transaction."""
+        self.flush()
+        return None
+
+    def commit(self, transactions: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """Make these pre-committed transactions visible (their checkpoint completed).
+        Idempotent: after a recovery the restored checkpoint's transactions are committed
+        again, and one already visible stays as it is. Default: nothing."""
+
     def close(self) -> None:
         self.flush()
 

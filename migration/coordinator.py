@@ -1,7 +1,7 @@
 """The rescale coordinator as sans-IO state machines: one per running rescale.
 
 Why: the coordination of a rescale (hold the operator's tasks, plan, create tasks, run the
-plan's subscales or steps, remove tasks; or stop-restart's eight phases) is the protocol
+plan's subscales or steps, remove tasks; or stop-restart's savepoint and restore) is the protocol
 itself. Written as async Ray code it could only be tested through Ray, and the unit tests
 grew copies of it. Here it is a plain object that takes events and returns commands; the
 JobMaster (``engine.runtime``) executes the commands with Ray, and the unit-test harness
@@ -39,20 +39,16 @@ from engine.keygroups import moved_key_groups
 from engine.messages import (
     AddInputs,
     AddOutputChannels,
-    Drained,
+    AdoptTransactions,
     ExpectIncoming,
     ExpectOutgoing,
     GroupStatsRequest,
+    HandOver,
     HoldFinish,
     InjectSubscale,
-    InstallKeyGroups,
     OutputChannel,
-    PauseSource,
     RemoveOutputChannels,
     ReplaceOutputChannel,
-    Resume,
-    SnapshotKeyGroups,
-    SourcePaused,
     Start,
     StopTask,
     SubscaleDone,
@@ -89,13 +85,8 @@ class Phase(NameEnum):
     SUBSCALES = "subscales"
     REMOVE = "remove"
     RELEASE = "release"
-    PAUSE = "pause"
-    DRAIN = "drain"
-    SNAPSHOT = "snapshot"
-    STOP = "stop"
-    INSTALL = "install"
-    CONNECT = "connect"
-    RESUME = "resume"
+    SAVEPOINT = "savepoint"
+    RESTORE = "restore"
     DONE = "done"
 
 
@@ -150,8 +141,8 @@ class SubscaleIds:
 class RescaleContext:
     """What the job shares with a coordinator: values as of the start and the job's pure
     allocators. ``replicas``: this operator's replicas, key group -> (holder, version);
-    ``max_subscales``: subscales of the operator at once (drrs); ``epoch``: the drain epoch
-    a stop-restart uses; ``finished``: tasks whose input ended."""
+    ``max_subscales``: subscales of the operator at once (drrs); ``finished``: tasks whose
+    input ended."""
 
     job_id: str
     deployment: Deployment
@@ -161,7 +152,6 @@ class RescaleContext:
     replicas: Mapping[int, tuple[str, int]] = field(default_factory=dict)
     replication_on: bool = False
     max_subscales: int = 1
-    epoch: int = 0
     finished: frozenset[str] = frozenset()
 
 
@@ -267,8 +257,77 @@ class EnableReplication:
     hot_fraction: float
 
 
+@dataclass(frozen=True)
+class TakeSavepoint:
+    """Take a savepoint of the whole job (``stop``: sources read nothing after its barrier
+    and every task stays quiet); the result is its ``CheckpointMetadata``."""
+
+    stop: bool = True
+
+
+@dataclass(frozen=True)
+class RestoreJob:
+    """Replace every task of the job by a new one restored from ``checkpoint`` (the
+    ``engine.checkpoints.restore`` plan), with ``parallelism`` and ``assignments`` overriding
+    the checkpoint's for these vertices; the result is the new ``Deployment``."""
+
+    checkpoint: Any
+    parallelism: Mapping[str, int]
+    assignments: Mapping[str, tuple[int, ...]]
+
+
 Command = (SendControl | CreateTasks | RemoveTasks | UpdateVertex | AwaitReports | Sleep
-           | SubscaleCompleted | ReleaseReplicas | EnableReplication)
+           | SubscaleCompleted | ReleaseReplicas | EnableReplication | TakeSavepoint
+           | RestoreJob)
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+
+class DataflowChanges:
+    """Which changes of the dataflow one rescale has in flight, for the exclusion of
+    checkpoints and rescales (docs/architecture.md, "the life of a checkpoint"): a
+    checkpoint starts only when no subscale is in flight (injected, and not yet reported
+    done by both owners) and no task is being added or removed; a rescale waits before a
+    command that ``starts`` a change while a checkpoint is pending. Fed by the executor
+    (the JobMaster's, the unit harness's) with the commands it runs and every report."""
+
+    def __init__(self) -> None:
+        self.subscales: set[int] = set()
+        self._done: dict[int, set[str]] = {}
+
+    @staticmethod
+    def starts(cmd: Command) -> bool:
+        """Whether ``cmd`` is the first of a change: creating tasks, starting subscales
+        (their owners' expectations), removing tasks (the predecessors drop their channels
+        to them first; from then on those tasks' inputs carry no barrier)."""
+        if isinstance(cmd, CreateTasks):
+            return True
+        if isinstance(cmd, SendControl):
+            return any(isinstance(c.message, (ExpectIncoming, RemoveOutputChannels))
+                       for c in cmd.calls)
+        return False
+
+    def on_command(self, cmd: Command) -> None:
+        """``cmd`` is being run: the subscales it starts are in flight."""
+        if isinstance(cmd, SendControl):
+            for c in cmd.calls:
+                if isinstance(c.message, ExpectIncoming):
+                    self.subscales.add(c.message.subscale)
+
+    def on_report(self, report: Any) -> None:
+        """A task's report: a subscale both owners reported done is no longer in flight."""
+        if isinstance(report, SubscaleDone) and report.subscale in self.subscales:
+            done = self._done.setdefault(report.subscale, set())
+            done.add(str(report.role))
+            if len(done) == 2:
+                self.subscales.discard(report.subscale)
+                del self._done[report.subscale]
+
+    def quiet(self, phase: Phase) -> bool:
+        """Nothing in flight for a rescale now in ``phase`` (adding or removing tasks is a
+        change from its first command to its last)."""
+        return not self.subscales and phase not in (Phase.DEPLOY, Phase.REMOVE)
 
 
 # ---------------------------------------------------------------------- the machine
@@ -292,8 +351,10 @@ class RescaleCoordinator:
         self.phase = Phase.HOLD
         self.committed = False
         self.superseded = False
-        self.input_ended = bool(ctx.finished)
-        self.finished_tasks: set[str] = set(ctx.finished)
+        # the operator's own input ended (a finished task elsewhere, e.g. a bounded source
+        # beside an unbounded one, does not stop a rescale: FLIP-147)
+        self.finished_tasks: set[str] = set(ctx.finished) & set(self.dep.tasks[self.vertex])
+        self.input_ended = bool(self.finished_tasks)
         self.plan: MigrationPlan | None = None
         self.assignment_plan: AssignmentPlan | None = None
         self.requested_at = clock.now()
@@ -386,7 +447,7 @@ class RescaleCoordinator:
         yield AwaitReports(phase, self.config.rescale_timeout_s, tuple(sorted(tasks)))
 
     def _observe(self, report: Any) -> None:
-        if isinstance(report, TaskFinished):
+        if isinstance(report, TaskFinished) and report.task in self.dep.tasks[self.vertex]:
             self.finished_tasks.add(report.task)
             self.input_ended = True
 
@@ -535,8 +596,8 @@ class LiveRescale(RescaleCoordinator):
             yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
             who = ended[0] if ended else sorted(self.finished_tasks)[0]
             raise RescaleRefused(
-                f"job {self.ctx.job_id} is finishing: the input of {who} has ended; "
-                "rescaling a finishing job is not supported")
+                f"the input of operator {vertex!r} has ended (task {who}): it processes "
+                "nothing more, so there is nothing to rescale")
         # 2. plan (per-group load and size asked from the tasks when the planning or the
         # assignment strategy needs them)
         old = self.dep.assignments[vertex]
@@ -754,13 +815,23 @@ def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
 def remove_tasks_steps(dep: Deployment, vertex: str, gone: tuple[str, ...],
                        ids: ChannelIds) -> Generator[Command, Any, None]:
     """Scale-in: the predecessors stop sending to ``gone`` (which hold no key groups),
-    then ``gone`` end their outputs and go."""
+    then ``gone`` end their outputs and go; the sink output they wrote and no checkpoint
+    committed yet (``HandOver``) is adopted by the tasks that stay, round robin."""
     preds = _predecessors(dep, vertex)
     if preds:
         yield SendControl(tuple(
             Call(u, RemoveOutputChannels(tuple(ids.get(e.edge_id, u, n) for n in gone)))
             for e, u in preds), Phase.REMOVE)
-    yield SendControl(tuple(Call(n, StopTask(end_outputs=True)) for n in gone), Phase.REMOVE)
+    replies = yield SendControl(tuple(Call(n, StopTask(end_outputs=True)) for n in gone),
+                                Phase.REMOVE)
+    keep = [t for t in dep.tasks[vertex] if t not in gone]
+    adopt: dict[str, list[Any]] = {}
+    for i, reply in enumerate(replies or ()):
+        if isinstance(reply, HandOver) and reply.transactions:
+            adopt.setdefault(keep[i % len(keep)], []).extend(reply.transactions)
+    if adopt:
+        yield SendControl(tuple(Call(t, AdoptTransactions(tuple(txns)))
+                                for t, txns in adopt.items()), Phase.REMOVE)
     yield RemoveTasks(gone)
 
 
@@ -834,37 +905,24 @@ class Placement(LiveRescale):
 
 
 class StopRestartRescale(RescaleCoordinator):
-    """Flink's default: pause the sources at an offset and drain the job, snapshot every
-    key group of the operator, stop its tasks, start the new set, install the groups by the
-    new assignment, reconnect, resume. The job processes nothing meanwhile."""
+    """Flink's rescale: stop the job with a savepoint (sources read nothing after its
+    barrier), deploy the whole job again from it with the operator at its new parallelism
+    (key groups re-assigned by the target, sinks' transactions committed, sources at the
+    savepoint's positions), and let it run. The same snapshot and restore path as
+    checkpoints, savepoints and recovery; the job processes nothing meanwhile."""
 
     def __init__(self, request: RescaleRequest, ctx: RescaleContext, clock: Clock) -> None:
         super().__init__(request, ctx, clock)
-        self.drained: set[str] = set()
-        self.offsets: dict[str, Any] = {}
         self.bytes_moved = 0
         self.moved = 0
-
-    def _observe(self, report: Any) -> None:
-        if isinstance(report, TaskFinished):
-            self.finished_tasks.add(report.task)  # a finished task needs no drain
-        elif isinstance(report, Drained) and report.epoch == self.ctx.epoch:
-            self.drained.add(report.task)
-        elif isinstance(report, SourcePaused):
-            self.offsets[report.task] = report.offset
 
     def progress(self) -> RescaleProgress:
         planned = len(self.plan.moved) if self.plan else 0
         return RescaleProgress(self.vertex, str(RescaleProtocol.STOP_RESTART), str(self.phase),
                                planned, self.moved, self.bytes_moved, not self.done)
 
-    def describe_wait(self) -> str:
-        left = [t for t in self.dep.task_names()
-                if t not in self.drained and t not in self.finished_tasks]
-        return f"not drained yet: {', '.join(left)}" if left else ""
-
     def _steps(self) -> _Steps:
-        vertex, clock, ctx = self.vertex, self.clock, self.ctx
+        vertex, clock = self.vertex, self.clock
         phases: list[tuple[str, float]] = []
         mark_t = clock.monotonic()
 
@@ -877,67 +935,29 @@ class StopRestartRescale(RescaleCoordinator):
         old = self.dep.assignments.get(vertex, ())
         profiles: dict[int, Any] = {}
         if self._wants_workload():  # before anything changes: a refusal leaves the job as is
-            replies = yield from self._send(Phase.PLAN, (Call(t, GroupStatsRequest())
-                                                         for t in self._tasks()))
+            replies = yield from self._send(Phase.PLAN, (
+                Call(t, GroupStatsRequest()) for t in self._tasks()
+                if t not in self.finished_tasks))
             profiles = _profiles(replies)
         self.plan = self._plan({}, None, old, self._target(old, profiles))
-        # pause the sources at an offset, then drain every task
-        live = [n for n in self.dep.task_names() if n not in self.finished_tasks]
-        sources = [n for v in self.dep.plan.vertices if v.is_source
-                   for n in self.dep.tasks[v.name] if n in live]
         self.committed = True
-        yield from self._send(Phase.PAUSE, (Call(n, PauseSource(ctx.epoch)) for n in sources))
-        mark(Phase.PAUSE)
-        self.phase = Phase.DRAIN
-        yield from self._wait(
-            lambda: all(n in self.drained or n in self.finished_tasks
-                        for n in self.dep.task_names()),
-            Phase.DRAIN, [n for n in self.dep.task_names() if n not in self.finished_tasks])
-        mark(Phase.DRAIN)
-        old_tasks = self._tasks()
-        snaps = yield from self._send(Phase.SNAPSHOT, (Call(n, SnapshotKeyGroups())
-                                                       for n in old_tasks))
-        groups = {kg: data for snap in snaps for kg, data in snap.groups}
-        mark(Phase.SNAPSHOT)
-        yield from self._send(Phase.STOP, (Call(n, StopTask()) for n in old_tasks))
-        self.phase = Phase.STOP
-        yield RemoveTasks(old_tasks)
-        yield ReleaseReplicas(vertex, clear=True)  # every task restarts: replicas go too
-        self.finished_tasks.difference_update(old_tasks)
-        mark(Phase.STOP)
-        self.phase = Phase.DEPLOY
-        gen = self.dep.generation + 1
-        names = tuple(task_name(ctx.job_id, vertex, i, gen)
-                      for i in range(self.request.parallelism))
-        new_assignment = self.plan.new_assignment or None
-        self.dep = self.dep.with_vertex(vertex, names, new_assignment, gen)
-        yield UpdateVertex(vertex, names, new_assignment, gen)
-        yield CreateTasks(vertex, names, self.dep)
-        mark(Phase.DEPLOY)
-        per_task: dict[int, list[tuple[int, bytes]]] = {}
-        for kg, data in groups.items():
-            per_task.setdefault(self.plan.new_assignment[kg], []).append((kg, data))
-        yield from self._send(Phase.INSTALL, (Call(names[i], InstallKeyGroups(tuple(items)))
-                                              for i, items in per_task.items()))
+        self.phase = Phase.SAVEPOINT
+        savepoint = yield TakeSavepoint(stop=True)
+        mark(Phase.SAVEPOINT)
+        self.phase = Phase.RESTORE
+        assignments = {vertex: self.plan.new_assignment} if self.plan.new_assignment else {}
+        self.dep = yield RestoreJob(savepoint, {vertex: self.request.parallelism}, assignments)
+        mark(Phase.RESTORE)
         self.moved = len(self.plan.moved)
-        self.bytes_moved = sum(len(d) for d in groups.values())
-        mark(Phase.INSTALL)
-        msgs = connect_messages(self.dep, ctx.channel_ids)
-        # receivers first, so a channel exists before anything is sent on it
-        order = [t for v in reversed(self.dep.plan.vertices) for t in self.dep.tasks[v.name]]
-        yield from self._send(Phase.CONNECT, (
-            Call(t, msgs[t], tuple(c.target for e in msgs[t].outputs for c in e.channels))
-            for t in order))
-        yield from self._send(Phase.CONNECT, (Call(n, Start()) for n in names))
-        mark(Phase.CONNECT)
-        yield from self._send(Phase.RESUME, (Call(n, Resume()) for n in self.dep.task_names()
-                                             if n not in self.finished_tasks))
-        mark(Phase.RESUME)
+        self.bytes_moved = sum(length for t in savepoint.tasks if t.vertex == vertex
+                               for _, _, length, _ in t.groups)
+        offsets = tuple(sorted((t.task, t.source_state) for t in savepoint.tasks
+                               if t.source_state is not None))
         done = clock.now()
         return self._with_assignment(RescaleReport(
             vertex, str(RescaleProtocol.STOP_RESTART), self.plan.old_parallelism,
             self.request.parallelism, self.requested_at, done, done - self.requested_at,
-            self.moved, self.bytes_moved, tuple(phases), tuple(sorted(self.offsets.items())),
+            self.moved, self.bytes_moved, tuple(phases), offsets,
             key_groups_planned=self.moved))
 
 

@@ -9,14 +9,19 @@ ends first.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine import KeyedProcessFunction, StreamJob
+from engine.codec import pack_exact, unpack_exact
 from engine.config import JobConfig
 from engine.names import JobState
+from engine.sinks import Sink, SinkWriter
 from engine.sources import Source, SourceBatch, SourceReader
 from engine.testing import SourceGate, TestingSink, TestingSource
 
@@ -38,7 +43,7 @@ def wait_until(cond: Callable[[], bool], what: str, handle: Any = None,
     while not cond():
         if handle is not None:
             st = handle.status()
-            if st.state not in (JobState.CREATED, JobState.RUNNING):
+            if not JobState(st.state).active:
                 raise AssertionError(f"job {st.job} is {st.state} while waiting for {what}"
                                      f"{': ' + st.error if st.error else ''}")
         if time.monotonic() > deadline:
@@ -134,9 +139,75 @@ def check_reports(reports: Sequence[Any], context: str = "") -> None:
             cut_short.discard(r.operator)
 
 
+# ------------------------------------------------------------------------ exactly-once sink
+
+class CommittingSink(Sink):
+    """A test sink with two-phase commit (Flink's ``TwoPhaseCommitSinkFunction``): records
+    are visible in ``results()`` only once a checkpoint that covers them completed, so
+    after any failure and recovery the output holds every record once.
+
+    Format: one directory; ``pre_commit`` writes the records since the last one to
+    ``.pending-<uuid>.bin`` and returns that name (the transaction); ``commit`` renames it to
+    ``committed-<uuid>.bin`` (idempotent: a name already committed, or never written because
+    its writer died first, is skipped). Records keep the monotonic time they were written,
+    as ``TestingSink``'s do, so per-key order is exact. ``flush`` and ``close`` make nothing
+    visible: use it with checkpoints on."""
+
+    __test__ = False
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory or tempfile.mkdtemp(prefix="reflow-committing-sink-")
+        os.makedirs(self.directory, exist_ok=True)
+
+    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
+        return _CommittingWriter(self.directory)
+
+    def results(self) -> list[Any]:
+        entries = []
+        for name in os.listdir(self.directory):
+            if name.startswith("committed-"):
+                with open(os.path.join(self.directory, name), "rb") as f:
+                    for stamp, i, value in unpack_exact(f.read()):
+                        entries.append((stamp, name, i, value))
+        entries.sort(key=lambda e: (e[0], e[1], e[2]))
+        return [e[3] for e in entries]
+
+    def pending(self) -> int:
+        """Transactions written and never committed (a writer died, or not yet)."""
+        return sum(1 for n in os.listdir(self.directory) if n.startswith(".pending-"))
+
+
+class _CommittingWriter(SinkWriter):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.rows: list[list[Any]] = []
+
+    def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
+        stamp = time.monotonic_ns()
+        self.rows.extend([stamp, len(self.rows), v] for v in values)
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        if not self.rows:
+            return None
+        name = f"{uuid.uuid4().hex}.bin"
+        with open(os.path.join(self.directory, f".pending-{name}"), "wb") as f:
+            f.write(pack_exact(self.rows))
+        self.rows = []
+        return name
+
+    def commit(self, transactions: Sequence[Any]) -> None:
+        for name in transactions:
+            pending = os.path.join(self.directory, f".pending-{name}")
+            if os.path.exists(pending):
+                os.replace(pending, os.path.join(self.directory, f"committed-{name}"))
+
+    def flush(self) -> None:
+        pass
+
+
 # ------------------------------------------------------------------------------------ jobs
 
-def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
                     rate: float | None = None, config: JobConfig = SMALL,
                     gates: Gates = None) -> StreamJob:
     job = StreamJob("running-sum", num_key_groups=32, parallelism=parallelism, config=config)
@@ -177,9 +248,10 @@ class Profile(KeyedProcessFunction):
                self.total.get())
 
 
-def profile_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
-                rate: float | None = None, gates: Gates = None) -> StreamJob:
-    job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=SMALL)
+def profile_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
+                rate: float | None = None, gates: Gates = None,
+                config: JobConfig = SMALL) -> StreamJob:
+    job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=config)
     (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
         .key_by(lambda r: r[0])
         .process(Profile(), name="profile")

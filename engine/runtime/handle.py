@@ -37,7 +37,7 @@ from engine.errors import (
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
 from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
-from engine.runtime import registry
+from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
@@ -45,7 +45,7 @@ from migration.assignment import AssignmentError, AssignmentSpec
 from migration.report import RescaleReport
 from migration.sequences import ProjectedCosts
 
-_ACTIVE = ("created", "running")
+_ACTIVE = ("created", "running", "restarting")
 
 
 class JobHandle:
@@ -100,11 +100,32 @@ class JobHandle:
                               seconds=timeout)
         return st
 
-    def stop(self) -> None:
+    def savepoint(self, location: str | None = None) -> str:
+        """Take a savepoint (a checkpoint kept until you delete it) into ``location`` (a
+        directory or URI; None: ``savepoint-<n>`` in the job's checkpoint directory) and
+        return where it is; ``job.run(restore_from=...)`` starts a job from it, at any
+        parallelism. Raises ``CheckpointFailed`` (the job goes on) when it failed. Waits
+        at most ``checkpoint_timeout_s`` plus ``rescale_window_s`` (it may wait for a
+        running subscale of a rescale to finish first)."""
+        d = self.deadlines
+        return self._get(self._master.savepoint.remote(location),  # type: ignore[no-any-return]
+                         "savepoint", d.savepoint_s)
+
+    def stop(self, savepoint: str | None = None) -> str | None:
         """Stop the job (sinks are flushed) and release its actors. The JobMaster stops the
         tasks within ``Deadlines.stop_budget_s``; it is killed in any case. A JobMaster
         already gone is not an error; one that does not answer in time raises
-        ``ControlTimeout`` (after it was killed: sinks may not have been flushed)."""
+        ``ControlTimeout`` (after it was killed: sinks may not have been flushed).
+
+        ``savepoint``: Flink's stop-with-savepoint: the sources read nothing after the
+        savepoint's barrier, the savepoint is written to ``savepoint`` (a directory or URI)
+        and its sinks' output committed, then the job stops; returns the savepoint's path.
+        If the savepoint fails, ``CheckpointFailed`` is raised and the job goes on."""
+        if savepoint is not None:
+            path: str = self._get(self._master.savepoint.remote(savepoint, True), "stop",
+                                  self.deadlines.savepoint_s)
+            self.stop()
+            return path
         failed: ReflowError | None = None
         try:
             ray.get(self._master.stop.remote(), timeout=self.deadlines.stop_s)
@@ -118,6 +139,7 @@ class JobHandle:
         registry.forget(self.job_id)
         if failed is not None:
             raise failed
+        return None
 
     def metrics(self) -> JobMetrics:
         """Every live task's latest snapshot, the rescales' progress and the tasks that did
@@ -330,21 +352,25 @@ def _sinks_of(graph: g.JobGraph) -> list[Any]:
 
 
 def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
-           controllers: Sequence[Any] = ()) -> JobHandle:
-    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors, then
+           controllers: Sequence[Any] = (), restore_from: str | None = None,
+           allow_non_restored_state: bool = False) -> JobHandle:
+    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors (from the
+    checkpoint or savepoint at ``restore_from`` when given: see ``StreamJob.run``), then
     runs ``controllers``. Raises ``UserFunctionError`` when an operator's ``open()`` raised
     (naming operator and task), ``JobFailedError`` when a task could not start,
-    ``ControlTimeout`` when the JobMaster did not finish deploying within
-    ``Deadlines.start_s``; the job is torn down. ``ControllerError`` (before anything is
-    deployed) when one of ``controllers`` is no controller or two share a name."""
+    ``RestoreError`` when the checkpoint cannot be restored, ``ControlTimeout`` when the
+    JobMaster did not finish deploying within ``Deadlines.start_s``; the job is torn down.
+    ``ControllerError`` (before anything is deployed) when one of ``controllers`` is no
+    controller or two share a name. ``RayUnavailable`` when no Ray is connected and none
+    could be started or reached."""
     from engine.reconfiguration import check_controller
 
     names: list[str] = []
     for c in controllers:
         names.append(check_controller(c, names))
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
-                 configure_logging=False)
+        local_ray.connect(address, namespace=NAMESPACE, log_to_driver=True,
+                          configure_logging=False)
     for sink in _sinks_of(graph):
         sink.prepare()
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"
@@ -354,7 +380,7 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     master = RemoteJobMaster.options(
         name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
         scheduling_strategy=here,
-    ).remote(graph, config, job_id)
+    ).remote(graph, config, job_id, restore_from, allow_non_restored_state)
     d = Deadlines.of(config)
     try:
         url = ray.get(master.start.remote(), timeout=d.for_ray(d.start_s))

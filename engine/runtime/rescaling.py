@@ -29,27 +29,44 @@ from typing import TYPE_CHECKING, Any
 import ray
 
 from engine import graph as g
+from engine.checkpoints.metadata import CheckpointKind
+from engine.checkpoints.restore import plan_restore
 from engine.config import check_count
-from engine.errors import JobFailedError, ReflowError, RescaleRefused, RescaleTimeout
+from engine.errors import (
+    CheckpointFailed,
+    JobFailedError,
+    ReflowError,
+    RescaleRefused,
+    RescaleTimeout,
+)
 from engine.keygroups import validate_assignment
-from engine.messages import DescribeTask, TaskState, decode_message, encode_message
+from engine.messages import (
+    DescribeTask,
+    TaskState,
+    decode_message,
+    encode_message,
+)
 from engine.names import JobState
-from engine.runtime.failures import reflow_error_in
+from engine.runtime.failures import reflow_error_in, unwrap
 from engine.runtime.headroom import CpuHeadroom
+from engine.runtime.recovery import JobRestarted
 from migration.assignment import AssignmentError, AssignmentSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
     CreateTasks,
+    DataflowChanges,
     EnableReplication,
     ReleaseReplicas,
     RemoveTasks,
     RescaleContext,
     RescaleCoordinator,
     RescaleRequest,
+    RestoreJob,
     SendControl,
     Sleep,
     SubscaleCompleted,
+    TakeSavepoint,
     UpdateVertex,
     coordinator_for,
 )
@@ -74,10 +91,46 @@ class Rescaler:
         self._inbox: dict[str, deque[Command]] = {}
         self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
         self.ticks = 0  # commands run, over all rescales of the job
+        # checkpoints and rescales exclude each other (engine.runtime.checkpointing)
+        self._changes: dict[str, DataflowChanges] = {}  # vertex -> what it has in flight
+        self._gated: set[str] = set()  # vertices whose rescale waits for a checkpoint
+        self._epochs: dict[str, int] = {}  # vertex -> the restart epoch its rescale began in
 
     @property
     def running(self) -> bool:
         return self._stop_restart_running or self._live_running > 0
+
+    def quiescent(self) -> bool:
+        """No rescale has a change of the dataflow in flight (a subscale injected and not
+        done, tasks being added or removed, a stop-restart): a checkpoint may start."""
+        if self._stop_restart_running:
+            return False
+        for vertex, coord in self._coordinators.items():
+            changes = self._changes.get(vertex)
+            if vertex in self._gated or changes is None:
+                continue
+            if not changes.quiet(coord.phase):
+                return False
+        return True
+
+    def restarted(self) -> None:
+        """The job restarts (its tasks were killed): every running rescale gives up what it
+        was doing and tries again once the job runs (``JobRestarted``)."""
+        for vertex in self._coordinators:
+            self._broken[vertex] = JobRestarted(f"the job restarted during the rescale of "
+                                                f"{vertex!r}")
+        self._changes.clear()
+
+    def _still(self, vertex: str) -> None:
+        """Raise when the rescale of ``vertex`` must give up: the job restarted under it
+        (``JobRestarted``) or is no longer running."""
+        m = self.m
+        if m.recovery.epoch != self._epochs.get(vertex, m.recovery.epoch):
+            raise JobRestarted(f"the job restarted during the rescale of {vertex!r}")
+        if m.state == JobState.RESTARTING:
+            raise JobRestarted(f"the job restarts during the rescale of {vertex!r}")
+        if not m.state.active:
+            raise JobFailedError(m.error or f"job {m.job_id} is {m.state}")
 
     @property
     def running_operators(self) -> frozenset[str]:
@@ -86,6 +139,8 @@ class Rescaler:
 
     def on_report(self, msg: Any) -> None:
         """Every running coordinator sees every task report."""
+        for changes in self._changes.values():
+            changes.on_report(msg)
         for vertex, coord in list(self._coordinators.items()):
             try:
                 self._inbox[vertex].extend(coord.on_report(msg))
@@ -101,10 +156,9 @@ class Rescaler:
         m = self.m
         if m.state != JobState.RUNNING:
             raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
-        if m.finished:
-            raise RescaleRefused(
-                f"job {m.job_id} is finishing (some of its tasks have reached the end of "
-                "their input); rescaling a finishing job is not supported")
+        if m.finishing:
+            raise RescaleRefused(f"job {m.job_id} is finishing (its input ended everywhere); "
+                                 "there is nothing left to rescale")
         try:
             proto = RescaleProtocol.parse(protocol, "protocol")
         except ValueError as exc:
@@ -170,10 +224,28 @@ class Rescaler:
         rescales cost (``engine.runtime.controller_runner``); ``strategy``: how to choose the
         target assignment (``parallelism`` None: the current one)."""
         started = self.m.clock.monotonic()
-        report = await self._rescale(operator, parallelism, protocol, assignment, planning,
-                                     strategy)
+        report = await self._rescale_retried(operator, parallelism, protocol, assignment,
+                                             planning, strategy)
         self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
         return report
+
+    async def _rescale_retried(self, operator: str, parallelism: int | None, protocol: str,
+                               assignment: tuple[int, ...] | None, planning: Any,
+                               strategy: AssignmentSpec | None) -> RescaleReport:
+        """Run the request; when the job restarts from a checkpoint during it (a task
+        died), what it did is gone with the tasks, so it runs again, planned from the
+        restored assignment, once the job runs: it returns when the operator runs as asked
+        (or raises the job's failure when the restart strategy gave up)."""
+        m = self.m
+        while True:
+            if m.state == JobState.RESTARTING:
+                await m.recovery.wait_running(m.recovery.epoch)
+            epoch = m.recovery.epoch
+            try:
+                return await self._rescale(operator, parallelism, protocol, assignment,
+                                           planning, strategy)
+            except JobRestarted:
+                await m.recovery.wait_running(epoch)
 
     async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
                        assignment: tuple[int, ...] | None, planning: Any,
@@ -204,7 +276,6 @@ class Rescaler:
             try:
                 req = self.validate(operator, parallelism, protocol, assignment, planning,
                                     strategy)
-                m.epoch += 1
                 return await self._execute(req)
             finally:
                 self._stop_restart_running = False
@@ -281,10 +352,11 @@ class Rescaler:
         m, vertex = self.m, req.operator
         ctx = RescaleContext(
             m.job_id, m.dep, m.config, m.ids, m.subscale_ids, m.replicas.of(vertex),
-            vertex in m.replicas.policies, self._max_subscales(), m.epoch,
-            frozenset(m.finished))
+            vertex in m.replicas.policies, self._max_subscales(), frozenset(m.finished))
         coord = coordinator_for(req, ctx, m.clock)
         self._coordinators[vertex] = coord
+        self._epochs[vertex] = m.recovery.epoch
+        changes = self._changes[vertex] = DataflowChanges()
         self._headroom[vertex] = CpuHeadroom()
         m.collector.rescale_started[vertex] = m.clock.monotonic()
         inbox: deque[Command] = deque()
@@ -302,9 +374,16 @@ class Rescaler:
                 self._pace(coord)
                 if isinstance(cmd, AwaitReports):
                     await self._await_reports(coord, cmd)
-                else:
-                    inbox.extend(coord.on_result(cmd, await self._run(cmd)))
-        except RescaleRefused:
+                    continue
+                if changes.starts(cmd):  # not while a checkpoint is pending or due
+                    self._gated.add(vertex)
+                    try:
+                        await m.checkpointing.gate(lambda: self._still(vertex))
+                    finally:
+                        self._gated.discard(vertex)
+                changes.on_command(cmd)
+                inbox.extend(coord.on_result(cmd, await self._run(cmd)))
+        except (RescaleRefused, JobRestarted):
             raise
         except Exception as exc:
             await self._failed(coord, exc)
@@ -313,6 +392,8 @@ class Rescaler:
             self._headroom.pop(vertex, None)
             self._inbox.pop(vertex, None)
             self._broken.pop(vertex, None)
+            self._changes.pop(vertex, None)
+            self._epochs.pop(vertex, None)
         m.collector.rescales[vertex] = coord.progress()
         m.collector.rescales_total[vertex] = m.collector.rescales_total.get(vertex, 0) + 1
         return coord.report()
@@ -334,8 +415,7 @@ class Rescaler:
             broken = self._broken.pop(coord.vertex, None)
             if broken is not None:
                 raise broken
-            if m.state == JobState.FAILED:
-                raise JobFailedError(m.error)
+            self._still(coord.vertex)
             left = deadline - m.clock.monotonic()
             if left <= 0:
                 coord.on_timeout()
@@ -392,6 +472,21 @@ class Rescaler:
                 await m.replicas.release(vertex, gone, clear)
             case EnableReplication(vertex=vertex, policy=policy, hot_fraction=frac):
                 m.replicas.enable(vertex, policy, frac)
+            case TakeSavepoint(stop=stop):
+                return await m.checkpointing.take(CheckpointKind.CHECKPOINT, stop=stop,
+                                                  exclusive=True)
+            case RestoreJob(checkpoint=meta, parallelism=parallelism, assignments=assignments):
+                plan = m.graph_plan
+                for v in plan.vertices:
+                    p = parallelism.get(v.name) or meta.vertex(v.name).parallelism
+                    if p != v.parallelism:
+                        plan = plan.rescaled(v.name, p)
+                restore = plan_restore(meta, plan, m.job_id, m.next_generation(),
+                                       assignments=assignments)
+                m.kill_tasks()
+                m.replicas.reset()
+                await m.recovery.deploy(restore.deployment, restore.tasks)
+                return restore.deployment
             case _:
                 raise TypeError(f"unknown coordinator command {cmd!r}")
         return None
@@ -400,6 +495,12 @@ class Rescaler:
         """Refuse the rescale when nothing changed yet (the job goes on); otherwise fail the
         job naming the rescale and its phase. Always raises."""
         m, req = self.m, coord.request
+        if _died(exc) and m.state == JobState.RUNNING:  # a task died: the strategy decides
+            await m.fail(f"a task died during the rescale of {req.operator!r}: "
+                         f"{type(unwrap(exc)).__name__}: {unwrap(exc)}")
+        if (m.state == JobState.RESTARTING
+                or m.recovery.epoch != self._epochs.get(req.operator, m.recovery.epoch)):
+            raise JobRestarted(f"the job restarted during the rescale of {req.operator!r}")
         what = f"rescale of {req.operator!r} to parallelism {req.parallelism} ({req.protocol})"
         tasks: tuple[str, ...] = ()
         if isinstance(exc, RescaleTimeout) and exc.tasks:
@@ -450,3 +551,12 @@ class Rescaler:
                 out.append(f"{n} [{st.status}{', input ended' if st.input_ended else ''}] "
                            f"{st.detail}")
         return " | ".join(out)
+
+
+def _died(exc: BaseException) -> bool:
+    """Whether a rescale step failed because a task actor died (or a savepoint failed for
+    the job's failure)."""
+    from ray.exceptions import RayActorError
+
+    inner = unwrap(exc)
+    return isinstance(inner, RayActorError) or isinstance(exc, CheckpointFailed)

@@ -29,6 +29,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from engine.channel import CreditGate
+from engine.checkpoints.snapshot import TaskSnapshot, persist, restore_messages
 from engine.clock import SystemClock
 from engine.errors import (
     DataChannelError,
@@ -38,13 +39,14 @@ from engine.errors import (
     ReflowError,
 )
 from engine.messages import (
-    PauseSource,
+    Ack,
     PriorityBatch,
     RefreshReplicas,
     RemoveOutputChannels,
     ReplaceOutputChannel,
     ReplicasRefreshed,
     ReplicaUpdate,
+    RestoreState,
     Start,
     StopTask,
     TaskFailed,
@@ -150,6 +152,11 @@ class TaskActor(DataConnections):
         wake = self._event()
         if handles:
             self._new_handles(handles)
+        if isinstance(msg, RestoreState):  # read the groups here, in a thread; the core installs
+            for inner in await asyncio.to_thread(restore_messages, msg):
+                self.core.handle(inner)
+            self._send_reports()
+            return encode_message(Ack())
         try:
             reply = self.core.handle(msg)
         except Exception as exc:  # a source's open() runs at Start: name its operator
@@ -168,8 +175,7 @@ class TaskActor(DataConnections):
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
         blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel,
-                                        PauseSource)))
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
@@ -177,10 +183,31 @@ class TaskActor(DataConnections):
             await self._settle_in_flight({msg.retired})
         if isinstance(msg, StopTask):
             await self._settle_in_flight()
+        self._persist_snapshots()
         self._send_reports()
         self._ack_consumed()
         wake.set()
         return encode_message(reply)
+
+    def _persist_snapshots(self) -> None:
+        """Write the core's checkpoint parts to the store in a thread (the task goes on
+        processing meanwhile: the snapshot is already taken) and report each when written."""
+        snaps = self.core.snapshots
+        while snaps:
+            snap = snaps.pop(0)
+            if not snap.groups:  # nothing to write: say so at once
+                self._report_snapshot(snap)
+                continue
+            fut = asyncio.get_running_loop().run_in_executor(None, persist, snap, self.clock)
+            fut.add_done_callback(lambda f, s=snap: self._written(s, f))
+
+    def _report_snapshot(self, snap: TaskSnapshot) -> None:
+        self.core.reports.append(persist(snap, self.clock))
+        self._send_reports()
+
+    def _written(self, snap: TaskSnapshot, fut: asyncio.Future[Any]) -> None:
+        self.core.reports.append(fut.result())  # persist never raises
+        self._send_reports()
 
     async def _send_replicas(self, reply: ReplicasRefreshed) -> ReplicasRefreshed:
         """Send the replica refreshes and wait for the holders: a refresh is complete (and
@@ -354,6 +381,8 @@ class TaskActor(DataConnections):
                     core.emit_watermark()
                     next_wm = t1 + wm_every
                 await self._send_outbox()
+                if core.snapshots:
+                    self._persist_snapshots()
                 self._send_reports()
                 if did:
                     await asyncio.sleep(0)
@@ -379,6 +408,7 @@ class TaskActor(DataConnections):
                                            f"internal error {type(exc).__name__}: {exc}"))
         finally:
             self._ack_consumed()
+            self._persist_snapshots()
             self._send_reports()
             if core.status != RUNNING:
                 self._release_all_acks()

@@ -49,14 +49,15 @@ class Watch:
 
     async def loop(self) -> None:
         """Every ``metrics_poll_interval_s``: poll the tasks (a task that died fails the
-        job) and check the standby pool (a dead actor is dropped and replaced)."""
+        job: the restart strategy may restart it) and check the standby pool (a dead actor
+        is dropped and replaced)."""
         m = self.m
         while m.state.active:
             await asyncio.sleep(m.config.metrics_poll_interval_s)
             for n, exc in await self.poll():
                 if m.state == JobState.RUNNING:
                     await m.fail(f"task {n} died: {type(exc).__name__}: {exc}")
-                    return
+                    break
             m.controllers.observe()  # the controllers' metrics history
             if len(m.pool) and await m.pool.check() and not m.rescaling:
                 m.refill_standby_later()

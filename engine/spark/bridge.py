@@ -611,8 +611,6 @@ class _BridgeReader(SourceReader):
         self._i = 0
 
     def poll(self, max_records: int) -> SourceBatch | None:
-        if self._columnar:
-            return self._poll_columns(max_records)
         if self._i >= len(self._values) and not self._ended:
             if self._fut is None:
                 self._request()
@@ -620,30 +618,13 @@ class _BridgeReader(SourceReader):
                 self._take()
         if self._i < len(self._values):
             end = min(len(self._values), self._i + max(1, max_records))
-            out = SourceBatch(self._values[self._i:end], self._ts[self._i:end])
+            values = (self._values.slice(self._i, end)  # type: ignore[attr-defined]
+                      if self._columnar else self._values[self._i:end])
+            out = SourceBatch(values, self._ts[self._i:end])
             self._rows += end - self._i
             self._i = end
-            if self._i >= len(self._values):
+            if self._i >= len(self._values) and not self._columnar:
                 self._values, self._ts, self._i = [], [], 0
-            self._hint = 0.0005
-            return out
-        if self._ended:
-            return None
-        self._hint = min(self.MAX_IDLE_HINT_S, self._hint * 2)
-        return SourceBatch()
-
-    def _poll_columns(self, max_records: int) -> SourceBatch | None:
-        if self._i >= len(self._values) and not self._ended:
-            if self._fut is None:
-                self._request()
-            if self._fut is not None and self._fut.done():
-                self._take()
-        if self._i < len(self._values):
-            end = min(len(self._values), self._i + max(1, max_records))
-            out = SourceBatch(self._values.slice(self._i, end),  # type: ignore[attr-defined]
-                              self._ts[self._i:end])
-            self._rows += end - self._i
-            self._i = end
             self._hint = 0.0005
             return out
         if self._ended:

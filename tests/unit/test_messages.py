@@ -43,7 +43,7 @@ CHANNEL_EVENTS = [
     m.Watermark(1_700_000_000_123),
     m.Watermark(-1),
     m.CheckpointBarrier(7),
-    m.DrainBarrier(2),
+    m.CheckpointBarrier(8, "s3://bucket/chk/j/chk-8", True),
     m.LatencyMarker(1_700_000_000.25, 3),
     m.EndOfStream(),
     m.ChannelIdle(),
@@ -62,16 +62,24 @@ FLAT_CONTROL_MESSAGES = [
     m.Start(42),
     m.Start({"file": "a.parquet", "row": 10, "batch": (3, 4)}),
     m.Start([0, [1, 2]]),
-    m.PauseSource(5),
     m.Resume(),
-    m.SnapshotKeyGroups(),
     m.InstallKeyGroups(((0, b"\x00\x01"), (127, b""))),
     m.InstallKeyGroups(()),
     m.StopTask(),
-    m.KeyGroupSnapshot(((5, pack_exact({"a": (1, 2)})),)),
-    m.SourcePaused("src/0", (1, "x")),
-    m.SourcePaused("src/1", None),
-    m.Drained("map/2", 9),
+    m.TriggerCheckpoint(3, "/tmp/chk/j/chk-3"),
+    m.TriggerCheckpoint(4, "/tmp/sp", stop=True),
+    m.CheckpointComplete(3),
+    m.CheckpointAborted(4),
+    m.RestoreState(((5, "/tmp/chk/j/chk-3/sum-0.state", 0, 10, 123),), (("out", ("a", 1)),)),
+    m.RestoreState(),
+    m.CommitTransactions((("out", (pack_exact({"a": (1, 2)}), None)),)),
+    m.CheckpointAck("j/sum/0/g0", 3, "sum-0.state", ((5, 0, 10, 123),), None,
+                    (("out", "txn-1"),), 10, 0.5, 0.01, 0.02),
+    m.CheckpointAck("j/src/0/g0", 3, "", (), {"p0": 7}, (), 0, 0.0, 0.0, 0.0),
+    m.CheckpointDeclined("j/sum/0/g0", 3, "OSError: read-only"),
+    m.CheckpointStats(),
+    m.AdoptTransactions((("out", "a.bin"), ("out", {"file": "b"}))),
+    m.HandOver("j/sum/2/g0", (("out", "c.bin"),)),
     m.TaskFinished("sink/0"),
     m.TaskFailed("map/1", "map", 1, "{'a': 1}", "ZeroDivisionError('division by zero')"),
     m.Ack(),
@@ -121,6 +129,9 @@ FLAT_CONTROL_MESSAGES = [
 # Messages that nest other wire messages (OutputEdge holds OutputChannels, Connect holds
 # OutputEdges).
 NESTED_CONTROL_MESSAGES = [
+    m.JobStatus("wordcount", "restarting", restarts=2, last_failure="task t died",
+                checkpoints=m.CheckpointStats(3, 1, 7, "/tmp/chk/j/chk-7", 0.5, 4096,
+                                              (("j/sum/0/g0", 0.01),), "timeout", "/tmp/sp")),
     m.OutputEdge(0, "forward", (CH0,)),
     m.OutputEdge(1, "rebalance", (CH0, CH1)),
     m.OutputEdge(2, "keyed", (CH0, CH1), (0, 1, 1, 0)),
@@ -167,7 +178,7 @@ def test_priority_batch_keeps_each_message_and_its_order():
 
 def test_tags_are_class_names():
     assert m.encode_message(m.Watermark(5)) == pack_exact(["Watermark", 5])
-    assert m.decode_message(pack_exact(["Drained", "t", 3])) == m.Drained("t", 3)
+    assert m.decode_message(pack_exact(["TaskFinished", "t"])) == m.TaskFinished("t")
 
 
 def test_tuples_stay_tuples_in_control_messages():

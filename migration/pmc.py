@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
@@ -105,9 +106,13 @@ def spark_session(master: str | None = None) -> Any:
     ``engine.spark.local_spark``, which belongs to the runtime)."""
     from pyspark.sql import SparkSession
 
+    # the rows are computed by Python functions on the executors: they must run this
+    # interpreter (PySpark's default, python3 from PATH, may lack reflow; as local_spark)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder
              .master(master or os.environ.get("REFLOW_SPARK_MASTER") or "local[*]")
-             .appName("reflow-pmc").config("spark.ui.enabled", "false").getOrCreate())
+             .appName("reflow-pmc").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     "assignment='mtm' looks up, by value iteration on Spark.")
     ap.add_argument("--out", required=True, help="directory (or Spark URI) to write the table")
     ap.add_argument("--key-groups", type=int, default=128, help="the job's num_key_groups")
-    ap.add_argument("--units", type=int, default=16,
+    ap.add_argument("--units", type=int, default=32,
                     help="key groups are merged into this many units of consecutive groups "
                          "(cuts fall on unit boundaries; more units, many more partitionings)")
     ap.add_argument("--mtm", type=_parse_mtm, default=PAPER_TABLE_4,

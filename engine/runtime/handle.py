@@ -41,9 +41,8 @@ from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
-from migration.assignment import AssignmentError, AssignmentSpec
+from migration.assignment import AssignmentSpec, requested_strategy
 from migration.report import RescaleReport
-from migration.sequences import ProjectedCosts
 
 _ACTIVE = ("created", "running", "restarting")
 
@@ -176,7 +175,7 @@ class JobHandle:
         ``Deadlines.rescale_window_s`` (2 × (rescale_timeout_s + control_timeout_s)) or
         did not answer within ``control_timeout_s`` when asked."""
         return self._rescale(operator, parallelism, protocol, None, planning,
-                             _strategy(assignment, balance, projected_costs))
+                             requested_strategy(assignment, balance, projected_costs))
 
     def set_replication(self, operator: str, policy: str, period_s: float | None = None,
                         hot_fraction: float | None = None) -> None:
@@ -196,7 +195,7 @@ class JobHandle:
         Errors and deadline as ``rescale``."""
         if isinstance(assignment, str):
             return self._rescale(operator, None, protocol, None, planning,
-                                 _strategy(assignment, balance, projected_costs))
+                                 requested_strategy(assignment, balance, projected_costs))
         if balance is not None or projected_costs is not None:
             raise RescaleRefused("balance and projected_costs go with an assignment strategy "
                                  "(e.g. rebalance(op, 'ssm', balance=0.2)), not an explicit "
@@ -317,23 +316,6 @@ class JobHandle:
             return
         with contextlib.suppress(ReflowError):  # keep the error that ended the block
             self.stop()
-
-
-def _strategy(name: str | None, balance: float | None,
-              projected_costs: Any) -> AssignmentSpec | None:
-    """The ``AssignmentSpec`` a handle call asks for (None: uniform ranges, as before);
-    ``RescaleRefused`` for a bad name, θ or table (the job is not asked)."""
-    if name is None:
-        if balance is not None or projected_costs is not None:
-            raise RescaleRefused("balance and projected_costs need an assignment strategy: "
-                                 "assignment='ssm' or 'mtm'")
-        return None
-    try:
-        table = (ProjectedCosts.load(projected_costs) if isinstance(projected_costs, str)
-                 else projected_costs)
-        return AssignmentSpec(name, balance, table)  # type: ignore[arg-type]
-    except AssignmentError as exc:
-        raise RescaleRefused(str(exc)) from None
 
 
 def _raise(exc: RayError, job: str, call: str, seconds: float) -> NoReturn:

@@ -286,7 +286,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keys", type=int, help="distinct keys of the generator")
     ap.add_argument("--state-bytes", type=int, default=10_000, help="state per key")
     ap.add_argument("--repeats", type=int, help="SSM calls timed per case")
-    ap.add_argument("--units", type=int, help="PMC units (16)")
+    ap.add_argument("--units", type=int, help="PMC units (32; --quick 16)")
     ap.add_argument("--steps", type=int, default=20, help="rescales in the sequence")
     ap.add_argument("--seed", type=int, default=1, help="seed of the sequence")
     ap.add_argument("--pmc", choices=("spark", "local"), default="spark",

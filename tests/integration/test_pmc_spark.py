@@ -1,5 +1,6 @@
-"""PMC on real PySpark (local mode). Slow, all of it: Spark's start-up alone takes 1-2 min
-at load 20 (the Parquet table's reading and lookup are unit-tested with pyarrow in
+"""PMC on real PySpark (local mode). Spark's start-up alone takes 1-2 min at load 20, so
+only the first test (the smallest model, end to end) is in the default run; the second is
+slow (the Parquet table's reading and lookup are also unit-tested with pyarrow in
 tests/unit/test_assignment.py).
 
 First: ``python -m migration.pmc`` on a small model writes the Parquet table with Spark;
@@ -17,7 +18,7 @@ from migration.assignment import GroupWorkload, uniform
 from migration.pmc import main, precompute, spark_session
 from migration.sequences import PAPER_TABLE_4, PmcModel, ProjectedCosts, mtm
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = pytest.mark.spark
 
 
 def model(gamma: float = 0.5, size: int = 10) -> PmcModel:
@@ -50,6 +51,7 @@ def test_the_command_line_writes_a_table_that_mtm_looks_up(tmp_path, capsys):
     assert back.cost_of(ends) is not None  # the partitioning chosen is one of the table's
 
 
+@pytest.mark.slow
 def test_value_iteration_on_spark_equals_the_local_one_both_ways(tmp_path):
     spark = spark_session("local[2]")
     try:

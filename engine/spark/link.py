@@ -338,7 +338,8 @@ class SparkLink:
                     timeout: float | None = None) -> dict[str, int]:
         """Wait until the job has ended (the log is sealed) and ``query`` has processed
         and committed everything in the log; returns the final offset. Raises if the job
-        or the query failed."""
+        or the query failed; a query the link restarts (``start``) is followed to the one
+        running in its place."""
         directory = (log_or_dir.directory if isinstance(log_or_dir, OutputLogSink)
                      else os.path.abspath(log_or_dir))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -358,8 +359,20 @@ class SparkLink:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the reflow job writing {directory} still runs")
             time.sleep(0.1)
-        self.current(query).processAllAvailable()
-        return final
+        while True:
+            q = self.current(query)
+            try:
+                q.processAllAvailable()
+                return final
+            except Exception:
+                # a query that fails while this waits (e.g. Spark's start-up of its reader
+                # missed the connect-back) may be one the link restarts: wait on that one
+                ends = time.monotonic() + 30
+                while q.isActive and time.monotonic() < ends:
+                    time.sleep(0.05)  # Spark marks it terminated just after it raised
+                self._check_queries()
+                if str(self.current(query).runId) == str(q.runId):
+                    raise
 
     # ------------------------------------------------------------------ the watcher
     def _watch(self) -> None:

@@ -50,6 +50,7 @@ from engine.names import JobState
 from engine.runtime.failures import reflow_error_in, unwrap
 from engine.runtime.headroom import CpuHeadroom
 from engine.runtime.recovery import JobRestarted
+from migration.assignment import AssignmentError, AssignmentSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -147,9 +148,11 @@ class Rescaler:
                 self._broken[vertex] = exc
 
     # -- validation
-    def validate(self, operator: str, parallelism: int, protocol: str,
-                 assignment: tuple[int, ...] | None, planning: Any) -> RescaleRequest:
-        """The request as a value, or ``RescaleRefused`` saying what to change."""
+    def validate(self, operator: str, parallelism: int | None, protocol: str,
+                 assignment: tuple[int, ...] | None, planning: Any,
+                 strategy: AssignmentSpec | None = None) -> RescaleRequest:
+        """The request as a value, or ``RescaleRefused`` saying what to change.
+        ``parallelism`` None: the operator's current one (a rebalance by ``strategy``)."""
         m = self.m
         if m.state != JobState.RUNNING:
             raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
@@ -175,6 +178,8 @@ class Rescaler:
                 f"rescale {v.name!r}")
         if op.kind == g.SOURCE:
             raise RescaleRefused(f"operator {operator!r} is a source; sources cannot be rescaled")
+        if parallelism is None:
+            parallelism = len(m.dep.tasks[v.name])
         parallelism = check_count(f"rescale of {operator!r}: parallelism", parallelism,
                                   error=RescaleRefused)
         nkg = m.dep.plan.num_key_groups
@@ -190,6 +195,17 @@ class Rescaler:
                 validate_assignment(tuple(assignment), nkg, parallelism)
             except ValueError as exc:
                 raise RescaleRefused(f"assignment for {operator!r} refused: {exc}") from None
+        if strategy is not None:
+            if not isinstance(strategy, AssignmentSpec):
+                raise RescaleRefused(f"assignment strategy must be a migration.assignment."
+                                     f"AssignmentSpec, not {type(strategy).__name__}")
+            if not v.keyed:
+                raise RescaleRefused(f"operator {operator!r} is not keyed; an assignment "
+                                     f"strategy ({strategy.strategy}) needs key groups")
+            try:
+                strategy.check(nkg)
+            except AssignmentError as exc:
+                raise RescaleRefused(str(exc)) from None
         if planning is not None and not isinstance(planning, Planning):
             raise RescaleRefused(f"planning must be a migration.planning.Planning, not "
                                  f"{type(planning).__name__}")
@@ -197,23 +213,25 @@ class Rescaler:
             proto = RescaleProtocol.STOP_RESTART  # a stateless operator has no groups to move
         return RescaleRequest(v.name, parallelism, proto,
                               tuple(assignment) if assignment is not None else None, planning,
-                              "requested through the job handle")
+                              "requested through the job handle", strategy=strategy)
 
     # -- entry
-    async def rescale(self, operator: str, parallelism: int, protocol: str,
+    async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None, planning: Any,
-                      by: str = "handle") -> RescaleReport:
+                      by: str = "handle", strategy: AssignmentSpec | None = None
+                      ) -> RescaleReport:
         """Run the rescale (see the module doc); ``by``: who asked, for the records of what
-        rescales cost (``engine.runtime.controller_runner``)."""
+        rescales cost (``engine.runtime.controller_runner``); ``strategy``: how to choose the
+        target assignment (``parallelism`` None: the current one)."""
         started = self.m.clock.monotonic()
         report = await self._rescale_retried(operator, parallelism, protocol, assignment,
-                                             planning)
+                                             planning, strategy)
         self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
         return report
 
-    async def _rescale_retried(self, operator: str, parallelism: int, protocol: str,
-                               assignment: tuple[int, ...] | None,
-                               planning: Any) -> RescaleReport:
+    async def _rescale_retried(self, operator: str, parallelism: int | None, protocol: str,
+                               assignment: tuple[int, ...] | None, planning: Any,
+                               strategy: AssignmentSpec | None) -> RescaleReport:
         """Run the request; when the job restarts from a checkpoint during it (a task
         died), what it did is gone with the tasks, so it runs again, planned from the
         restored assignment, once the job runs: it returns when the operator runs as asked
@@ -225,14 +243,15 @@ class Rescaler:
             epoch = m.recovery.epoch
             try:
                 return await self._rescale(operator, parallelism, protocol, assignment,
-                                           planning)
+                                           planning, strategy)
             except JobRestarted:
                 await m.recovery.wait_running(epoch)
 
-    async def _rescale(self, operator: str, parallelism: int, protocol: str,
-                       assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
+    async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
+                       assignment: tuple[int, ...] | None, planning: Any,
+                       strategy: AssignmentSpec | None = None) -> RescaleReport:
         m = self.m
-        req = self.validate(operator, parallelism, protocol, assignment, planning)
+        req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
         if PROTOCOLS[req.protocol].live:
             running = self._coordinators.get(req.operator)
             if running is not None:
@@ -242,7 +261,8 @@ class Rescaler:
                     raise RescaleRefused("a stop-restart rescale is running; try again after it")
                 self._live_running += 1
                 try:
-                    req = self.validate(operator, parallelism, protocol, assignment, planning)
+                    req = self.validate(operator, parallelism, protocol, assignment, planning,
+                                        strategy)
                     return await self._execute(req)
                 finally:
                     self._live_running -= 1
@@ -254,7 +274,8 @@ class Rescaler:
                                      "to itself: try again after it")
             self._stop_restart_running = True
             try:
-                req = self.validate(operator, parallelism, protocol, assignment, planning)
+                req = self.validate(operator, parallelism, protocol, assignment, planning,
+                                    strategy)
                 return await self._execute(req)
             finally:
                 self._stop_restart_running = False

@@ -201,6 +201,8 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
                         "predicted_bytes": rep.get("predicted_bytes"),
                         "key_groups_moved": rep.get("key_groups_moved"),
                         "load_ratio": rep.get("load_ratio"),
+                        "subscales": len(rep.get("subscales") or ()),
+                        "first_subscale_s": _since_request(rep, "first_subscale_at"),
                         "peak_max_ms": period.get("max_ms"),
                         "period_p99_ms": period.get("p99_ms"),
                         "baseline_level_ms": (r.get("baseline") or {}).get("level_ms")})
@@ -208,6 +210,12 @@ def live(args: argparse.Namespace) -> list[dict[str, Any]]:
         progress.close()
         run.shutdown_ray()
     return out
+
+
+def _since_request(report: dict[str, Any], field: str) -> float | None:
+    """Seconds from the request to ``report[field]`` (a wall-clock time), when both exist."""
+    at, requested = report.get(field), report.get("requested_at")
+    return None if not at or requested is None else at - requested
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -241,11 +249,14 @@ def markdown(results: dict[str, Any]) -> str:
                   "knows the sequence.", ""]
     if results.get("live"):
         lines += ["## Live: drrs on the rescale benchmark", "",
-                  *md_table(["assignment", "status", "duration s", "bytes moved", "predicted",
-                            "groups", "max/mean", "peak max ms", "period p99 ms"],
+                  *md_table(["assignment", "status", "duration s", "first subscale s",
+                             "subscales", "bytes moved", "predicted", "groups", "max/mean",
+                             "baseline ms", "peak max ms", "period p99 ms"],
                            [[r["strategy"], r["status"], fmt(r["duration_s"], ".2f"),
+                             fmt(r.get("first_subscale_s"), ".2f"), str(r.get("subscales")),
                              fmt(r["bytes_moved"], ",.0f"), fmt(r["predicted_bytes"], ",.0f"),
                              fmt(r["key_groups_moved"], ".0f"), fmt(r["load_ratio"], ".2f"),
+                             fmt(r["baseline_level_ms"], ".0f"),
                              fmt(r["peak_max_ms"], ".0f"), fmt(r["period_p99_ms"], ".0f")]
                             for r in results["live"]]),
                   "", results["live"][0]["scenario"], ""]

@@ -66,7 +66,8 @@ class ServiceTime:
 
 
 class PaddedCount(KeyedProcessFunction):
-    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record);
+    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record;
+    none for the generator's ``(key, seq)`` records without ``state_bytes_per_key``);
     emits ``(key, count)``. ``service_us``: each record also costs this much time
     (``ServiceTime``)."""
 
@@ -82,7 +83,7 @@ class PaddedCount(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         if self.pad.value() is None:
-            self.pad.update(bytes(value[2]))
+            self.pad.update(bytes(value[2] if len(value) > 2 else 0))
         n = self.n.value() + 1
         self.n.update(n)
         self.service.spend()

@@ -16,6 +16,7 @@ from engine.errors import (
     ReflowError,
     RescaleRefused,
     RescaleTimeout,
+    SinkCommitError,
     UserFunctionError,
     WaitTimeout,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "JobMasterLost",
     "OutputCodecError",
     "RescaleTimeout",
+    "SinkCommitError",
     "WaitTimeout",
     "Context",
     "JobConfig",

@@ -10,13 +10,16 @@ Format: ``process``/``process_rest`` take and return parallel lists (values, tim
 as the runners do (``engine.operators``); what comes out is for the task's output router.
 
 Guarantees: every writer is opened once, in the constructor; ``flush`` and ``close`` reach
-each of them, dead-letter writers included. Errors of user functions are raised as the
+each of them, dead-letter writers included, and so do the two-phase commit calls
+(``begin_transactions``, ``pre_commit``, ``commit``: ``engine.sinks``), which name each
+writer by ``writer_names``: the sink operator's name, ``<head>/late`` for the late-data
+sink, ``<operator>/dead-letter`` for a dead-letter sink. Errors of user functions are raised as the
 runners raise them (``UserFunctionError`` and friends); the core decides what they do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine import graph as g
@@ -81,6 +84,41 @@ class OperatorChain:
                 break
             values, timestamps = r.process(values, timestamps)
         return values, timestamps
+
+    def all_writers(self) -> dict[str, SinkWriter]:
+        """Every writer of the chain by name (``writer_names`` in the module docstring)."""
+        out = dict(self.writers)
+        for p in self.policies:
+            if p.dead_letter is not None:
+                out[f"{p.operator}/dead-letter"] = p.dead_letter
+        return out
+
+    def begin_transactions(self) -> None:
+        """Every writer keeps what it writes invisible until ``commit`` (a job that
+        checkpoints calls this before the first record)."""
+        for w in self.all_writers().values():
+            w.begin_transactions()
+
+    def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
+        """At a checkpoint barrier: every writer's transaction, by writer name (writers
+        with nothing to commit are left out)."""
+        out = {}
+        for name, w in self.all_writers().items():
+            txn = w.pre_commit(checkpoint_id)
+            if txn is not None:
+                out[name] = txn
+        return out
+
+    def commit(self, transactions: Mapping[str, Sequence[Any]]) -> None:
+        """Publish pre-committed transactions, by writer name; a name this chain has no
+        writer for is an error (the transactions belong to another operator)."""
+        writers = self.all_writers()
+        unknown = sorted(set(transactions) - set(writers))
+        if unknown:
+            raise KeyError(f"no sink writer named {unknown} in this task (it has "
+                           f"{sorted(writers)})")
+        for name, txns in transactions.items():
+            writers[name].commit(txns)
 
     def flush(self) -> None:
         for w in self.writers.values():

@@ -230,9 +230,19 @@ class Connect:
 @wire
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Begin processing (sources begin reading from ``offset`` when not None)."""
+    """Begin processing. A source task reads ``partitions``: ``(partition id, resume state)``
+    pairs (resume state None: the partition's start), positions j of the source's
+    partition list with ``j % parallelism == task index`` (``engine.sources``); other tasks
+    get none."""
 
-    offset: Any = None
+    partitions: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        for entry in self.partitions:
+            if (not isinstance(entry, tuple) or len(entry) != 2
+                    or not isinstance(entry[0], str)):
+                raise CodecError(f"Start.partitions holds (partition id, resume state) pairs; "
+                                 f"got {entry!r:.200}")
 
 
 @wire
@@ -243,6 +253,14 @@ class PauseSource:
     timers) until Resume."""
 
     epoch: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReleaseSource:
+    """Source rescale, to an old source task: stop reading for good, close the partitions,
+    end the outputs (``EndOfStream`` behind everything emitted) and stop; replied to with
+    ``SourcePaused`` holding every partition's resume state, for the new tasks."""
 
 
 @wire
@@ -296,9 +314,13 @@ class RemoveOutputChannels:
 @wire
 @dataclass(frozen=True, slots=True)
 class AddInputs:
-    """Live: read these ``(channel_id, port)`` channels too."""
+    """Live: read these ``(channel_id, port)`` channels too. With ``after`` (a source
+    rescale), the new channels are read only once every channel in ``after`` has ended
+    (their senders' records come first: a partition moved from an old source task to a new
+    one keeps its order at this task)."""
 
     inputs: tuple[tuple[int, int], ...]
+    after: tuple[int, ...] = ()
 
 
 @wire
@@ -521,10 +543,11 @@ class KeyGroupSnapshot:
 @wire
 @dataclass(frozen=True, slots=True)
 class SourcePaused:
-    """The source paused after emitting everything before ``offset``."""
+    """The source paused; ``offsets``: ``{partition: resume state}`` of every partition it
+    reads (``TaskCore.source_offsets``), after the last record it emitted."""
 
     task: str
-    offset: Any
+    offsets: dict[str, Any]
 
 
 @wire

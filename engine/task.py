@@ -58,6 +58,7 @@ from engine.messages import (
     LatencyMarker,
     PauseSource,
     PriorityBatch,
+    ReleaseSource,
     RemoveOutputChannels,
     Resume,
     SnapshotKeyGroups,
@@ -76,7 +77,7 @@ from engine.operators import (
     UnknownKeyGroupError,
     describe,
 )
-from engine.sources import SourceReader
+from engine.sources import PartitionedReader
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
 
@@ -265,7 +266,7 @@ class TaskCore:
                                    spec.num_key_groups, spec.key_groups, clock,
                                    self._current_watermark)
         self.backend, self.keyed = self.chain.backend, self.chain.keyed
-        self.reader: SourceReader | None = None
+        self.reader: PartitionedReader | None = None
         self.paused = False
         self.quiet = False  # drained: no timers until Resume
 
@@ -283,6 +284,8 @@ class TaskCore:
         self._heads: dict[int, PartialFrame] = {}
         # channels not read until every token blocking them is lifted (migration alignment)
         self._step_blocked: dict[int, set[int]] = {}
+        # source rescale: token -> old channels that must end before its new ones are read
+        self._handovers: dict[int, set[int]] = {}
         self._suspended_since: float | None = None
         self.suspended_s = 0.0  # parked frames or blocked channels, and nothing processable
         self._end_pending = False  # input ended; finishing waits for a rescale
@@ -521,6 +524,7 @@ class TaskCore:
                 self._check_drained()
             case EndOfStream():
                 ch.ended = True
+                self._handover_ended(ch.channel_id)
                 advanced = self.tracker.end(ch.channel_id)
                 if not self._live_inputs():
                     self._end_pending = True
@@ -530,6 +534,16 @@ class TaskCore:
                     self._on_watermark(advanced)
             case _:
                 self.migration.on_event(ch, event)
+
+    def _handover_ended(self, channel_id: int) -> None:
+        """An old channel of a source rescale ended: the new channels waiting for it (and
+        no other) are read from now on."""
+        for token in [t for t, old in self._handovers.items() if channel_id in old]:
+            old = self._handovers[token]
+            old.discard(channel_id)
+            if not old:
+                del self._handovers[token]
+                self.unblock_channels(token)
 
     def _on_watermark(self, wm: int | None) -> None:
         """The task's watermark advanced to ``wm``: fire event-time timers up to it, then
@@ -608,7 +622,7 @@ class TaskCore:
             return False
         self.records_in += len(batch.values)
         if self.wm_strategy is not None:
-            m = max(batch.timestamps)
+            m = self.reader.frontier()  # per partition: a lagging one holds the watermark
             if m > self._max_ts:
                 self._max_ts = m
             self._last_emit = self.clock.monotonic()
@@ -630,6 +644,11 @@ class TaskCore:
               and (self.clock.monotonic() - self._last_emit) * 1000 >= st.idle_timeout_ms):
             self._idle = True
             self.router.broadcast(ChannelIdle())
+
+    def source_offsets(self) -> dict[str, Any]:
+        """A source task's ``{partition: resume state}`` after the last record it emitted
+        (what a checkpoint stores for it); empty for other tasks."""
+        return {} if self.reader is None else self.reader.offsets()
 
     def seconds_until_source_ready(self) -> float:
         if self.reader is None or self.paused:
@@ -666,22 +685,31 @@ class TaskCore:
             case Connect(inputs=inputs, outputs=outputs):
                 self._connect(inputs, outputs)
                 return Ack()
-            case Start(offset=offset):
+            case Start(partitions=partitions):
                 if self.is_source and self.reader is None:
-                    self.reader = self.spec.operators[0].fn.open(
-                        self.spec.task_index, self.spec.parallelism, offset, self.clock
-                    )
+                    self.reader = PartitionedReader(self.spec.operators[0].fn, partitions,
+                                                    self.clock)
                 if self.status == CREATED:
                     self.status = RUNNING
                 return Ack()
+            case ReleaseSource():
+                offsets = self.source_offsets()
+                if self.reader is not None:
+                    self.reader.close()
+                if self.status == RUNNING:
+                    self.paused = True
+                    self.router.flush_all()
+                    self.router.broadcast(EndOfStream())
+                    self.chain.close()
+                    self.status = STOPPED
+                return SourcePaused(self.name, offsets)
             case PauseSource(epoch=epoch):
                 if self.status == RUNNING and not self.paused:
                     self.paused = True
                     self.quiet = True
                     self.router.broadcast(DrainBarrier(epoch))
                     self.chain.flush()
-                offset = None if self.reader is None else self.reader.offset()
-                self.reports.append(SourcePaused(self.name, offset))
+                self.reports.append(SourcePaused(self.name, self.source_offsets()))
                 self.reports.append(Drained(self.name, epoch))
                 return Ack()
             case Resume():
@@ -718,9 +746,16 @@ class TaskCore:
             case RemoveOutputChannels(channel_ids=ids):
                 self.router.remove_channels(set(ids))
                 return Ack()
-            case AddInputs(inputs=inputs):
+            case AddInputs(inputs=inputs, after=after):
                 for cid, port in inputs:
                     self.add_input(cid, port)
+                waiting = {c for c in after if c in self.inputs and not self.inputs[c].ended}
+                if waiting and inputs:
+                    # negative tokens: migration blocks channels with subscale ids (>= 0)
+                    token = min(self._handovers, default=0) - 1
+                    self._handovers[token] = waiting
+                    for cid, _ in inputs:
+                        self.block_channel(cid, token)
                 self._order = sorted(self.inputs)
                 self._on_watermark(self.tracker.set_channels(self._live_inputs()))
                 return Ack()

@@ -33,7 +33,13 @@ from typing import Any
 from engine.channel import REROUTE_PORT
 from engine.clock import Clock
 from engine.config import JobConfig, check_count
-from engine.deployment import ChannelIds, Deployment, connect_messages, task_name
+from engine.deployment import (
+    ChannelIds,
+    Deployment,
+    connect_messages,
+    start_message,
+    task_name,
+)
 from engine.errors import RescaleRefused, RescaleTimeout
 from engine.keygroups import moved_key_groups
 from engine.messages import (
@@ -48,6 +54,7 @@ from engine.messages import (
     InstallKeyGroups,
     OutputChannel,
     PauseSource,
+    ReleaseSource,
     RemoveOutputChannels,
     Resume,
     SnapshotKeyGroups,
@@ -701,7 +708,7 @@ class StopRestartRescale(RescaleCoordinator):
         elif isinstance(report, Drained) and report.epoch == self.ctx.epoch:
             self.drained.add(report.task)
         elif isinstance(report, SourcePaused):
-            self.offsets[report.task] = report.offset
+            self.offsets[report.task] = report.offsets
 
     def progress(self) -> RescaleProgress:
         planned = len(self.plan.moved) if self.plan else 0
@@ -729,7 +736,8 @@ class StopRestartRescale(RescaleCoordinator):
         # pause the sources at an offset, then drain every task
         live = [n for n in self.dep.task_names() if n not in self.finished_tasks]
         sources = [n for v in self.dep.plan.vertices if v.is_source
-                   for n in self.dep.tasks[v.name] if n in live]
+                   for n in self.dep.tasks[v.name]
+                   if n in live or v.name == vertex]  # a rescaled source: every offset
         self.committed = True
         yield from self._send(Phase.PAUSE, (Call(n, PauseSource(ctx.epoch)) for n in sources))
         mark(Phase.PAUSE)
@@ -773,7 +781,9 @@ class StopRestartRescale(RescaleCoordinator):
         yield from self._send(Phase.CONNECT, (
             Call(t, msgs[t], tuple(c.target for e in msgs[t].outputs for c in e.channels))
             for t in order))
-        yield from self._send(Phase.CONNECT, (Call(n, Start()) for n in names))
+        resume = {p: st for t in old_tasks for p, st in self.offsets.get(t, {}).items()}
+        yield from self._send(Phase.CONNECT, (Call(n, start_message(self.dep, vertex, i, resume))
+                                              for i, n in enumerate(names)))
         mark(Phase.CONNECT)
         yield from self._send(Phase.RESUME, (Call(n, Resume()) for n in self.dep.task_names()
                                              if n not in self.finished_tasks))
@@ -786,9 +796,99 @@ class StopRestartRescale(RescaleCoordinator):
             key_groups_planned=self.moved)
 
 
+# ---------------------------------------------------------------------- source rescale
+
+#: ``RescaleReport.protocol`` of a live source rescale
+HANDOVER = "handover"
+
+
+class SourceRescale(RescaleCoordinator):
+    """A live rescale of a source: its partitions are handed over to a new set of source
+    tasks with their resume states, while every other task runs on.
+
+    1. *deploy*: the new tasks (generation + 1, ``parallelism`` of them) are created and
+       connected; every receiver of the source adds their channels, to be read only once
+       all of the old tasks' channels to it have ended (``AddInputs.after``);
+    2. *release*: each old task stops reading, ends its outputs behind everything it
+       emitted and replies with its partitions' resume states (``ReleaseSource``);
+    3. *start*: the new tasks start with the partitions ``j % parallelism == i`` at those
+       states; the old tasks go.
+
+    Exact per partition: a record read before the release reaches each receiver on an old
+    channel, which the receiver finishes before it reads the new ones; nothing is read
+    twice (the new readers start where the old ones stopped) or lost. A watermark never
+    passes a moved partition's records: the new tasks' channels start without one. The
+    source reads nothing between its release and the new tasks' start (two control round
+    trips); its receivers go on with what is in flight meanwhile."""
+
+    def progress(self) -> RescaleProgress:
+        return RescaleProgress(self.vertex, HANDOVER, str(self.phase), 0, 0, 0, not self.done)
+
+    def _steps(self) -> _Steps:
+        vertex, clock, ctx = self.vertex, self.clock, self.ctx
+        phases: list[tuple[str, float]] = []
+        mark_t = clock.monotonic()
+
+        def mark(phase: Phase) -> None:
+            nonlocal mark_t
+            now = clock.monotonic()
+            phases.append((str(phase), now - mark_t))
+            mark_t = now
+
+        old_dep, old_tasks = self.dep, self._tasks()
+        gen = self.dep.generation + 1
+        names = tuple(task_name(ctx.job_id, vertex, i, gen)
+                      for i in range(self.request.parallelism))
+        new_dep = self.dep.with_vertex(vertex, names, generation=gen)
+        # 1. the new tasks, wired but not started; the receivers hold their channels
+        self.phase = Phase.DEPLOY
+        self.committed = True
+        yield CreateTasks(vertex, names, new_dep)
+        msgs = connect_messages(new_dep, ctx.channel_ids)
+        yield from self._send(Phase.DEPLOY, (
+            Call(n, msgs[n], tuple(c.target for e in msgs[n].outputs for c in e.channels))
+            for n in names))
+        old_in = connect_messages(old_dep, ctx.channel_ids)
+        old_channels = {c.channel_id for t in old_tasks for e in old_in[t].outputs
+                        for c in e.channels}
+        adds: dict[str, list[tuple[int, int]]] = {}
+        for n in names:
+            for e in msgs[n].outputs:
+                for c in e.channels:
+                    adds.setdefault(c.target, []).append((c.channel_id, c.port))
+        yield from self._send(Phase.DEPLOY, (
+            Call(t, AddInputs(tuple(ins), tuple(sorted(
+                cid for cid, _ in old_in[t].inputs if cid in old_channels)) if t in old_in
+                else ()))
+            for t, ins in adds.items()))
+        mark(Phase.DEPLOY)
+        # 2. the old tasks stop where they are and say where that is
+        replies = yield from self._send(Phase.RELEASE, (Call(t, ReleaseSource())
+                                                        for t in old_tasks))
+        offsets = {r.task: r.offsets for r in replies}
+        resume = {p: st for states in offsets.values() for p, st in states.items()}
+        mark(Phase.RELEASE)
+        # 3. the new tasks take over
+        self.dep = new_dep
+        yield UpdateVertex(vertex, names, None, gen)
+        yield from self._send(Phase.RESUME, (Call(n, start_message(new_dep, vertex, i, resume))
+                                             for i, n in enumerate(names)))
+        mark(Phase.RESUME)
+        yield RemoveTasks(old_tasks)
+        self.finished_tasks.difference_update(old_tasks)
+        mark(Phase.REMOVE)
+        done = clock.now()
+        return RescaleReport(
+            vertex, HANDOVER, len(old_tasks), len(names), self.requested_at, done,
+            done - self.requested_at, 0, 0, tuple(phases), tuple(sorted(offsets.items())))
+
+
 def coordinator_for(request: RescaleRequest, ctx: RescaleContext,
                     clock: Clock) -> RescaleCoordinator:
-    """The coordinator that runs ``request``'s protocol."""
+    """The coordinator that runs ``request``'s protocol: a source's live rescale hands
+    its partitions over (``SourceRescale``) whatever live protocol was named."""
     if PROTOCOLS[request.protocol].live:
+        if ctx.deployment.plan.vertex(request.operator).is_source:
+            return SourceRescale(request, ctx, clock)
         return LiveRescale(request, ctx, clock)
     return StopRestartRescale(request, ctx, clock)

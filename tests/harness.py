@@ -47,6 +47,19 @@ def make_spec(dep: Deployment, vertex: str, index: int, name: str,
     return copy.deepcopy(TaskSpec.of(dep, vertex, index, name, config))
 
 
+def records_left(core: TaskCore) -> int:
+    """Records a ``TestingSource`` task has not emitted yet, over the partitions it reads."""
+    from engine.sources import parse_indexed
+
+    assert core.reader is not None, f"{core.name} is not a started source task"
+    records = core.spec.operators[0].fn.records
+    left = 0
+    for pid, emitted in core.reader.offsets().items():
+        j, n = parse_indexed(pid)
+        left += len(records[j::n]) - (emitted or 0)
+    return left
+
+
 def wire(msg: Any) -> Any:
     """Control messages go over the wire in the runtime: do the same here."""
     return decode_message(encode_message(msg))

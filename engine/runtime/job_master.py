@@ -32,11 +32,17 @@ from engine import graph as g
 from engine.clock import SystemClock
 from engine.codec import pack_exact
 from engine.config import JobConfig
-from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment
+from engine.deployment import (
+    ChannelIds,
+    Deployment,
+    connect_messages,
+    initial_deployment,
+    source_partitions,
+    start_messages,
+)
 from engine.errors import FailurePhase, JobFailedError
 from engine.messages import (
     JobStatus,
-    Start,
     StopTask,
     TaskFailed,
     TaskFinished,
@@ -72,7 +78,8 @@ class JobMaster:
                                 self._new_standby, lambda a: a.ping.remote(), ray.kill,
                                 self.deadlines.task_poll_s)
         self.plan: PhysicalPlan = plan_physical(graph)
-        self.dep: Deployment = initial_deployment(self.plan, job_id)
+        # the sources' partitions are asked when deploying (user code: errors go to start)
+        self.dep: Deployment = initial_deployment(self.plan, job_id, partitions={})
         self.ids = ChannelIds()
         self.subscale_ids = SubscaleIds()
         self.handles: dict[str, Any] = {}
@@ -201,6 +208,7 @@ class JobMaster:
         return self.endpoint.url if self.endpoint else ""
 
     async def _deploy(self) -> None:
+        self.dep = self.dep.with_partitions(source_partitions(self.plan))
         for v in self.plan.vertices:
             for i, name in enumerate(self.dep.tasks[v.name]):
                 self._create(name, TaskSpec.of(self.dep, v.name, i, name, self.config))
@@ -211,8 +219,10 @@ class JobMaster:
         await self._each(order, lambda t: self.call(
             t, msgs[t], [c.target for e in msgs[t].outputs for c in e.channels]), deadline)
         self.state = JobState.RUNNING
+        starts = start_messages(self.dep)
         for v in reversed(self.plan.vertices):  # sources last
-            await self._each(self.dep.tasks[v.name], lambda t: self.call(t, Start()), deadline)
+            await self._each(self.dep.tasks[v.name], lambda t: self.call(t, starts[t]),
+                             deadline)
 
     async def _each(self, tasks: list[str], call: Any, deadline: float) -> None:
         """``call(task)`` for every task at once, all answered by ``deadline``; else raise

@@ -15,7 +15,8 @@ stuck task is refused within about ``rescale_timeout_s + control_timeout_s``; ``
 driver's sign that a long rescale advances; a failure after that
 fails the job naming the rescale and its phase; a newer live request for an operator
 supersedes the running one (which finishes its running subscales and starts no more);
-live rescales of different operators may run at once; a stop-restart excludes all others.
+live rescales of different operators may run at once; a stop-restart, and a rescale of
+a source (its partitions handed over), exclude all others.
 """
 
 from __future__ import annotations
@@ -58,13 +59,20 @@ if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster
 
 
+def what_needs_the_job(req: RescaleRequest) -> str:
+    """How a rescale that runs alone is called in a refusal."""
+    if req.protocol == RescaleProtocol.STOP_RESTART:
+        return "stop-restart"
+    return f"rescale of source {req.operator!r}"
+
+
 class Rescaler:
     """The JobMaster's rescales: at most one per operator, a stop-restart alone."""
 
     def __init__(self, master: JobMaster) -> None:
         self.m = master
         self._exclusive = asyncio.Lock()
-        self._stop_restart_running = False
+        self._alone_running = False
         self._live_running = 0
         self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
         self._inbox: dict[str, deque[Command]] = {}
@@ -73,7 +81,7 @@ class Rescaler:
 
     @property
     def running(self) -> bool:
-        return self._stop_restart_running or self._live_running > 0
+        return self._alone_running or self._live_running > 0
 
     def on_report(self, msg: Any) -> None:
         """Every running coordinator sees every task report."""
@@ -111,10 +119,10 @@ class Rescaler:
             raise RescaleRefused(
                 f"operator {operator!r} is chained behind {v.name!r} and runs in its tasks; "
                 f"rescale {v.name!r}")
-        if op.kind == g.SOURCE:
-            raise RescaleRefused(f"operator {operator!r} is a source; sources cannot be rescaled")
         parallelism = check_count(f"rescale of {operator!r}: parallelism", parallelism,
                                   error=RescaleRefused)
+        if op.kind == g.SOURCE:
+            return self._validate_source(v.name, parallelism, proto, assignment, planning)
         nkg = m.dep.plan.num_key_groups
         if v.keyed and parallelism > nkg:
             raise RescaleRefused(
@@ -137,18 +145,35 @@ class Rescaler:
                               tuple(assignment) if assignment is not None else None, planning,
                               "requested through the job handle")
 
+    def _validate_source(self, vertex: str, parallelism: int, proto: RescaleProtocol,
+                         assignment: tuple[int, ...] | None, planning: Any) -> RescaleRequest:
+        """A source rescales by handing its partitions over (any live protocol) or by
+        stop-restart; it has no key groups, and at most one task per partition."""
+        if assignment is not None or planning is not None:
+            raise RescaleRefused(f"operator {vertex!r} is a source: it has partitions, not key "
+                                 "groups; rescale it without an assignment or planning")
+        partitions = self.m.dep.partitions.get(vertex, ())
+        if parallelism > len(partitions):
+            raise RescaleRefused(
+                f"source {vertex!r} has {len(partitions)} partition(s): at most "
+                f"{len(partitions)} task(s) can read it, not {parallelism} (give the source "
+                "more partitions when building it, e.g. partitions=N)")
+        return RescaleRequest(vertex, parallelism, proto, None, None,
+                              "requested through the job handle")
+
     # -- entry
     async def rescale(self, operator: str, parallelism: int, protocol: str,
                       assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
         m = self.m
         req = self.validate(operator, parallelism, protocol, assignment, planning)
-        if PROTOCOLS[req.protocol].live:
+        if PROTOCOLS[req.protocol].live and not m.dep.plan.vertex(req.operator).is_source:
             running = self._coordinators.get(req.operator)
             if running is not None:
                 running.supersede()
             async with m.vertex_lock(req.operator):
-                if self._stop_restart_running:
-                    raise RescaleRefused("a stop-restart rescale is running; try again after it")
+                if self._alone_running:
+                    raise RescaleRefused("a stop-restart or source rescale is running; try "
+                                         "again after it")
                 self._live_running += 1
                 try:
                     req = self.validate(operator, parallelism, protocol, assignment, planning)
@@ -157,17 +182,17 @@ class Rescaler:
                     self._live_running -= 1
                     m.refill_standby_later()
                     await m.maybe_finish()
-        async with self._exclusive:
+        async with self._exclusive:  # stop-restart, and a source's rescale
             if self._live_running:
-                raise RescaleRefused("a live rescale is running; a stop-restart needs the job "
-                                     "to itself: try again after it")
-            self._stop_restart_running = True
+                raise RescaleRefused(f"a live rescale is running; a {what_needs_the_job(req)} "
+                                     "needs the job to itself: try again after it")
+            self._alone_running = True
             try:
                 req = self.validate(operator, parallelism, protocol, assignment, planning)
                 m.epoch += 1
                 return await self._execute(req)
             finally:
-                self._stop_restart_running = False
+                self._alone_running = False
                 m.refill_standby_later()
                 await m.maybe_finish()
 

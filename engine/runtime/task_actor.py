@@ -41,6 +41,7 @@ from engine.messages import (
     PauseSource,
     PriorityBatch,
     RefreshReplicas,
+    ReleaseSource,
     RemoveOutputChannels,
     ReplicasRefreshed,
     ReplicaUpdate,
@@ -154,11 +155,12 @@ class TaskActor(DataConnections):
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
         blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource)))
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource,
+                                        ReleaseSource)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
-        if isinstance(msg, StopTask):
+        if isinstance(msg, (StopTask, ReleaseSource)):
             await self._settle_in_flight()
         self._send_reports()
         self._ack_consumed()

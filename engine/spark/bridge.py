@@ -43,7 +43,13 @@ from typing import Any
 
 from engine.clock import Clock
 from engine.codec import pack_exact, unpack_exact
-from engine.sources import Source, SourceBatch, SourceReader
+from engine.sources import (
+    Source,
+    SourceBatch,
+    SourceReader,
+    indexed_partitions,
+    parse_indexed,
+)
 from engine.spark.schema import ColumnSchema, parse_schema
 
 NAMESPACE = "reflow"
@@ -495,12 +501,14 @@ class SparkSource(Source):
         return d
 
     # -- task side
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        if parallelism < 1 or not 0 <= task_index < parallelism:
-            raise ValueError(f"bad task_index {task_index} for parallelism {parallelism}")
-        if offset is not None and not (isinstance(offset, (list, tuple)) and len(offset) == 2):
-            raise ValueError(f"SparkSource offset must be [batch_id, rows]; got {offset!r}")
-        return _BridgeReader(self, task_index, parallelism, offset, clock)
+    def partitions(self, parallelism: int) -> list[str]:
+        return indexed_partitions(parallelism)
+
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        index, count = parse_indexed(partition, "SparkSource")
+        if resume is not None and not (isinstance(resume, (list, tuple)) and len(resume) == 2):
+            raise ValueError(f"SparkSource resume state must be [batch_id, rows]; got {resume!r}")
+        return _BridgeReader(self, index, count, resume, clock)
 
 
 class _BridgeReader(SourceReader):

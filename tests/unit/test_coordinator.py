@@ -258,7 +258,7 @@ def test_stop_restart_runs_its_phases_in_order_and_waits_for_its_own_drain():
     def drain(driver: Driver, cmd: AwaitReports) -> list[Any]:
         assert cmd.phase == Phase.DRAIN and set(cmd.tasks) == set(names)
         stale = [Drained(n, 6) for n in names]  # an earlier epoch does not count
-        return [SourcePaused("j/src/0/g0", 42), *stale, *(Drained(n, 7) for n in names)]
+        return [SourcePaused("j/src/0/g0", {"0-of-1": 42}), *stale, *(Drained(n, 7) for n in names)]
 
     coord = coordinator_for(RescaleRequest("sum", 3, RescaleProtocol.STOP_RESTART), ctx,
                             ManualClock())
@@ -267,7 +267,7 @@ def test_stop_restart_runs_its_phases_in_order_and_waits_for_its_own_drain():
     d.run()
     report = coord.report()
     assert [p for p, _ in report.phases] == [str(p) for p in PHASES]
-    assert report.source_offsets == (("j/src/0/g0", 42),)
+    assert report.source_offsets == (("j/src/0/g0", {"0-of-1": 42}),)
     assert d.sent(PauseSource) == [("j/src/0/g0", PauseSource(7))]
     assert report.bytes_moved == 1 and report.new_parallelism == 3
     assert [c.names for c in d.log if isinstance(c, RemoveTasks)] == [

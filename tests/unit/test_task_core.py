@@ -22,6 +22,8 @@ from engine.deployment import (
     Deployment,
     connect_messages,
     initial_deployment,
+    start_message,
+    start_messages,
     task_name,
 )
 from engine.errors import UserFunctionError
@@ -88,9 +90,10 @@ class Net:
                 self.cores[name] = TaskCore(make_spec(self.dep, v.name, i, name, self.config), clock)
         self.connect()
         if start:
+            starts = start_messages(self.dep)
             for v in reversed(self.plan.vertices):  # sources last
                 for name in self.dep.tasks[v.name]:
-                    assert self.cores[name].handle(Start()) == Ack()
+                    assert self.cores[name].handle(wire(starts[name])) == Ack()
 
     def connect(self) -> None:
         for name, msg in connect_messages(self.dep, self.ids).items():
@@ -291,7 +294,7 @@ def test_drain_waits_for_the_barrier_on_every_live_input(clock, sink):
     # pause src/0 only: its barrier blocks channel c0
     src0 = net["src/0"]
     assert src0.handle(wire(PauseSource(7))) == Ack()
-    assert src0.reports == [SourcePaused(src0.name, 2), Drained(src0.name, 7)]
+    assert src0.reports == [SourcePaused(src0.name, {"0-of-2": 2}), Drained(src0.name, 7)]
     assert not src0.poll_source(10)  # paused: reads nothing
     barrier = [decode_frame(f.payload).event for f in src0.router.outbox]
     assert barrier == [DrainBarrier(7)]
@@ -353,7 +356,7 @@ def test_drain_barrier_travels_through_every_stage(clock, sink):
     src.poll_source(20)
     net.pump()
     src.handle(PauseSource(3))
-    assert src.reports == [SourcePaused(src.name, 20), Drained(src.name, 3)]
+    assert src.reports == [SourcePaused(src.name, {"0-of-1": 20}), Drained(src.name, 3)]
     net.deliver()
     while s0.step():
         pass
@@ -489,8 +492,8 @@ def test_stop_restart_by_hand_moves_state_and_results_continue(clock, sink):
     src.handle(PauseSource(1))
     net.pump()
     assert {r.task for r in net.reports(Drained)} == set(net.cores)
-    offset = src.reports[0].offset
-    assert offset == 140
+    offset = src.reports[0].offsets
+    assert offset == {"0-of-1": 140} == src.source_offsets()
     # snapshot every key group of the old sum tasks
     old = [net["sum/0"], net["sum/1"]]
     snaps = [wire(c.handle(wire(SnapshotKeyGroups()))) for c in old]
@@ -503,7 +506,8 @@ def test_stop_restart_by_hand_moves_state_and_results_continue(clock, sink):
     # deploy sum at parallelism 3 with a new generation of tasks
     plan = net.plan.rescaled("sum", 3)
     tasks = dict(net.dep.tasks, sum=tuple(task_name("j", "sum", i, 1) for i in range(3)))
-    dep = Deployment(plan, "j", tasks, {"sum": uniform_assignment(N, 3)}, 1)
+    dep = Deployment(plan, "j", tasks, {"sum": uniform_assignment(N, 3)}, 1,
+                     net.dep.partitions)
     for name in net.dep.tasks["sum"]:
         del net.cores[name]
     net.dep, net.plan = dep, plan
@@ -627,7 +631,7 @@ def test_timers_travel_with_the_key_group_snapshot(clock, sink):
     # one new task owning every key group (a different spec: parallelism 1)
     plan = net.plan.rescaled("timed", 1)
     tasks = dict(net.dep.tasks, timed=(task_name("j", "timed", 0, 1),))
-    dep = Deployment(plan, "j", tasks, {"timed": (0,) * N}, 1)
+    dep = Deployment(plan, "j", tasks, {"timed": (0,) * N}, 1, net.dep.partitions)
     b = TaskCore(make_spec(dep, "timed", 0, tasks["timed"][0], CFG), clock)
     assert b.spec.parallelism == 1 and b.spec.key_groups == tuple(range(N))
     b.handle(InstallKeyGroups(tuple(groups)))
@@ -813,7 +817,7 @@ def test_control_messages_before_and_after_start(clock, sink):
     src = net["src/0"]
     assert src.status == "created"
     assert not src.poll_source(10) and not net["sum/0"].step()
-    assert src.handle(Start(offset=None)) == Ack() and src.status == "running"
+    assert src.handle(start_message(net.dep, "src", 0)) == Ack() and src.status == "running"
     with pytest.raises(ValueError, match="unknown control message"):
         src.handle(Watermark(1))
     assert now_ms(clock) == T0_MS

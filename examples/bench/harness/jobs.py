@@ -103,11 +103,11 @@ def keyed_count_job(name: str, source: GeneratorSource, sink: Sink, *, paralleli
 
 def generator_keys(n: int, *, keys: int, zipf: float | None) -> Any:
     """The first ``n`` keys (a numpy int64 array) that ``generator(keys=keys, zipf=zipf)``
-    emits as task 0 of 1, read from the source at full speed on a manual clock."""
+    emits as its only partition, read at full speed on a manual clock."""
     import numpy as np
 
-    reader = generator(rate=None, keys=keys, zipf=zipf, num_records=n).open(
-        0, 1, None, ManualClock())
+    reader = generator(rate=None, keys=keys, zipf=zipf, num_records=n).open_partition(
+        "0-of-1", None, ManualClock())
     out = np.empty(n, dtype=np.int64)
     i = 0
     while (batch := reader.poll(1 << 16)) is not None:

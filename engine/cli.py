@@ -1,38 +1,115 @@
-"""The ``reflow`` command line.
+"""The ``reflow`` command line (an installed console script; works outside a checkout).
 
-    reflow metrics URL            per-operator summary of a running job's metrics endpoint
-    reflow example wordcount ...  run an example job (arguments pass through)
-    reflow bench NAME ...         run examples/bench/NAME.py of the checkout in the current
-                                  directory (e.g. ``reflow bench rescale --scenario q7 --quick``)
+    reflow run FILE.py [ARGS]              run a job script here, or with --address submit
+                                           it to a Ray cluster (Ray's job submission)
+    reflow status [JOB]                    a job's state and operators (no JOB: the jobs)
+    reflow rescale JOB OPERATOR N          rescale live, with a progress bar from the job's
+                                           own rescale progress
+    reflow metrics URL|JOB                 per-operator summary of a job's metrics endpoint
+    reflow plot RESULTS.json               a benchmark's figure, again, from its results
+    reflow plot --prometheus URL --dashboard NAME
+                                           the Grafana dashboard's queries drawn to a PNG
+    reflow bench NAME [ARGS]               examples/bench/NAME.py of the checkout here
+    reflow example NAME [ARGS]             examples/NAME.py of the checkout here
 
-The benchmarks are not part of the installed package (``examples/`` is not packaged), so
-``reflow bench`` never imports them: it runs the script of the checkout it is started in as
-a subprocess with this interpreter and returns its exit code; without a checkout it exits 2
-saying where to run it.
+Output is for people by default; ``--json`` prints one JSON document instead (status,
+rescale, metrics, run --address). A job is reached by name or id through
+``engine.runtime.registry``: the address files drivers write, or, with ``--address`` (or
+``RAY_ADDRESS``), among the named JobMasters of that Ray cluster.
+
+Exit codes: 0 done; 1 the job or the request failed (the error is printed); 2 a usage
+problem (no such job, script, benchmark or checkout: the message says what to do).
+``bench``, ``example`` and ``plot RESULTS.json`` run scripts of a reflow checkout (the
+``examples/`` folder is not installed with the package) and say so when run elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import runpy
+import shlex
 import subprocess
 import sys
+import threading
+import time
 import urllib.request
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import asdict, is_dataclass
+from typing import Any, TextIO
 
-from prometheus_client.parser import text_string_to_metric_families
+from engine.errors import JobNotFound, ReflowError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.join("examples", "bench")
+EXAMPLES_DIR = "examples"
+POLL_S = 0.25  # how often progress is redrawn
+
+_SUMMED = ("reflow_records_in_total", "reflow_records_out_total", "reflow_state_bytes",
+           "reflow_key_groups", "reflow_queued_frames", "reflow_busy_seconds_total",
+           "reflow_backpressured_seconds_total")
+_COLUMNS = [("tasks", "tasks"), ("records in", "reflow_records_in_total"),
+            ("records out", "reflow_records_out_total"), ("busy s", "reflow_busy_seconds_total"),
+            ("backpr. s", "reflow_backpressured_seconds_total"),
+            ("queued", "reflow_queued_frames"), ("key groups", "reflow_key_groups"),
+            ("state bytes", "reflow_state_bytes")]
 
 
-def _metrics(url: str) -> int:
-    if not url.startswith(("http://", "https://")):
-        print(f"reflow metrics: {url!r} is not an http(s) URL; pass the job's metrics_url",
-              file=sys.stderr)
-        return 2
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    per_op: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+def _err(message: str) -> None:
+    print(f"reflow: {message}", file=sys.stderr)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=1, sort_keys=True, default=_jsonable))
+
+
+def _jsonable(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    return str(value)
+
+
+class ProgressBar:
+    """A one-line progress bar on ``stream``: redrawn in place on a terminal, else a line
+    per change (so logs and tests see each step)."""
+
+    def __init__(self, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.tty = self.stream.isatty()
+        self._last = ""
+
+    def update(self, done: float, total: float, note: str = "") -> None:
+        frac = 0.0 if total <= 0 else min(1.0, done / total)
+        fill = round(frac * self.width)
+        line = (f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] "
+                f"{done:g}/{total:g}{' ' + note if note else ''}")
+        if line == self._last:
+            return
+        self._last = line
+        if self.tty:
+            self.stream.write("\r\033[K" + line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self._last:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# ------------------------------------------------------------------ metrics summaries
+
+def summarise(text: str) -> dict[str, dict[str, float]]:
+    """Per operator: the number of tasks and the sums of the main series of a job's
+    Prometheus exposition ``text``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    per_op: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(_SUMMED, 0.0))
     tasks: dict[str, set[str]] = defaultdict(set)
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
@@ -40,77 +117,393 @@ def _metrics(url: str) -> int:
             if op is None or "task" not in s.labels:
                 continue
             tasks[op].add(s.labels["task"])
-            if s.name in ("reflow_records_in_total", "reflow_records_out_total",
-                          "reflow_state_bytes", "reflow_key_groups", "reflow_queued_frames",
-                          "reflow_busy_seconds_total", "reflow_backpressured_seconds_total"):
+            if s.name in _SUMMED:
                 per_op[op][s.name] += s.value
-    cols = ["tasks", "records in", "records out", "busy s", "backpr. s", "queued", "key groups",
-            "state bytes"]
-    print(f"{'operator':<20}" + "".join(f"{c:>14}" for c in cols))
-    for op, m in sorted(per_op.items()):
-        vals = [len(tasks[op]), m["reflow_records_in_total"], m["reflow_records_out_total"],
-                m["reflow_busy_seconds_total"], m["reflow_backpressured_seconds_total"],
-                m["reflow_queued_frames"], m["reflow_key_groups"], m["reflow_state_bytes"]]
-        print(f"{op:<20}" + "".join(f"{v:>14,.1f}" if isinstance(v, float) else f"{v:>14,}"
-                                      for v in vals))
-    return 0
+    return {op: {"tasks": float(len(tasks[op])), **per_op[op]} for op in sorted(tasks)}
 
 
-def _script(kind: str, name: str, rest: list[str]) -> int:
-    path = os.path.join(ROOT, "examples", f"{name}.py")
-    if not os.path.exists(path):
-        found = sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "examples"))
-                       if f.endswith(".py"))
-        print(f"reflow {kind}: no {kind} {name!r}; available: {', '.join(found)}", file=sys.stderr)
-        return 2
-    sys.argv = [path, *rest]
+def _table(summary: dict[str, dict[str, float]]) -> str:
+    lines = [f"{'operator':<20}" + "".join(f"{c:>14}" for c, _ in _COLUMNS)]
+    for op, m in summary.items():
+        lines.append(f"{op:<20}" + "".join(
+            f"{int(m[k]):>14,}" if k == "tasks" else f"{m[k]:>14,.1f}" for _, k in _COLUMNS))
+    return "\n".join(lines)
+
+
+def _scrape(url: str) -> str:
+    return urllib.request.urlopen(url, timeout=10).read().decode()
+
+
+def _metrics(args: argparse.Namespace) -> int:
+    target = args.target
+    if target.startswith(("http://", "https://")):
+        url = target
+    else:
+        handle = _find(args)
+        if handle is None:
+            return 2
+        url = handle.metrics_url
+        if not url:
+            _err(f"job {handle.job_id} serves no metrics endpoint (JobConfig(metrics_port="
+                 "None))")
+            return 1
     try:
-        runpy.run_path(path, run_name="__main__")
-    except SystemExit as exc:
-        return int(exc.code or 0)
+        text = _scrape(url)
+    except OSError as exc:
+        _err(f"cannot read {url}: {exc}; is the job still running?")
+        return 1
+    summary = summarise(text)
+    if args.json:
+        _print_json({"url": url, "operators": summary})
+    else:
+        print(_table(summary))
     return 0
 
 
-BENCH_DIR = os.path.join("examples", "bench")
+# ------------------------------------------------------------------ jobs by name
+
+def _find(args: argparse.Namespace) -> Any:
+    """The handle of ``args.job`` (or ``args.target``), or None after printing why."""
+    from engine.runtime.registry import find
+
+    try:
+        return find(getattr(args, "job", None) or args.target, args.address)
+    except JobNotFound as exc:
+        _err(str(exc))
+        return None
+
+
+def _status(args: argparse.Namespace) -> int:
+    from engine.runtime import registry
+
+    if not args.job:
+        if args.address or os.environ.get("RAY_ADDRESS"):
+            registry.connect(args.address or os.environ["RAY_ADDRESS"])
+            jobs = [{"job": j} for j in registry.cluster_jobs()]
+        else:
+            jobs = [{"job": a.job_id, "metrics_url": a.metrics_url, "ray_address": a.ray_address,
+                     "driver": f"{a.host}:{a.pid}"} for a in registry.recorded()]
+        if args.json:
+            _print_json(jobs)
+        elif not jobs:
+            print("no running jobs (recorded in "
+                  f"{registry.jobs_dir()}; pass --address for a cluster's)")
+        else:
+            for j in jobs:
+                print("  ".join(str(v) for v in j.values()))
+        return 0
+    handle = _find(args)
+    if handle is None:
+        return 2
+    try:
+        st = handle.status()
+        m = handle.metrics()
+    except ReflowError as exc:
+        _err(f"{type(exc).__name__}: {exc}")
+        return 1
+    ops: dict[str, dict[str, Any]] = {}
+    for t in m.tasks:
+        o = ops.setdefault(t.vertex, {"tasks": 0, "records_in": 0, "records_out": 0,
+                                      "key_groups": 0, "state_bytes": 0})
+        o["tasks"] += 1
+        for k in ("records_in", "records_out", "key_groups", "state_bytes"):
+            o[k] += getattr(t, k)
+    rescales = [asdict(r) for r in m.rescales]
+    if args.json:
+        _print_json({"job": st.job, "state": st.state, "error": st.error,
+                     "metrics_url": st.metrics_url, "standby": st.standby,
+                     "unresponsive": [list(u) for u in st.unresponsive],
+                     "operators": ops, "rescales": rescales})
+        return 0
+    print(f"job {st.job}: {st.state}" + (f" ({st.error})" if st.error else ""))
+    if st.metrics_url:
+        print(f"metrics: {st.metrics_url}")
+    print(f"{'operator':<20}{'tasks':>7}{'records in':>14}{'records out':>14}"
+          f"{'key groups':>12}{'state bytes':>14}")
+    for name, o in ops.items():
+        print(f"{name:<20}{o['tasks']:>7}{o['records_in']:>14,}{o['records_out']:>14,}"
+              f"{o['key_groups']:>12}{o['state_bytes']:>14,}")
+    for r in m.rescales:
+        print(r.summary())
+    for task, seconds in st.unresponsive:
+        print(f"unresponsive: {task} for {seconds:.1f} s")
+    return 0
+
+
+def _rescale(args: argparse.Namespace) -> int:
+    handle = _find(args)
+    if handle is None:
+        return 2
+    outcome: dict[str, Any] = {}
+
+    def request() -> None:
+        try:
+            outcome["report"] = handle.rescale(args.operator, args.parallelism,
+                                               protocol=args.protocol)
+        except ReflowError as exc:
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=request, daemon=True)
+    worker.start()
+    bar = ProgressBar(f"rescale {args.operator} -> {args.parallelism}")
+    before = _rescales_done(handle, args.operator)
+    while worker.is_alive():
+        _draw_progress(bar, handle, args.operator, before)
+        worker.join(POLL_S)
+    bar.close()
+    if "error" in outcome:
+        exc = outcome["error"]
+        if args.json:
+            _print_json({"error": type(exc).__name__, "message": str(exc)})
+        else:
+            _err(f"{type(exc).__name__}: {exc}")
+        return 1
+    report = outcome["report"]
+    if args.json:
+        _print_json({**asdict(report), "summary": report.summary()})
+    else:
+        print(report.summary())
+    return 0
+
+
+def _rescales_done(handle: Any, operator: str) -> Any:
+    """The progress record of ``operator``'s last rescale before this one (None if none)."""
+    try:
+        return next((r for r in handle.metrics().rescales if r.operator == operator), None)
+    except ReflowError:
+        return None
+
+
+def _draw_progress(bar: ProgressBar, handle: Any, operator: str, before: Any) -> None:
+    try:
+        m = handle.metrics()
+    except ReflowError:
+        return  # a slow poll: the next one redraws
+    r = next((r for r in m.rescales if r.operator == operator), None)
+    if r is None or r == before:
+        bar.update(0, 1, "requested")
+        return
+    note = f"key groups, {r.phase}"
+    if r.subscales_total:
+        note += f", subscales {r.subscales_done}/{r.subscales_total}"
+    moved, total = r.groups()
+    bar.update(moved, max(total, 1), note)
+
+
+# ------------------------------------------------------------------ run
+
+def _run(args: argparse.Namespace) -> int:
+    if not os.path.isfile(args.file):
+        _err(f"no script {args.file!r}")
+        return 2
+    if args.address is None:
+        return subprocess.run([sys.executable, args.file, *args.args]).returncode
+    return _submit(args)
+
+
+def _submit(args: argparse.Namespace) -> int:
+    """Submit ``python FILE ARGS`` with ``--working-dir`` through Ray's job submission
+    (what ``ray job submit --working-dir DIR -- python FILE ARGS`` does), follow its logs
+    and return 0 when it SUCCEEDED."""
+    from ray.job_submission import JobStatus, JobSubmissionClient
+
+    workdir = os.path.abspath(args.working_dir)
+    script = os.path.relpath(os.path.abspath(args.file), workdir)
+    if script.startswith(".."):
+        _err(f"{args.file} is not under the working directory {workdir}; pass --working-dir")
+        return 2
+    entrypoint = shlex.join(["python", script, *args.args])
+    client = JobSubmissionClient(args.address)
+    sid = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": workdir})
+    if not args.json:
+        print(f"submitted {sid}: {entrypoint}", file=sys.stderr)
+    if args.no_wait:
+        if args.json:
+            _print_json({"submission_id": sid, "status": str(client.get_job_status(sid))})
+        return 0
+    if not args.json:
+        import asyncio
+
+        async def follow() -> None:
+            async for lines in client.tail_job_logs(sid):
+                sys.stdout.write(lines)
+                sys.stdout.flush()
+
+        asyncio.run(follow())
+    status = client.get_job_status(sid)
+    while status not in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+        time.sleep(POLL_S)
+        status = client.get_job_status(sid)
+    if args.json:
+        _print_json({"submission_id": sid, "status": str(status),
+                     "logs": client.get_job_logs(sid)})
+    else:
+        print(f"{sid}: {status}", file=sys.stderr)
+    return 0 if status == JobStatus.SUCCEEDED else 1
+
+
+# ------------------------------------------------------------------ plot
+
+def _plot(args: argparse.Namespace) -> int:
+    if args.prometheus:
+        from engine.dashboards import dashboard
+        from engine.promplot import PrometheusError, render
+
+        try:
+            d = dashboard(args.dashboard)
+        except KeyError as exc:
+            _err(str(exc.args[0]))
+            return 2
+        out = args.out or f"{d.uid}.png"
+        try:
+            drawn = render(args.prometheus, d, out, minutes=args.minutes, job=args.job or ".*")
+        except PrometheusError as exc:
+            _err(str(exc))
+            return 1
+        if args.json:
+            _print_json({"png": out, "series": drawn})
+        else:
+            empty = [t for t, n in drawn.items() if n == 0]
+            print(f"wrote {out}: {len(drawn)} panels"
+                  + (f"; no data for: {', '.join(empty)}" if empty else ""))
+        return 0
+    if not args.results:
+        _err("plot needs RESULTS.json, or --prometheus URL --dashboard NAME")
+        return 2
+    return _replot(args.results, args.out)
+
+
+def _replot(results_path: str, out: str | None) -> int:
+    """Call ``plot(results, png)`` of the benchmark script that wrote ``results_path``
+    (named by its ``command``), from the checkout in the current directory."""
+    try:
+        with open(results_path) as f:
+            results = json.load(f)
+    except (OSError, ValueError) as exc:
+        _err(f"cannot read {results_path}: {exc}")
+        return 2
+    cmd = shlex.split(str(results.get("command", "")))
+    script = next((c for c in cmd if c.endswith(".py")), None)
+    if script is None:
+        _err(f"{results_path} does not say which benchmark wrote it (no 'command')")
+        return 2
+    cwd = os.getcwd()
+    if not os.path.isfile(os.path.join(cwd, script)):
+        _err(f"no {script} under {cwd}: plotting a benchmark's results runs that benchmark's "
+             "plot(); run `reflow plot` from the root of a reflow checkout")
+        return 2
+    out = out or os.path.splitext(results_path)[0] + ".png"
+    code = ("import json, runpy, sys\n"
+            "g = runpy.run_path(sys.argv[1], run_name='reflow_plot')\n"
+            "g['plot'](json.load(open(sys.argv[2])), sys.argv[3])\n")
+    rc = subprocess.run([sys.executable, "-c", code, script, os.path.abspath(results_path),
+                         os.path.abspath(out)], cwd=cwd).returncode
+    if rc == 0:
+        print(f"wrote {out}")
+    return rc
+
+
+# ------------------------------------------------------------------ checkout scripts
+
+def _checkout_script(kind: str, folder: str, name: str, rest: list[str],
+                     cwd: str | None = None) -> int:
+    """``FOLDER/NAME.py`` under ``cwd`` (default: the current directory) run with this
+    interpreter; its exit code, or 2 when there is no such script (the message says what
+    to do)."""
+    cwd = os.path.abspath(cwd or os.getcwd())
+    where = os.path.join(cwd, folder)
+    path = os.path.join(where, f"{name}.py")
+    if not os.path.isdir(where):
+        print(f"reflow {kind}: no {folder}/ under {cwd}: the {kind} scripts are not "
+              f"installed with the package; run `reflow {kind} {name}` from the root of a "
+              f"reflow checkout (git clone, then cd into it)", file=sys.stderr)
+        return 2
+    if os.sep in name or not os.path.isfile(path):
+        found = sorted(f[:-3] for f in os.listdir(where)
+                       if f.endswith(".py") and not f.startswith("_"))
+        print(f"reflow {kind}: no {folder}/{name}.py under {cwd}; available: "
+              f"{', '.join(found) or 'none'}", file=sys.stderr)
+        return 2
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (cwd, os.environ.get("PYTHONPATH")) if p)}
+    return subprocess.run([sys.executable, path, *rest], cwd=cwd, env=env).returncode
 
 
 def _bench(name: str, rest: list[str], cwd: str | None = None) -> int:
-    """``reflow bench NAME [args]``: ``examples/bench/NAME.py`` under ``cwd`` (default: the
-    current directory) run with this interpreter; its exit code, or 2 when there is no such
-    script (the message says what to do)."""
-    cwd = os.path.abspath(cwd or os.getcwd())
-    folder = os.path.join(cwd, BENCH_DIR)
-    path = os.path.join(folder, f"{name}.py")
-    if not os.path.isdir(folder):
-        print(f"reflow bench: no {BENCH_DIR}/ under {cwd}: the benchmarks are not installed "
-              f"with the package; run `reflow bench {name}` from the root of a reflow "
-              f"checkout (git clone, then cd into it)", file=sys.stderr)
-        return 2
-    if os.sep in name or not os.path.isfile(path):
-        found = sorted(f[:-3] for f in os.listdir(folder)
-                       if f.endswith(".py") and not f.startswith("_"))
-        print(f"reflow bench: no {BENCH_DIR}/{name}.py under {cwd}; available: "
-              f"{', '.join(found) or 'none'}", file=sys.stderr)
-        return 2
-    return subprocess.run([sys.executable, path, *rest], cwd=cwd).returncode
+    """``reflow bench NAME [args]``: ``examples/bench/NAME.py`` of the checkout in ``cwd``."""
+    return _checkout_script("bench", BENCH_DIR, name, rest, cwd)
+
+
+# ------------------------------------------------------------------ parser
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="reflow", description="reflow: live-rescaling streams on "
+                                 "Ray. `reflow COMMAND --help` describes each command.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    def job_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--address", default=None,
+                       help="Ray cluster to look for the job on (GCS host:port or "
+                            "ray://host:10001; default RAY_ADDRESS, else the job's address "
+                            "file written by its driver)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    r = sub.add_parser("run", help="run a job script here, or submit it to a Ray cluster")
+    r.add_argument("--address", default=None,
+                   help="Ray dashboard URL (http://head:8265) to submit to; without it the "
+                        "script runs here with this interpreter")
+    r.add_argument("--working-dir", default=".",
+                   help="directory shipped with the submission (default: the current one)")
+    r.add_argument("--no-wait", action="store_true", help="return once submitted")
+    r.add_argument("--json", action="store_true", help="print JSON (with --address)")
+    r.add_argument("file", help="the job's Python script")
+    r.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
+
+    s = sub.add_parser("status", help="a running job's state and operators (no JOB: list jobs)")
+    s.add_argument("job", nargs="?", help="job name or id")
+    job_args(s)
+
+    rs = sub.add_parser("rescale", help="change an operator's parallelism while the job runs")
+    rs.add_argument("job", help="job name or id")
+    rs.add_argument("operator")
+    rs.add_argument("parallelism", type=int)
+    rs.add_argument("--protocol", default="drrs",
+                    help="drrs (default), pause-resume, fluid, batched, non-disruptive, "
+                         "stop-restart")
+    job_args(rs)
+
+    m = sub.add_parser("metrics", help="per-operator summary of a job's metrics endpoint")
+    m.add_argument("target", help="the metrics URL, or a job name or id")
+    job_args(m)
+
+    p = sub.add_parser("plot", help="draw a benchmark's results.json, or a dashboard's "
+                                    "queries from Prometheus, to a PNG")
+    p.add_argument("results", nargs="?", help="a benchmark's results.json")
+    p.add_argument("--prometheus", help="Prometheus base URL, e.g. http://127.0.0.1:9090")
+    p.add_argument("--dashboard", default="overview", help="overview (default) or rescaling")
+    p.add_argument("--job", default=None, help="job id regex (default: every job)")
+    p.add_argument("--minutes", type=float, default=15.0, help="time range (default 15)")
+    p.add_argument("--out", default=None, help="PNG to write")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    for kind, folder in (("bench", BENCH_DIR), ("example", EXAMPLES_DIR)):
+        e = sub.add_parser(kind, help=f"run {folder}/NAME.py of the checkout in the current "
+                                      "directory")
+        e.add_argument("name")
+        e.add_argument("args", nargs=argparse.REMAINDER)
+    return ap
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run, "status": _status, "rescale": _rescale, "metrics": _metrics, "plot": _plot,
+    "bench": lambda a: _bench(a.name, a.args),
+    "example": lambda a: _checkout_script("example", EXAMPLES_DIR, a.name, a.args),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="reflow", description="reflow: live-rescaling streams on Ray")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("metrics", help="summarise a job's Prometheus endpoint")
-    m.add_argument("url")
-    for kind, where in (("example", "the repository"),
-                        ("bench", "the checkout in the current directory")):
-        p = sub.add_parser(kind, help=f"run an {kind} script from {where}")
-        p.add_argument("name")
-        p.add_argument("args", nargs=argparse.REMAINDER)
-    args = ap.parse_args(argv)
-    if args.cmd == "metrics":
-        return _metrics(args.url)
-    if args.cmd == "bench":
-        return _bench(args.name, args.args)
-    return _script(args.cmd, args.name, args.args)
+    args = parser().parse_args(argv)
+    return COMMANDS[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 from engine.errors import ConfigError, ReflowError
 
@@ -46,6 +47,7 @@ def check_count(
 # What each annotation of a JobConfig field accepts, for the message of a refused value.
 _EXPECTED = {
     "int": "an integer", "float": "a number (not NaN)", "bool": "True or False", "str": "a string",
+    "TLS": "an engine.config.TLS",
 }
 
 
@@ -67,6 +69,8 @@ def _typed(name: str, annotation: str, value: object) -> object:
         ok = isinstance(value, bool)
     elif base == "str":
         ok = isinstance(value, str)
+    elif base == "TLS":
+        ok = isinstance(value, TLS)
     else:  # a type this check does not know yet: never fail a user's job over it
         return value
     if not ok:
@@ -81,6 +85,60 @@ def _typed(name: str, annotation: str, value: object) -> object:
     return value
 
 
+def _metrics_host_default() -> str:
+    return os.environ.get("REFLOW_METRICS_HOST") or "127.0.0.1"
+
+
+def _data_host_default() -> str:
+    return os.environ.get("REFLOW_DATA_HOST") or "127.0.0.1"
+
+
+def _metrics_port_default() -> object:
+    """``REFLOW_METRICS_PORT`` as an int (a value that is not one is refused by the type
+    check, naming it), else 0."""
+    text = os.environ.get("REFLOW_METRICS_PORT", "").strip()
+    if not text:
+        return 0
+    return int(text) if text.isdigit() else text
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS for the data transport's connections (``JobConfig(tls=TLS(...))``): PEM files,
+    read by each task actor when it opens its data server or a connection, so the paths
+    must exist on every node (e.g. a Kubernetes secret mounted at the same path).
+
+    Both ends authenticate: a task's server presents ``cert_file`` and requires the
+    connecting task's certificate, and each side verifies the other's chain against
+    ``ca_file`` (default: ``cert_file`` itself, so one self-signed pair shared by the job's
+    tasks is enough). ``check_hostname``: also check that the address a task connects to is
+    in the server certificate's subject alternative names (off by default: tasks connect by
+    IP address, and the chain check against a job-private CA already authenticates them).
+    Wrong types or empty paths raise ``ConfigError``; an unreadable file or a bad key fails
+    the task at deployment with ``ConfigError`` naming the file."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    check_hostname: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "ca_file"):
+            value = getattr(self, name)
+            if value is None and name == "ca_file":
+                continue
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"TLS: {name} must be the path of a PEM file; got {value!r}")
+        if not isinstance(self.check_hostname, bool):
+            raise ConfigError(f"TLS: check_hostname must be True or False; got "
+                              f"{self.check_hostname!r}")
+
+    @property
+    def ca(self) -> str:
+        """The file of certificate authorities peers are verified against."""
+        return self.ca_file or self.cert_file
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """Knobs of a deployed job.
@@ -88,8 +146,11 @@ class JobConfig:
     ``batch_size``/``linger_ms``: a channel sends a frame when it holds this many records or
     its oldest record waited this long. ``credits``: unacknowledged frames a sender may have
     on one channel (a frame is acknowledged when the receiver takes it for processing), so a
-    task holds at most ``credits`` frames per input channel. ``metrics_port``: 0 picks a free
-    port, None disables the endpoint. ``task_num_cpus``: CPUs each task actor reserves
+    task holds at most ``credits`` frames per input channel. ``metrics_host``: the address
+    the job's Prometheus endpoint binds to (default ``REFLOW_METRICS_HOST``, else
+    127.0.0.1); ``metrics_port``: 0 picks a free port, None disables the endpoint (default
+    ``REFLOW_METRICS_PORT``, else 0). The variables let a deployment (``deploy/k8s``) open
+    the endpoint on the pod network without changing the job's code. ``task_num_cpus``: CPUs each task actor reserves
     (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
     task (records), subscale size (key groups) and subscales per task at once;
     ``drrs_max_subscales``: subscales of the operator at once (None: as many as the CPUs
@@ -122,7 +183,13 @@ class JobConfig:
     address each task's data socket binds to and is reached at: 127.0.0.1 by default, which
     serves a single machine (a local Ray cluster, several raylets on one host included); on a
     multi-machine cluster set it to "0.0.0.0" (each task then advertises its node's address)
-    or use ``transport="ray"``.
+    or use ``transport="ray"`` (default: ``REFLOW_DATA_HOST``, else 127.0.0.1).
+    ``tls``: a ``TLS`` makes the data transport's connections mutually authenticated TLS
+    (``transport="tcp"`` only; None: plain TCP, with the per-task token as the only check).
+    ``max_frame_bytes``: the largest data frame a task sends or accepts; a connection whose
+    length field announces more is closed before anything is allocated, and a sender whose
+    batch encodes to more fails naming the operator and this setting (lower
+    ``batch_size`` or raise the limit).
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
@@ -132,8 +199,8 @@ class JobConfig:
     linger_ms: float = 5.0
     credits: int = 4
     latency_marker_interval_ms: float = 100.0
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = 0
+    metrics_host: str = field(default_factory=_metrics_host_default)
+    metrics_port: int | None = field(default_factory=_metrics_port_default)  # type: ignore[assignment]
     metrics_poll_interval_s: float = 1.0
     task_num_cpus: float = 0.0
     source_poll_records: int = 1000
@@ -155,7 +222,9 @@ class JobConfig:
     replication_hot_fraction: float = 0.2
     live_rescaling: bool = True
     transport: str = "tcp"
-    data_host: str = "127.0.0.1"
+    data_host: str = field(default_factory=_data_host_default)
+    tls: TLS | None = None
+    max_frame_bytes: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -197,6 +266,9 @@ class JobConfig:
             ("replication_hot_fraction", 0 < self.replication_hot_fraction <= 1, "in (0, 1]"),
             ("transport", self.transport in ("tcp", "ray"), "'tcp' or 'ray'"),
             ("data_host", bool(self.data_host), "an address to bind the data socket to"),
+            ("tls", self.tls is None or self.transport == "tcp",
+             "None with transport='ray' (TLS is for the tcp transport's sockets)"),
+            ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -19,6 +19,7 @@ Hierarchy::
     │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
     │                           operator, task, phase and record
     ├── JobNotRunningError      the call needs a running job
+    ├── JobNotFound             no running job has the name or id given (``reflow status``)
     ├── WaitTimeout             ``JobHandle.wait(timeout)`` returned with the job still
     │                           running (also a ``TimeoutError``)
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
@@ -30,7 +31,8 @@ Hierarchy::
     │                           visible: its data is gone (names the sink and the files)
     └── DataChannelError        a task's direct data connection failed (caught by the task
         ├── ConnectionLost      shell, which fails the job naming the receiver): the
-        └── FrameRefused        receiver died, or refused a frame (e.g. unknown channel)
+        ├── FrameRefused        receiver died, or refused a frame (e.g. unknown channel),
+        └── FrameTooLarge       or a frame exceeds ``JobConfig.max_frame_bytes``
 
 Errors carry structured fields where they exist (operator, task, ``phase``: a
 ``FailurePhase`` or a rescale's phase, record, the original cause), and every one pickles
@@ -178,6 +180,11 @@ class JobNotRunningError(ReflowError):
     """The call needs a running job, and this one has finished, failed or been stopped."""
 
 
+class JobNotFound(ReflowError):
+    """No running job has the name or id given to ``reflow status``/``rescale``/``metrics``
+    (``engine.runtime.registry``); the message lists the jobs it knows and what to pass."""
+
+
 class WaitTimeout(ReflowError, TimeoutError):
     """``JobHandle.wait(timeout)`` returned and the job still runs (``state``): wait again,
     or stop it. A ``TimeoutError`` too, as ``wait`` raised before."""
@@ -237,3 +244,8 @@ class ConnectionLost(DataChannelError):
 
 class FrameRefused(DataChannelError):
     """The receiving task refused a frame (e.g. a channel it does not have)."""
+
+
+class FrameTooLarge(DataChannelError):
+    """A data frame is longer than ``JobConfig.max_frame_bytes``: the sender refuses to send
+    it, and a receiver closes a connection whose length field announces one."""

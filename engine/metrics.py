@@ -65,6 +65,19 @@ class RescaleProgress:
     suspended_s: float = 0.0
     propagation_delay_s: float = 0.0
 
+    def groups(self) -> tuple[int, int]:
+        """``(key groups moved, key groups to move)`` so far."""
+        return self.key_groups_moved, self.key_groups_total
+
+    def summary(self) -> str:
+        """One line for people, e.g. ``drrs rescale of 'count': migrate, 12/32 key groups
+        moved, subscales 3/8 (running)``."""
+        subs = (f", subscales {self.subscales_done}/{self.subscales_total}"
+                if self.subscales_total else "")
+        return (f"{self.protocol} rescale of {self.operator!r}: {self.phase}, "
+                f"{self.key_groups_moved}/{self.key_groups_total} key groups moved{subs}"
+                + (" (running)" if self.running else ""))
+
 
 @dataclass(frozen=True)
 class JobMetrics:
@@ -138,6 +151,8 @@ class JobCollector:
         self.replication_cpu_s: dict[str, float] = {}
         self.replicas: dict[str, int] = {}
         self.running = 1
+        self.rescale_started: dict[str, float] = {}  # operator -> clock() when it began
+        self.rescale_timeout_s = 0.0  # the job's JobConfig.rescale_timeout_s
 
     def collect(self) -> Iterator[Any]:
         tasks = list(self.tasks.values())
@@ -227,6 +242,7 @@ class JobCollector:
             rc.add_metric([self.job, op], self.replication_cpu_s.get(op, 0.0))
             rn.add_metric([self.job, op], self.replicas.get(op, 0))
         yield from (rb, rc, rn)
+        yield from self._rescale_clock()
         count = CounterMetricFamily("reflow_rescales", "Completed rescales", labels=["job", "operator"])
         for op, n in self.rescales_total.items():
             count.add_metric([self.job, op], n)
@@ -235,6 +251,24 @@ class JobCollector:
         up.add_metric([self.job], self.running)
         yield up
 
+
+    def _rescale_clock(self) -> Iterator[GaugeMetricFamily]:
+        """How long each operator's running rescale has run (0 when none runs), and the
+        job's ``rescale_timeout_s``: an alert compares the two per job."""
+        g = GaugeMetricFamily("reflow_rescale_running_seconds",
+                              "Seconds the operator's running rescale has run (0 when none runs)",
+                              labels=["job", "operator"])
+        now = self.clock()
+        for op, r in self.rescales.items():
+            since = self.rescale_started.get(op)
+            running = r.running and since is not None
+            g.add_metric([self.job, op], max(0.0, now - since) if running else 0.0)
+        yield g
+        t = GaugeMetricFamily("reflow_rescale_timeout_seconds",
+                              "The job's rescale_timeout_s: how long a rescale phase may take",
+                              labels=["job"])
+        t.add_metric([self.job], self.rescale_timeout_s)
+        yield t
 
     def _unresponsive_gauge(self, tasks: list[TaskMetrics]) -> GaugeMetricFamily:
         """0 for a task that answered the latest poll, else the seconds since it last did

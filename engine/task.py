@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine import graph as g
+from engine.alignment import Aligned, BarrierAligner
 from engine.chain import OperatorChain
 from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputRouter
 from engine.clock import Clock, now_ms
@@ -270,9 +271,8 @@ class TaskCore:
         self.paused = False
         self.quiet = False  # drained: no timers until Resume
 
-        # alignment of drain barriers, watermarks
-        self._blocked: set[int] = set()
-        self._drain_epoch: int | None = None
+        # alignment of drain barriers (engine.alignment), watermarks
+        self.drain = BarrierAligner(clock.monotonic)
         self.tracker = WatermarkTracker()
         self.watermark = MIN_WATERMARK
         # sources: event-time watermark generation
@@ -334,7 +334,7 @@ class TaskCore:
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
-            if cid in self._blocked or cid in self._step_blocked:
+            if cid in self._step_blocked or self.drain.is_blocked(cid):
                 continue
             ch = self.inputs[cid]
             head = self._heads.get(cid)
@@ -449,6 +449,7 @@ class TaskCore:
         if channel_id not in self.inputs:
             self.inputs[channel_id] = InputChannel(channel_id, port)
             self._order = sorted(self.inputs)
+            self._inputs_changed()
 
     def remove_input_if_idle(self, channel_id: int) -> bool:
         """Close an input channel with nothing queued, pending or parked; False otherwise."""
@@ -458,6 +459,7 @@ class TaskCore:
         del self.inputs[channel_id]
         self._order = sorted(self.inputs)
         self._rr = 0
+        self._inputs_changed()
         return True
 
     def block_channel(self, channel_id: int, token: int) -> None:
@@ -519,18 +521,17 @@ class TaskCore:
             case ChannelIdle():
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
             case DrainBarrier(epoch=epoch):
-                self._drain_epoch = epoch
-                self._blocked.add(ch.channel_id)
-                self._check_drained()
+                self._on_drained(self.drain.on_barrier(ch.channel_id, epoch))
             case EndOfStream():
                 ch.ended = True
                 self._handover_ended(ch.channel_id)
                 advanced = self.tracker.end(ch.channel_id)
                 if not self._live_inputs():
+                    self.drain.on_end(ch.channel_id)  # a finished task needs no drain
                     self._end_pending = True
                     self._finish_if_ended()
                 else:
-                    self._check_drained()
+                    self._on_drained(self.drain.on_end(ch.channel_id))
                     self._on_watermark(advanced)
             case _:
                 self.migration.on_event(ch, event)
@@ -560,17 +561,18 @@ class TaskCore:
         """The watermark user code sees (capped per group while a migration runs)."""
         return self.migration.user_watermark(self.watermark)
 
-    def _check_drained(self) -> None:
-        if self._drain_epoch is None:
+    def _inputs_changed(self) -> None:
+        """The live inputs changed (connected, added, removed): the aligners follow."""
+        self._on_drained(self.drain.set_channels(self._live_inputs()))
+
+    def _on_drained(self, aligned: Aligned | None) -> None:
+        """Every live input delivered the drain barrier: forward it, flush, go quiet."""
+        if aligned is None:
             return
-        if all(c in self._blocked for c in self._live_inputs()):
-            epoch = self._drain_epoch
-            self._drain_epoch = None
-            self._blocked.clear()
-            self.router.broadcast(DrainBarrier(epoch))
-            self.chain.flush()
-            self.quiet = True
-            self.reports.append(Drained(self.name, epoch))
+        self.router.broadcast(DrainBarrier(aligned.barrier_id))
+        self.chain.flush()
+        self.quiet = True
+        self.reports.append(Drained(self.name, aligned.barrier_id))
 
     def _finish_if_ended(self) -> None:
         """Finish once the input has ended, unless a rescale holds the task or key groups
@@ -600,7 +602,7 @@ class TaskCore:
         """Where this task's migrations and inputs stand (a stuck rescale's error)."""
         parts = self.migration.describe()
         chans = [f"{cid}:{len(c.queue)}q{'/ended' if c.ended else ''}"
-                 f"{'/blocked' if cid in self._step_blocked or cid in self._blocked else ''}"
+                 f"{'/blocked' if cid in self._step_blocked or self.drain.is_blocked(cid) else ''}"
                  f"{'/head' if cid in self._heads else ''}" for cid, c in self.inputs.items()]
         parts.append("inputs " + " ".join(chans))
         return "; ".join(parts)
@@ -757,6 +759,7 @@ class TaskCore:
                     for cid, _ in inputs:
                         self.block_channel(cid, token)
                 self._order = sorted(self.inputs)
+                self._inputs_changed()
                 self._on_watermark(self.tracker.set_channels(self._live_inputs()))
                 return Ack()
             case DescribeTask():
@@ -801,6 +804,7 @@ class TaskCore:
                 self.inputs[cid] = InputChannel(cid, port)
         self._order = sorted(self.inputs)
         self._rr = 0
+        self._inputs_changed()
         before = self.router.channel_ids()
         self.router.connect(outputs)
         if self.status == FINISHED:  # new receivers must learn that nothing more comes

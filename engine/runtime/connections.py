@@ -15,6 +15,7 @@ is acknowledged only once the core took it for processing (``acks``).
 from __future__ import annotations
 
 import asyncio
+import ssl
 from typing import Any
 
 import ray
@@ -40,6 +41,7 @@ class DataConnections:
     _server: DataServer | None
     _clients: dict[str, DataClient]
     _connecting: dict[str, asyncio.Future[DataClient]]
+    tls: tuple[ssl.SSLContext, ssl.SSLContext] | None  # (server, client) with JobConfig.tls
 
     def _event(self) -> asyncio.Event:
         raise NotImplementedError
@@ -49,7 +51,8 @@ class DataConnections:
         starts on the first ask)."""
         cfg = self.core.spec.config
         if self._server is None:
-            self._server = DataServer(self._on_frame)
+            self._server = DataServer(self._on_frame, cfg.max_frame_bytes,
+                                      self.tls[0] if self.tls else None)
         port = await self._server.start(cfg.data_host)
         host = cfg.data_host
         if host in ("0.0.0.0", "::"):
@@ -91,8 +94,10 @@ class DataConnections:
         handle = self.handles[target]
         try:
             host, port, token = await handle.data_address.remote()
-            client = await DataClient.connect(host, port, token, target)
-        except (RayActorError, OSError) as exc:
+            cfg = self.core.spec.config
+            client = await DataClient.connect(host, port, token, target, cfg.max_frame_bytes,
+                                              self.tls[1] if self.tls else None)
+        except (RayActorError, OSError) as exc:  # ssl.SSLError too
             if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
                 return await self._open_client(target)
             raise DownstreamDied(f"cannot open a data connection to task {target}: "

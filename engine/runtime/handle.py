@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 
 import ray
 from ray.exceptions import RayActorError, RayError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine import graph as g
 from engine.config import JobConfig, check_count
@@ -34,6 +35,7 @@ from engine.errors import (
 )
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
+from engine.runtime import registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
@@ -109,6 +111,7 @@ class JobHandle:
             failed.__cause__ = exc
         with contextlib.suppress(Exception):
             ray.kill(self._master)
+        registry.forget(self.job_id)
         if failed is not None:
             raise failed
 
@@ -215,8 +218,12 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
     for sink in _sinks_of(graph):
         sink.prepare()
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"
+    # on the driver's node when it can be (soft): the metrics endpoint is then where the
+    # job was started (the head pod under ray job submit, which deploy/k8s scrapes)
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     master = RemoteJobMaster.options(
         name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
+        scheduling_strategy=here,
     ).remote(graph, config, job_id)
     d = Deadlines.of(config)
     try:
@@ -225,4 +232,5 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
         with contextlib.suppress(Exception):
             ray.kill(master)
         _raise(exc, job_id, "start", d.start_s)
+    registry.record(job_id, url)  # reachable by name from other processes
     return JobHandle(master, job_id, url, config)

@@ -89,6 +89,9 @@ class JobMaster:
         self.finished: set[str] = set()
         self.epoch = 0
         self.collector = JobCollector(job_id, self.clock.monotonic)
+        self.collector.rescale_timeout_s = config.rescale_timeout_s
+        # counters start at 0 for every operator, so increase()/changes() see the first one
+        self.collector.rescales_total = {v.name: 0 for v in self.plan.vertices}
         self.endpoint: MetricsEndpoint | None = None
         self.replicas = ReplicaKeeper(self)
         self.rescaler = Rescaler(self)

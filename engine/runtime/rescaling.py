@@ -212,6 +212,7 @@ class Rescaler:
             frozenset(m.finished))
         coord = coordinator_for(req, ctx, m.clock)
         self._coordinators[vertex] = coord
+        m.collector.rescale_started[vertex] = m.clock.monotonic()
         inbox: deque[Command] = deque()
         self._inbox[vertex] = inbox
         try:

@@ -54,7 +54,7 @@ from engine.messages import (
 from engine.runtime.connections import DataConnections, DownstreamDied
 from engine.runtime.failures import open_failure
 from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
-from engine.transport import DataClient, DataServer, ServerConnection
+from engine.transport import DataClient, DataServer, ServerConnection, tls_contexts
 
 _ACTIVE = ("created", "running")
 
@@ -97,6 +97,8 @@ class TaskActor(DataConnections):
         ``UserFunctionError`` naming the operator when one raised."""
         try:
             self.core = new_core(spec)
+            tls = spec.config.tls
+            self.tls = tls_contexts(tls) if tls is not None else None
         except Exception as exc:
             cause = f"{type(exc).__name__}: {exc}"
             opened = open_failure(exc, spec.operators, spec.task_name, spec.task_index)

@@ -16,7 +16,8 @@ across:
 
 ``close()`` shuts down in order: watcher, Spark queries, the reflow job, the bridge actors.
 ``local_spark()`` builds a local-mode session (any master via ``master=`` or
-``REFLOW_SPARK_MASTER``) with the ``"reflow"`` data source registered.
+``REFLOW_SPARK_MASTER``) with the ``"reflow"`` data source registered, whose Python workers
+run the driver's interpreter (``sys.executable``) unless one was configured.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import contextlib
 import logging
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -48,9 +50,20 @@ def local_spark(app_name: str = "reflow", master: str | None = None,
                 log_level: str = "ERROR") -> Any:
     """A SparkSession (local mode unless ``master``/``REFLOW_SPARK_MASTER`` says otherwise)
     with the ``"reflow"`` data source registered. ``spark.stop()`` ends it; the JVM exits
-    with this process."""
+    with this process.
+
+    Spark's Python workers (UDFs, the ``"reflow"`` data source's readers and writers on the
+    executors) run ``python_worker_executable(conf)``: the interpreter this process runs on,
+    unless ``PYSPARK_PYTHON`` or ``conf["spark.pyspark.python"]`` names another. PySpark's
+    own default is ``python3`` from ``PATH``, which under ``ray job submit``, cron or a
+    virtualenv not on ``PATH`` is an interpreter without reflow's packages."""
     from pyspark.sql import SparkSession
 
+    python = python_worker_executable(conf)
+    # PySpark reads PYSPARK_PYTHON when it creates the SparkContext; the JVM takes the
+    # worker executable from each Python function it is handed, not from the conf.
+    os.environ["PYSPARK_PYTHON"] = python
+    conf = {**(conf or {}), "spark.pyspark.python": python}
     master = master or os.environ.get("REFLOW_SPARK_MASTER") or "local[*]"
     b = (SparkSession.builder.master(master).appName(app_name)
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
@@ -63,6 +76,13 @@ def local_spark(app_name: str = "reflow", master: str | None = None,
     spark.sparkContext.setLogLevel(log_level)
     register(spark)
     return spark
+
+
+def python_worker_executable(conf: dict[str, Any] | None = None) -> str:
+    """The Python Spark's workers run: ``conf["spark.pyspark.python"]``, else
+    ``PYSPARK_PYTHON``, else this process's interpreter (``sys.executable``)."""
+    return str((conf or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
+               or sys.executable)
 
 
 def register(spark: Any) -> None:

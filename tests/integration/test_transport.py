@@ -1,13 +1,18 @@
-"""The direct TCP data channel (engine.transport) on real loopback sockets, no Ray."""
+"""The direct TCP data channel (engine.transport) on real loopback sockets, no Ray: order,
+acknowledgements, refusals, the maximum frame length, and TLS with pairs the tests make."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 
 import pytest
 
-from engine.errors import ConnectionLost, FrameRefused
-from engine.transport import DataClient, DataServer, ServerConnection
+from engine.config import TLS, JobConfig
+from engine.errors import ConfigError, ConnectionLost, FrameRefused, FrameTooLarge
+from engine.transport import _FRAME, DataClient, DataServer, ServerConnection, tls_contexts
+from tests.tls import self_signed
 
 
 def run(coro):  # noqa: ANN001, ANN201
@@ -160,3 +165,108 @@ def test_many_senders_share_one_server() -> None:
             c.close()
 
     run(go())
+
+
+# ---------------------------------------------------------------- bounds and TLS
+
+def test_a_length_field_over_the_maximum_closes_the_connection() -> None:
+    async def go() -> None:
+        frames: list[bytes] = []
+        server = DataServer(lambda c, s, p, conn: frames.append(p), max_frame_bytes=4096)
+        port = await server.start("127.0.0.1")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # a frame announcing ~4 GB and never sending it: a server that allocated or waited
+        # for the payload would keep the connection open; this one closes it at the header
+        writer.write(server.token + _FRAME.pack(1, 1, 2**32 - 1))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the server
+        assert frames == []
+        # frames up to the maximum still pass on a new connection
+        client = await DataClient.connect("127.0.0.1", port, server.token, "rx",
+                                          max_frame_bytes=4096)
+        ok = client.send(1, 1, b"x" * 4096)
+        await until(lambda: frames == [b"x" * 4096])
+        assert not ok.done()
+        client.close()
+        server.close()
+
+    run(go())
+
+
+def test_a_sender_never_sends_a_frame_over_the_maximum() -> None:
+    async def go() -> None:
+        rx = Receiver()
+        port = await rx.server.start("127.0.0.1")
+        client = await DataClient.connect("127.0.0.1", port, rx.server.token, "rx",
+                                          max_frame_bytes=1024)
+        with pytest.raises(FrameTooLarge, match=r"1,025 bytes for task rx exceeds "
+                                                r"max_frame_bytes=1,024; lower "
+                                                r"JobConfig.batch_size"):
+            await client.send(1, 1, b"y" * 1025)
+        small = client.send(1, 2, b"z")
+        await until(lambda: len(rx.frames) == 1)
+        rx.take()
+        await small
+        assert not client.closed
+        client.close()
+
+    run(go())
+
+
+def test_tls_carries_frames_and_both_ends_are_verified(tmp_path) -> None:
+    server_ctx, client_ctx = tls_contexts(self_signed(tmp_path / "a"))
+
+    async def go() -> None:
+        rx = Receiver()
+        rx.server = DataServer(rx.on_frame, tls=server_ctx)
+        port = await rx.server.start("127.0.0.1")
+        client = await DataClient.connect("127.0.0.1", port, rx.server.token, "rx",
+                                          tls=client_ctx)
+        assert client._writer.get_extra_info("ssl_object").version() in ("TLSv1.2", "TLSv1.3")
+        futs = [client.send(1, i, bytes([i]) * 5000) for i in range(5)]
+        await until(lambda: len(rx.frames) == 5)
+        assert [f[2] for f in rx.frames] == [bytes([i]) * 5000 for i in range(5)]
+        rx.take()
+        await asyncio.gather(*futs)
+        client.close()
+        rx.server.close()
+
+    run(go())
+
+
+def test_tls_server_refuses_plain_and_untrusted_clients(tmp_path) -> None:
+    server_ctx, _ = tls_contexts(self_signed(tmp_path / "a"))
+    _, stranger_ctx = tls_contexts(self_signed(tmp_path / "b", "stranger"))
+
+    async def go() -> None:
+        rx = Receiver()
+        rx.server = DataServer(rx.on_frame, tls=server_ctx)
+        port = await rx.server.start("127.0.0.1")
+        plain = await DataClient.connect("127.0.0.1", port, rx.server.token, "rx")
+        with pytest.raises(ConnectionLost):
+            await plain.send(1, 1, b"clear text")
+        # a client whose certificate the server's CA did not sign, and which does not trust
+        # the server's: the handshake fails on one side or the other
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            stranger = await DataClient.connect("127.0.0.1", port, rx.server.token, "rx",
+                                                tls=stranger_ctx)
+            with pytest.raises(ConnectionLost):
+                await stranger.send(1, 2, b"forged")
+        assert rx.frames == []
+        rx.server.close()
+
+    run(go())
+
+
+def test_tls_files_that_cannot_load_are_a_config_error(tmp_path) -> None:
+    good = self_signed(tmp_path)
+    with pytest.raises(ConfigError, match=r"JobConfig.tls: cannot load certificate .*missing"
+                                          r".*readable PEM file on every node"):
+        tls_contexts(TLS(str(tmp_path / "missing.crt"), good.key_file))
+    other = self_signed(tmp_path / "other", "other")
+    with pytest.raises(ConfigError, match="the key must match the certificate"):
+        tls_contexts(TLS(good.cert_file, other.key_file))
+    with pytest.raises(ConfigError, match="TLS: key_file must be the path of a PEM file"):
+        TLS(good.cert_file, "")
+    with pytest.raises(ConfigError, match="JobConfig: tls must be None with transport='ray'"):
+        JobConfig(tls=good, transport="ray")

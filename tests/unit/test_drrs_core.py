@@ -1259,10 +1259,10 @@ def test_only_non_disruptive_reads_past_a_confirm_before_alignment(clock, sink, 
     net = _two_sources_before_a_step(clock, sink, protocol)
     s = net["sum/0"]
     c0, c1 = net.cid("src/0", "sum/0"), net.cid("src/1", "sum/0")
-    s._blocked.add(c1)                  # hold src/1's channel back (test only)
+    s.block_channel(c1, -99)            # hold src/1's channel back (test only)
     while s.step():
         pass
-    s._blocked.discard(c1)
+    s.unblock_channels(-99)
     read_past = not s.inputs[c0].queue  # src/0's records behind its confirm
     assert read_past == (protocol == "non-disruptive")
     assert 0 in s.migration.old_role.subscales    # not aligned yet

@@ -203,7 +203,7 @@ def test_job_graph_refuses_an_empty_job_name(src):
 # ---------------------------------------------------------------- JobConfig types
 
 # one wrongly typed value per annotation; each field must refuse it
-WRONG = {"int": 1.5, "float": "1", "bool": 1, "str": 7}
+WRONG = {"int": 1.5, "float": "1", "bool": 1, "str": 7, "TLS": "cert.pem"}
 
 
 def _fields() -> list[dataclasses.Field]:

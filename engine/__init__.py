@@ -4,6 +4,7 @@ from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
     CodecError,
+    ColumnarError,
     ConfigError,
     ControlPlaneError,
     ControlTimeout,
@@ -25,6 +26,7 @@ from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
     "CodecError",
+    "ColumnarError",
     "ConfigError",
     "ControlPlaneError",
     "ControlTimeout",

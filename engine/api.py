@@ -168,9 +168,32 @@ class Stream:
     ) -> Stream:
         return self._stateless(g.FILTER, fn, name, parallelism, dead_letter)
 
-    def key_by(self, key_fn: Callable[[Any], Any]) -> KeyedStream:
-        """Partition by ``key_fn(record)``: records with equal keys go to the same task and
-        share keyed state.
+    def map_batches(
+        self, fn: Callable[[Any], Any], batch_format: str = "pyarrow", name: str | None = None,
+        parallelism: int | None = None, dead_letter: Sink | None = None,
+    ) -> Stream:
+        """``fn`` over whole batches (Ray Data's ``map_batches``): it gets a
+        ``pyarrow.Table`` (``batch_format="pyarrow"``), a dict of numpy arrays ("numpy") or
+        a pandas DataFrame ("pandas", needs pandas) and returns one of those; its output is
+        a columnar stream (``engine.columnar``; per-record operators after it see dict
+        rows). Records that are not column batches reach it as batches of their dict rows.
+        Output rows keep their input's timestamps when ``fn`` returns as many rows, else
+        take the batch's latest. A batch whose call raises goes whole to ``dead_letter``
+        (each record with the error) or fails the job."""
+        from engine.vectorised import MapBatches
+
+        _check_callable(fn, "map_batches", name)
+        try:
+            spec = MapBatches(fn, batch_format)
+        except ValueError as exc:
+            raise JobDefinitionError(f"map_batches {name or ''!r}: {exc}") from None
+        return self._stateless(g.MAP_BATCHES, spec, name, parallelism, dead_letter)
+
+    def key_by(self, key_fn: Callable[[Any], Any] | str) -> KeyedStream:
+        """Partition by ``key_fn(record)``, or by a column (``key_by("user")``: a column of
+        a columnar stream, or the field of a dict row): records with equal keys go to the
+        same task and share keyed state. A column's key groups are computed a batch at a
+        time, with exactly the hash of the per-record path (``engine.columnar``).
 
         A key is a str, bytes, int, float, bool, None or a tuple of them; keys equal in Python
         (``1``, ``1.0``, ``True``) are one key. A NaN key (a float or numpy float, alone or
@@ -183,6 +206,12 @@ class Stream:
         key_by, the task and the record (``InvalidKeyError`` as the cause); map NaN to a real
         key (e.g. None) or filter such records out before ``key_by``.
         """
+        if isinstance(key_fn, str):
+            from engine.columnar import ColumnKey
+
+            if not key_fn:
+                raise JobDefinitionError("key_by(''): a key column needs a name")
+            key_fn = ColumnKey(key_fn)
         _check_callable(key_fn, "key_by", None)
         return KeyedStream(self._job, self._heads, key_fn)
 
@@ -274,6 +303,22 @@ class KeyedStream:
         """Emit the running reduced value of the key for every input (Flink's ``reduce``)."""
         _check_callable(fn, "reduce", name)
         return self._keyed(g.REDUCE, ReduceFunction(fn), name, parallelism, dead_letter)
+
+    def aggregate(self, *aggregations: Any, name: str | None = None,
+                  parallelism: int | None = None) -> Stream:
+        """Running aggregations per key, vectorised (``engine.vectorised``): ``Count()``,
+        ``Sum(col)``, ``Min(col)``, ``Max(col)``, ``Mean(col)``. For every input record it
+        emits a dict row with the key (column named as the key column, or ``key``) and each
+        aggregation's value for that key after the record (``count()``, ``sum(col)``, ...),
+        as a column batch. Their state is keyed state: every rescale protocol moves it."""
+        from engine.columnar import ColumnarError
+        from engine.vectorised import ColumnAggregate, key_name_of
+
+        try:
+            fn = ColumnAggregate(tuple(aggregations), key_name_of(self._key_fn))
+        except ColumnarError as exc:
+            raise JobDefinitionError(f"aggregate {name or ''!r}: {exc}") from None
+        return self._keyed(g.AGGREGATE, fn, name, parallelism, None)
 
 
 class WindowedStream:

@@ -6,8 +6,10 @@ the task's state backend) or none, then the stateless operators, then the sink. 
 apart keeps the core about scheduling, and gives one place that opens, flushes and closes
 every writer a task owns (sinks, late-data sinks, dead-letter sinks).
 
-Format: ``process``/``process_rest`` take and return parallel lists (values, timestamps),
-as the runners do (``engine.operators``); what comes out is for the task's output router.
+Format: ``process``/``process_rest`` take and return (values, timestamps), as the runners
+do (``engine.operators``, ``engine.vectorised``): parallel lists, or a
+``engine.columnar.ColumnBatch`` with a numpy array of timestamps; what comes out is for
+the task's output router.
 
 Guarantees: every writer is opened once, in the constructor; ``flush`` and ``close`` reach
 each of them, dead-letter writers included, and so do the two-phase commit calls
@@ -27,6 +29,7 @@ from engine.clock import Clock
 from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner
 from engine.sinks import SinkWriter
 from engine.state import KeyedStateBackend
+from engine.vectorised import AggregateRunner, MapBatchesRunner
 
 
 class OperatorChain:
@@ -55,11 +58,12 @@ class OperatorChain:
             if head.late_sink is not None:
                 late = head.late_sink.open(task_index, parallelism, clock)
                 self.writers[f"{head.name}/late"] = late
-            self.keyed = KeyedRunner(head, self._policy(head), self.backend, task_index, clock,
-                                     watermark, late)
+            keyed_runner = AggregateRunner if head.kind == g.AGGREGATE else KeyedRunner
+            self.keyed = keyed_runner(head, self._policy(head), self.backend, task_index, clock,
+                                      watermark, late)
         rest = operators[1:] if (head.kind == g.SOURCE or head.keyed) else operators
-        self.runners = [StatelessRunner(op, self._policy(op), self.writers.get(op.name))
-                        for op in rest]
+        self.runners = [(MapBatchesRunner if op.kind == g.MAP_BATCHES else StatelessRunner)(
+            op, self._policy(op), self.writers.get(op.name)) for op in rest]
         self.has_sink = any(op.kind == g.SINK for op in operators)
 
     def _policy(self, op: g.OperatorDef) -> ErrorPolicy:

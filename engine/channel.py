@@ -14,6 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from engine.columnar import ColumnBatch, ColumnKey, as_rows, column_key_groups
 from engine.errors import CodecError, OutputCodecError
 from engine.keygroups import KeyGroupCache
 from engine.messages import (
@@ -103,9 +106,15 @@ class OutFrame:
 
 
 class _ChannelBuffer:
-    __slots__ = ("channel", "seq", "values", "timestamps", "keys", "kgs", "ports", "since")
+    """Records waiting for one channel's next frame: rows (``values`` ...) or column
+    batches (``cols``: (batch, timestamps, key groups), ``ncols`` records), never both at
+    once (switching kind flushes what is there first, which keeps the order)."""
 
-    def __init__(self, channel: OutputChannel, seq: int, keyed: bool, ports: bool = False) -> None:
+    __slots__ = ("channel", "seq", "values", "timestamps", "keys", "kgs", "ports", "since",
+                 "cols", "ncols", "key_column")
+
+    def __init__(self, channel: OutputChannel, seq: int, keyed: bool, ports: bool = False,
+                 key_column: str | None = None) -> None:
         self.channel = channel
         self.seq = seq
         self.values: list[Any] = []
@@ -114,6 +123,9 @@ class _ChannelBuffer:
         self.kgs: list[int] | None = [] if keyed else None
         self.ports: list[int] | None = [] if ports else None
         self.since = 0.0
+        self.cols: list[tuple[ColumnBatch, np.ndarray, np.ndarray | None]] = []
+        self.ncols = 0
+        self.key_column = key_column
 
 
 class KeyFunctionError(Exception):
@@ -169,25 +181,31 @@ class OutputRouter:
         self.records_out = 0
         self.bytes_out = 0
         self._dirty: set[_ChannelBuffer] = set()
+        self._col_buffers = 0  # buffers holding column batches
 
     def connect(self, edges: Sequence[OutputEdge]) -> None:
         """Use these edges from now on; channels kept by id keep their sequence numbers.
 
         Buffered records must have been flushed before (the task is drained)."""
         old = {b.channel.channel_id: b for bufs in self._buffers.values() for b in bufs}
-        if any(b.values for b in old.values()):
+        if any(b.values or b.ncols for b in old.values()):
             raise RuntimeError("reconnecting outputs with unflushed records")
         self.edges = list(edges)
         self._buffers = {
             e.edge_id: [
                 _ChannelBuffer(c, old[c.channel_id].seq if c.channel_id in old else 0,
-                               e.partitioning == "keyed")
+                               e.partitioning == "keyed", key_column=self._key_column(e))
                 for c in e.channels
             ]
             for e in self.edges
         }
         self._dirty = set()
+        self._col_buffers = 0
         self._rr = {}
+
+    def _key_column(self, e: OutputEdge) -> str | None:
+        fn = self.key_fns.get(e.edge_id) if e.partitioning == "keyed" else None
+        return fn.column if isinstance(fn, ColumnKey) else None
 
     def _edge_index(self, edge_id: int) -> int:
         for i, e in enumerate(self.edges):
@@ -207,7 +225,8 @@ class OutputRouter:
         e = self.edges[i]
         self.edges[i] = OutputEdge(e.edge_id, e.partitioning, (*e.channels, *channels), e.routing)
         self._buffers[edge_id].extend(
-            _ChannelBuffer(c, 0, e.partitioning == "keyed") for c in channels)
+            _ChannelBuffer(c, 0, e.partitioning == "keyed", key_column=self._key_column(e))
+            for c in channels)
 
     def remove_channels(self, channel_ids: set[int]) -> None:
         """Drop trailing channels of live edges; nothing may route to them any more."""
@@ -241,6 +260,8 @@ class OutputRouter:
             routing[kg] = new_index
         self.edges[i] = OutputEdge(e.edge_id, e.partitioning, e.channels, tuple(routing))
         bufs = self._buffers[edge_id]
+        for b in bufs:  # moving single records: column batches waiting become rows
+            self._cols_to_rows(b)
         dst = bufs[new_index]
         for oi in old:
             b = bufs[oi]
@@ -293,9 +314,16 @@ class OutputRouter:
         self._flush(b)
 
     # -- records
-    def emit(self, values: list[Any], timestamps: list[int]) -> None:
-        if not values:
+    def emit(self, values: list[Any] | ColumnBatch, timestamps: Any) -> None:
+        """Route records (rows, or a ``ColumnBatch`` with its timestamps as a numpy array)
+        to every output edge."""
+        if not len(values):
             return
+        if type(values) is ColumnBatch:
+            self._emit_columns(values, np.asarray(timestamps, dtype=np.int64))
+            return
+        if self._col_buffers:  # rows must not overtake column batches waiting
+            self._flush_cols_all()
         for edge in self.edges:
             bufs = self._buffers[edge.edge_id]
             if edge.partitioning == "keyed":
@@ -314,6 +342,114 @@ class OutputRouter:
                 buf.timestamps.extend(timestamps)
                 if len(buf.values) >= self.batch_size:
                     self._flush(buf)
+
+    def _emit_columns(self, batch: ColumnBatch, ts: np.ndarray) -> None:
+        if self._row_buffers():  # column batches must not overtake rows waiting
+            for bufs in self._buffers.values():
+                for b in bufs:
+                    if b.values:
+                        self._flush(b)
+        for edge in self.edges:
+            bufs = self._buffers[edge.edge_id]
+            if edge.partitioning != "keyed":
+                if edge.partitioning == "forward" or len(bufs) == 1:
+                    buf = bufs[0]
+                else:
+                    i = self._rr.get(edge.edge_id, 0) % len(bufs)
+                    self._rr[edge.edge_id] = (i + 1) % len(bufs)
+                    buf = bufs[i]
+                self._append_cols(buf, batch, ts, None)
+                continue
+            key_fn = self.key_fns[edge.edge_id]
+            if not isinstance(key_fn, ColumnKey):  # a key function of rows: rows it is
+                rows, stamps = as_rows(batch, ts)
+                self._emit_keyed(edge, bufs, rows, stamps)
+                continue
+            try:
+                kgs = column_key_groups(key_fn.keys_of(batch), self.cache.num_key_groups)
+            except Exception as exc:
+                raise KeyFunctionError(batch.rows()[0], exc) from exc
+            if len(bufs) == 1:
+                self._append_cols(bufs[0], batch, ts, kgs)
+                continue
+            targets = np.asarray(edge.routing, dtype=np.int32)[kgs]
+            order = np.argsort(targets, kind="stable")
+            counts = np.bincount(targets, minlength=len(bufs))
+            taken = batch.take(order)
+            ts_o, kgs_o = ts[order], kgs[order]
+            start = 0
+            for ci in np.flatnonzero(counts).tolist():
+                end = start + int(counts[ci])
+                self._append_cols(bufs[ci], taken.slice(start, end), ts_o[start:end],
+                                  kgs_o[start:end])
+                start = end
+
+    def _append_cols(self, buf: _ChannelBuffer, batch: ColumnBatch, ts: np.ndarray,
+                     kgs: np.ndarray | None) -> None:
+        if buf.values:
+            self._flush(buf)
+        if not buf.ncols:
+            if buf not in self._dirty:
+                buf.since = self.now()
+                self._dirty.add(buf)
+            self._col_buffers += 1
+        buf.cols.append((batch, ts, kgs))
+        buf.ncols += len(batch)
+        if buf.ncols >= self.batch_size:
+            self._flush(buf)
+
+    def _row_buffers(self) -> bool:
+        return any(b.values for b in self._dirty)
+
+    def _flush_cols_all(self) -> None:
+        for b in list(self._dirty):
+            if b.ncols:
+                self._flush(b)
+
+    def _cols_to_rows(self, buf: _ChannelBuffer) -> None:
+        """Turn the column batches waiting in ``buf`` into rows (for per-record moves)."""
+        if not buf.ncols:
+            return
+        batch, ts, kgs = self._take_cols(buf)
+        rows, stamps = as_rows(batch, ts)
+        buf.values, buf.timestamps = rows, stamps
+        if buf.kgs is not None:
+            buf.kgs = kgs.tolist() if kgs is not None else []
+            key = buf.key_column
+            buf.keys = [r[key] for r in rows] if key is not None else []
+
+    def _take_cols(self, buf: _ChannelBuffer
+                   ) -> tuple[ColumnBatch, np.ndarray, np.ndarray | None]:
+        cols = buf.cols
+        batch = ColumnBatch.concat([c[0] for c in cols])
+        ts = cols[0][1] if len(cols) == 1 else np.concatenate([c[1] for c in cols])
+        kgs = None if cols[0][2] is None else (
+            cols[0][2] if len(cols) == 1 else np.concatenate([c[2] for c in cols]))
+        buf.cols, buf.ncols = [], 0
+        self._col_buffers -= 1
+        return batch, ts, kgs
+
+    def _flush_cols(self, buf: _ChannelBuffer, event: ChannelEvent | None) -> None:
+        batch, ts, kgs = self._take_cols(buf)
+        n, size = len(batch), self.batch_size
+        for start in range(0, n, size):
+            end = min(n, start + size)
+            whole = start == 0 and end == n
+            frame = Frame(batch if whole else batch.slice(start, end),
+                          ts if whole else ts[start:end], buf.key_column,  # type: ignore[arg-type]
+                          None if kgs is None else (kgs if whole else kgs[start:end]),
+                          event if end >= n else None)
+            try:
+                payload = encode_frame(frame)
+            except Exception as exc:
+                raise OutputCodecError(f"an output batch cannot be sent to the next task as "
+                                       f"columns: {type(exc).__name__}: {exc}") from exc
+            self.outbox.append(OutFrame(buf.channel.channel_id, buf.channel.target, buf.seq,
+                                        payload, end - start))
+            buf.seq += 1
+            self.bytes_out += len(payload)
+        self.records_out += n
+        self._dirty.discard(buf)
 
     def _emit_keyed(
         self, edge: OutputEdge, bufs: list[_ChannelBuffer], values: list[Any], timestamps: list[int]
@@ -360,6 +496,9 @@ class OutputRouter:
 
     def _flush(self, buf: _ChannelBuffer, event: ChannelEvent | None = None) -> None:
         """Send the buffer as frames of at most ``batch_size`` records, ``event`` last."""
+        if buf.ncols:
+            self._flush_cols(buf, event)
+            return
         n = len(buf.values)
         if n == 0 and event is None:
             return
@@ -435,4 +574,4 @@ class OutputRouter:
             self._flush(bufs[i], marker)
 
     def buffered_records(self) -> int:
-        return sum(len(b.values) for b in self._dirty)
+        return sum(len(b.values) + b.ncols for b in self._dirty)

@@ -193,6 +193,12 @@ class JobConfig:
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
+    ``drrs_pacing``: drrs starts at most as many subscales at once as the machine's idle
+    cores allow (half a core each, between 1 and ``drrs_max_subscales``), measured while it
+    runs (``migration.pacing``); False: always ``drrs_max_subscales``.
+    ``group_load_sample_every``: a keyed task counts its records per key group (the load
+    rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
+    scales the counts to all its records (``engine.groupstats``); 1 counts every frame.
     """
 
     batch_size: int = 1000
@@ -225,6 +231,8 @@ class JobConfig:
     data_host: str = field(default_factory=_data_host_default)
     tls: TLS | None = None
     max_frame_bytes: int = 64 * 1024 * 1024
+    group_load_sample_every: int = 8
+    drrs_pacing: bool = True
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -269,6 +277,8 @@ class JobConfig:
             ("tls", self.tls is None or self.transport == "tcp",
              "None with transport='ray' (TLS is for the tcp transport's sockets)"),
             ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
+            ("group_load_sample_every", self.group_load_sample_every >= 1,
+             ">= 1 (1: count every frame)"),
         ]
         for name, ok, expected in checks:
             if not ok:

@@ -9,6 +9,8 @@ Hierarchy::
     ├── InvalidKeyError         a key_by function returned a key that cannot partition records:
     │   │                       NaN (never equal to itself) (also a ``ValueError``)
     │   └── UnhashableKeyError  ... or a type without a stable hash (also a ``TypeError``)
+    ├── ColumnarError           records cannot be put in columns, or a columnar operator got a
+    │                           column it cannot use (also a ``ValueError``)
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
     │   └── OutputCodecError    an operator's output record cannot be encoded (names it)
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
@@ -94,6 +96,12 @@ class InvalidKeyError(ReflowError, ValueError):
 class UnhashableKeyError(InvalidKeyError, TypeError):
     """A key_by function returned a key of a type with no stable hash (a list, a dict, an
     object); a ``TypeError`` too, as before."""
+
+
+class ColumnarError(ReflowError, ValueError):
+    """Records cannot be put in columns (not dict rows, or fields that do not fit one
+    schema), or a columnar operator got a column it cannot use (missing, with nulls, not
+    numeric); the message names the column and what to do (``engine.columnar``)."""
 
 
 class CodecError(ReflowError):

@@ -21,9 +21,11 @@ FILTER = "filter"
 PROCESS = "process"
 REDUCE = "reduce"
 SINK = "sink"
+MAP_BATCHES = "map_batches"  # engine.vectorised: a user function per column batch
+AGGREGATE = "aggregate"  # engine.vectorised: running keyed aggregations, vectorised
 
-STATELESS_KINDS = frozenset({MAP, FLAT_MAP, FILTER, SINK})
-KEYED_KINDS = frozenset({PROCESS, REDUCE})
+STATELESS_KINDS = frozenset({MAP, FLAT_MAP, FILTER, SINK, MAP_BATCHES})
+KEYED_KINDS = frozenset({PROCESS, REDUCE, AGGREGATE})
 ALL_KINDS = STATELESS_KINDS | KEYED_KINDS | {SOURCE}
 
 

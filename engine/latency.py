@@ -33,6 +33,22 @@ _MIDPOINTS = LOWEST_MS * GROWTH ** (np.arange(NUM_LOG_BUCKETS, dtype=np.float64)
 _WIRE_VERSION = 1
 
 
+def _log_buckets(x: np.ndarray) -> np.ndarray:
+    """Bucket indices of latencies ``x`` (ms, finite), vectorised."""
+    idx = np.floor(np.log(np.maximum(x, LOWEST_MS) / LOWEST_MS) / _LOG_GROWTH).astype(np.int64)
+    idx += _FIRST_LOG
+    np.minimum(idx, _OVERFLOW, out=idx)
+    return idx
+
+
+# Integer latencies (ms timestamps subtracted, as sinks measure them) below this many ms are
+# bucketed by table lookup rather than a log per value; the table is made by the same
+# function, so both ways give the same bucket.
+_INT_TABLE_MS = 1 << 16
+_INT_BUCKETS = _log_buckets(np.arange(_INT_TABLE_MS, dtype=np.float64))
+_INT_BUCKETS[0] = _SMALL  # 0 ms lies in [0, LOWEST_MS)
+
+
 def _bucket_of(ms: float) -> int:
     if ms < LOWEST_MS:
         return _NEG if ms < 0 else _SMALL
@@ -76,14 +92,27 @@ class LatencyHistogram:
         self._max = max(self._max, ms)
 
     def observe_many(self, values: Iterable[float] | np.ndarray) -> None:
-        """Record many latencies (ms) at once, vectorised."""
-        x = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.float64)
+        """Record many latencies (ms) at once, vectorised. Integer arrays in [0, 65536) ms
+        (what a sink gets from integer ms timestamps) take a table lookup instead of a log
+        per value."""
+        x = np.asarray(values if isinstance(values, np.ndarray) else list(values))
+        if x.size == 0:
+            return
+        if x.dtype.kind in "iu":
+            lo, hi = int(x.min()), int(x.max())
+            if lo >= 0 and hi < _INT_TABLE_MS:
+                # 0 ms lands in [0, LOWEST_MS), whose sum (of zeros) does not change
+                self._counts += np.bincount(_INT_BUCKETS[x], minlength=NUM_BUCKETS)
+                self._count += int(x.size)
+                self._sum += float(x.sum())
+                self._min = min(self._min, float(lo))
+                self._max = max(self._max, float(hi))
+                return
+        x = x.astype(np.float64, copy=False)
         x = x[np.isfinite(x)]
         if x.size == 0:
             return
-        idx = np.floor(np.log(np.maximum(x, LOWEST_MS) / LOWEST_MS) / _LOG_GROWTH).astype(np.int64)
-        idx += _FIRST_LOG
-        np.minimum(idx, _OVERFLOW, out=idx)
+        idx = _log_buckets(x)
         under = x < LOWEST_MS
         if under.any():
             neg = x < 0
@@ -97,6 +126,10 @@ class LatencyHistogram:
         self._sum += float(x.sum())
         self._min = min(self._min, float(x.min()))
         self._max = max(self._max, float(x.max()))
+
+    def copy(self) -> LatencyHistogram:
+        """An independent histogram with the same observations."""
+        return LatencyHistogram().merge(self)
 
     def merge(self, other: LatencyHistogram) -> LatencyHistogram:
         """Add ``other``'s observations to this histogram (in place); returns self."""

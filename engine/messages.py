@@ -161,12 +161,27 @@ class Frame:
 
 
 def encode_frame(frame: Frame) -> bytes:
+    """A frame's bytes: msgpack, or Arrow IPC when its ``values`` is a
+    ``engine.columnar.ColumnBatch`` (``timestamps`` and ``key_groups`` then numpy arrays,
+    ``keys`` the name of the key column or None; see ``engine.columnar``)."""
     event = None if frame.event is None else _to_list(frame.event)
+    if type(frame.values).__name__ == "ColumnBatch":
+        from engine.columnar import encode_columnar_frame
+
+        return encode_columnar_frame(frame.values, frame.timestamps,  # type: ignore[arg-type]
+                                     frame.key_groups, event, frame.keys,  # type: ignore[arg-type]
+                                     pack_exact)
     return pack_fast((frame.values, frame.timestamps, frame.keys, frame.key_groups, event,
                       frame.ports))
 
 
 def decode_frame(data: bytes) -> Frame:
+    """A frame from its bytes (msgpack, or a columnar frame: ``engine.columnar``)."""
+    if data[:4] == b"\xff\xff\xff\xff":
+        from engine.columnar import decode_columnar_frame
+
+        batch, ts, keys, kgs, ev = decode_columnar_frame(data, unpack_exact)
+        return Frame(batch, ts, keys, kgs, None if ev is None else _from_list(ev))
     items = unpack_fast(data)
     if not isinstance(items, tuple) or len(items) not in (5, 6):
         raise CodecError(f"not a reflow data frame: {items!r:.100}")
@@ -357,7 +372,9 @@ class DescribeTask:
 @dataclass(frozen=True, slots=True)
 class GroupStatsRequest:
     """Per key group: records processed since the last request, and state bytes. Replied to
-    with ``GroupStats`` (the counters restart)."""
+    with ``GroupStats`` (the counters restart). The records are estimated from a sample of
+    frames scaled to the exact total (``engine.groupstats``), the bytes from a sample of
+    each table's entries."""
 
 
 @wire

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine import graph as g
 from engine.clock import Clock, now_ms
+from engine.columnar import ColumnBatch, as_rows
 from engine.errors import UserFunctionError
 from engine.functions import (
     Context,
@@ -86,6 +87,9 @@ class StatelessRunner:
         self.writer = writer
 
     def process(self, values: list[Any], timestamps: list[int]) -> Batch:
+        if type(values) is ColumnBatch and not (
+                self.kind == g.SINK and getattr(self.writer, "accepts_columns", False)):
+            values, timestamps = as_rows(values, timestamps)  # the edge to per-record code
         if self.kind == g.SINK:
             self._write(values, timestamps)
             return [], []
@@ -122,7 +126,7 @@ class StatelessRunner:
         try:
             self.writer.write(values, timestamps)
         except Exception as exc:
-            self.policy.on_batch_error(values, timestamps, exc)
+            self.policy.on_batch_error(*as_rows(values, timestamps), exc)
 
     def _slow(self, values: list[Any], timestamps: list[int]) -> Batch:
         out: list[Any] = []
@@ -173,6 +177,10 @@ class KeyedRunner:
 
     def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int],
                 port: int = 0) -> Batch:
+        if type(values) is ColumnBatch:  # the edge from the columnar path
+            values, timestamps = as_rows(values, timestamps)
+            keys = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
+            kgs = kgs.tolist() if hasattr(kgs, "tolist") else list(kgs)
         self.ctx.port = port
         self.ctx.time_domain = None
         out: list[Any] = []

@@ -47,6 +47,10 @@ from engine.errors import ConfigError, SinkCommitError
 
 
 class SinkWriter(abc.ABC):
+    #: True when ``write`` also takes an ``engine.columnar.ColumnBatch`` (with a numpy
+    #: array of timestamps); otherwise a column batch reaches ``write`` as dict rows
+    accepts_columns = False
+
     @abc.abstractmethod
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
         """Take records (in order) with their timestamps (ms).
@@ -511,8 +515,12 @@ class LatencySink(Sink):
 
 
 class _LatencyWriter(SinkWriter):
-    """Past seconds are kept as packed bytes (they no longer change), so a save costs
-    O(seconds) memcpy plus packing the current second and the total."""
+    """It reads only the timestamps, so it takes column batches as they are. Past seconds are kept as packed bytes (they no longer change), so a save costs
+    O(seconds) memcpy plus packing the current second and the total. A batch is observed
+    once, into the current second; the total is the sealed seconds' sum (added to once per
+    second) plus the current second, made at a save."""
+
+    accepts_columns = True
 
     def __init__(self, path: str, clock: Clock, save_interval_s: float) -> None:
         from engine.latency import LatencyHistogram
@@ -520,7 +528,7 @@ class _LatencyWriter(SinkWriter):
         self._path = path
         self._clock = clock
         self._interval = save_interval_s
-        self._total = LatencyHistogram()
+        self._sealed_total = LatencyHistogram()  # every second but the current one
         self._second: int | None = None
         self._current = LatencyHistogram()
         self._sealed: dict[int, bytes] = {}
@@ -528,30 +536,35 @@ class _LatencyWriter(SinkWriter):
         self._dirty = False
 
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
-        if timestamps:
+        if len(timestamps):
             import numpy as np
-
-            from engine.clock import now_ms
-            from engine.codec import pack_exact, unpack_exact
-            from engine.latency import LatencyHistogram
 
             now = self._clock.now()
             second = int(now // 1)
             if second != self._second:
-                if self._second is not None and self._current.count:
-                    self._sealed[self._second] = pack_exact(self._current.to_wire())
-                blob = self._sealed.pop(second, None)  # the clock went back: reopen it
-                self._current = (
-                    LatencyHistogram() if blob is None
-                    else LatencyHistogram.from_wire(unpack_exact(blob))
-                )
-                self._second = second
-            lat = now_ms(self._clock) - np.asarray(timestamps, dtype=np.int64)
-            self._total.observe_many(lat)
+                self._switch_second(second)
+            lat = int(now * 1000) - np.asarray(timestamps, dtype=np.int64)
             self._current.observe_many(lat)
             self._dirty = True
         if self._dirty and self._clock.monotonic() - self._last_save >= self._interval:
             self._save()
+
+    def _switch_second(self, second: int) -> None:
+        from engine.codec import pack_exact, unpack_exact
+        from engine.latency import LatencyHistogram
+
+        if self._second is not None and self._current.count:
+            self._sealed[self._second] = pack_exact(self._current.to_wire())
+            self._sealed_total.merge(self._current)
+        blob = self._sealed.pop(second, None)  # the clock went back: reopen it
+        if blob is None:
+            self._current = LatencyHistogram()
+        else:
+            self._current = LatencyHistogram.from_wire(unpack_exact(blob))
+            self._sealed_total = LatencyHistogram()  # rebuilt without the reopened second
+            for b in self._sealed.values():
+                self._sealed_total.merge(LatencyHistogram.from_wire(unpack_exact(b)))
+        self._second = second
 
     def _save(self) -> None:
         from engine.codec import pack_exact
@@ -559,7 +572,8 @@ class _LatencyWriter(SinkWriter):
         seconds = [[s, b] for s, b in self._sealed.items()]
         if self._second is not None and self._current.count:
             seconds.append([self._second, pack_exact(self._current.to_wire())])
-        blob = pack_exact([_LATENCY_FILE_VERSION, self._total.to_wire(), seconds])
+        total = self._sealed_total.copy().merge(self._current)
+        blob = pack_exact([_LATENCY_FILE_VERSION, total.to_wire(), seconds])
 
         def put(tmp: str) -> None:
             with open(tmp, "wb") as f:

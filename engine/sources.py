@@ -45,7 +45,9 @@ from engine.time import MIN_WATERMARK
 
 @dataclass
 class SourceBatch:
-    """Records polled from a source, with one timestamp (ms) each."""
+    """Records polled from a source, with one timestamp (ms) each: lists, or an
+    ``engine.columnar.ColumnBatch`` with a numpy int64 array of timestamps (a columnar
+    source)."""
 
     values: list[Any] = field(default_factory=list)
     timestamps: list[int] = field(default_factory=list)
@@ -132,6 +134,23 @@ def check_partitions(partitions: Any, source: str) -> tuple[str, ...]:
     return out
 
 
+def _concat(batches: list[SourceBatch]) -> SourceBatch:
+    """One batch of several partitions' batches, in order (columns stay columns)."""
+    from engine.columnar import ColumnBatch  # engine.columnar imports this module
+
+    if isinstance(batches[0].values, ColumnBatch):  # columns, with numpy timestamps
+        import numpy as np
+
+        return SourceBatch(ColumnBatch.concat([b.values for b in batches]),  # type: ignore
+                           np.concatenate([b.timestamps for b in batches]))  # type: ignore
+    values: list[Any] = []
+    timestamps: list[int] = []
+    for b in batches:
+        values.extend(b.values)
+        timestamps.extend(b.timestamps)
+    return SourceBatch(values, timestamps)
+
+
 class PartitionedReader:
     """A source task's reader over its partitions (engine core, not user code).
 
@@ -209,25 +228,27 @@ class PartitionedReader:
         order = self._order
         if not order:
             return None
-        out = SourceBatch()
         budget = max(0, max_records)
         n = len(order)
         start = self._next % n
+        got: list[SourceBatch] = []
+        taken = 0
         gone: list[str] = []
         last = start
         for k in range(n):
-            if len(out) >= budget:
+            if taken >= budget:
                 break
             pid = order[(start + k) % n]
             last = (start + k) % n
-            batch = self._readers[pid].poll(budget - len(out))
+            batch = self._readers[pid].poll(budget - taken)
             if batch is None:
                 gone.append(pid)
                 continue
-            if batch.values:
-                out.values.extend(batch.values)
-                out.timestamps.extend(batch.timestamps)
-                m = max(batch.timestamps)
+            if len(batch.values):
+                got.append(batch)
+                taken += len(batch.values)
+                ts = batch.timestamps
+                m = int(ts.max()) if hasattr(ts, "max") else max(ts)  # numpy when columnar
                 if m > self._max_ts.get(pid, MIN_WATERMARK):
                     self._max_ts[pid] = m
         self._next = last + 1
@@ -239,9 +260,9 @@ class PartitionedReader:
             self._max_ts.pop(pid, None)
         if gone:
             self._next = 0 if not order else self._next % len(order)
-        if not out.values and not order:
-            return None
-        return out
+        if not got:
+            return None if not order else SourceBatch()
+        return got[0] if len(got) == 1 else _concat(got)
 
     def offsets(self) -> dict[str, Any]:
         out = {pid: self._readers[pid].offset() for pid in self._order}
@@ -310,6 +331,9 @@ class GeneratorSource(Source):
       that scheduled time in ms, so time spent waiting for a slow engine counts as latency.
       At full speed, timestamps are the poll time.
     * Resume state: the number of records the partition has emitted (an int).
+    * ``columnar=True``: batches of columns ``key`` and ``seq`` (int64; an
+      ``engine.columnar.ColumnBatch``, whose records are dict rows ``{"key": k, "seq": s}``)
+      instead of tuples; the same keys in the same order. Not with ``state_bytes_per_key``.
     """
 
     def __init__(
@@ -323,6 +347,7 @@ class GeneratorSource(Source):
         state_bytes_per_key: int = 0,
         seed: int = 0,
         partitions: int | None = None,
+        columnar: bool = False,
     ) -> None:
         if rate is not None and not _is_positive_number(rate):
             raise ConfigError(
@@ -357,6 +382,11 @@ class GeneratorSource(Source):
         if partitions is not None and (not _is_int(partitions) or partitions < 1):
             raise ConfigError(f"GeneratorSource partitions must be an int >= 1 or None (one "
                               f"per initial source task); got {partitions!r}")
+        if not isinstance(columnar, bool) or (columnar and state_bytes_per_key):
+            raise ConfigError("GeneratorSource columnar must be a bool, and columnar batches "
+                              f"carry no padding (state_bytes_per_key 0); got {columnar!r} "
+                              f"with state_bytes_per_key {state_bytes_per_key!r}")
+        self.columnar = columnar
         self.rate = None if rate is None else float(rate)
         self.num_records = None if num_records is None else int(num_records)
         self.duration_s = None if duration_s is None else float(duration_s)
@@ -421,8 +451,11 @@ class _GeneratorReader(SourceReader):
             self._cdf = cdf / cdf[-1]
         self._chunk_no = -1
         self._chunk_keys: list[int] = []
+        self._chunk_array: Any = None
+        self._columnar = src.columnar
 
-    def _keys(self, chunk_no: int) -> list[int]:
+    def _keys(self, chunk_no: int) -> Any:
+        """The chunk's keys: a list, or a numpy array for a columnar reader."""
         if chunk_no != self._chunk_no:
             import numpy as np
 
@@ -432,9 +465,10 @@ class _GeneratorReader(SourceReader):
             else:
                 keys = np.searchsorted(self._cdf, rng.random(_GEN_CHUNK), side="right")
                 np.minimum(keys, self._num_keys - 1, out=keys)
-            self._chunk_keys = keys.tolist()
+            self._chunk_array = keys.astype(np.int64)
+            self._chunk_keys = [] if self._columnar else keys.tolist()
             self._chunk_no = chunk_no
-        return self._chunk_keys
+        return self._chunk_array if self._columnar else self._chunk_keys
 
     def _due(self) -> int:
         """Index one past the last record due now (ignoring the limit)."""
@@ -462,6 +496,8 @@ class _GeneratorReader(SourceReader):
         if end <= self._pos:
             return SourceBatch()
         start = self._pos
+        if self._columnar:
+            return self._columns(start, end)
         values: list[Any] = []
         pos = start
         while pos < end:
@@ -486,6 +522,36 @@ class _GeneratorReader(SourceReader):
             sched += self._start_ms
             timestamps = np.floor(sched).astype(np.int64).tolist()
         return SourceBatch(values, timestamps)
+
+    def _columns(self, start: int, end: int) -> SourceBatch:
+        import numpy as np
+        import pyarrow as pa
+
+        from engine.clock import now_ms
+        from engine.columnar import ColumnBatch
+
+        parts = []
+        pos = start
+        while pos < end:
+            chunk_no = pos // _GEN_CHUNK
+            base = chunk_no * _GEN_CHUNK
+            hi = min(end, base + _GEN_CHUNK)
+            parts.append(self._keys(chunk_no)[pos - base:hi - base])
+            pos = hi
+        keys = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        self._pos = end
+        if self._rate is None:
+            ts = np.full(end - start, now_ms(self._clock), dtype=np.int64)
+        else:
+            sched = np.arange(start - self._start_pos, end - self._start_pos, dtype=np.float64)
+            sched *= 1000.0  # the same arithmetic as the rows path: the same timestamps
+            sched /= self._rate
+            sched += self._start_ms
+            ts = np.floor(sched).astype(np.int64)
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array(keys), pa.array(np.arange(start, end, dtype=np.int64))],
+            names=["key", "seq"])
+        return SourceBatch(ColumnBatch(batch), ts)  # type: ignore[arg-type]
 
     def offset(self) -> Any:
         return self._pos

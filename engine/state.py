@@ -23,6 +23,13 @@ from typing import Any
 from engine.codec import pack_exact, unpack_exact
 
 _SAMPLE = 32
+_RESAMPLE_PER_CALL = 2
+
+
+def _entry_size(table: dict[Any, Any], sample_size: int = _SAMPLE) -> float:
+    """Mean encoded bytes of an entry of ``table`` (non-empty), from its first entries."""
+    sample = list(itertools.islice(table.items(), sample_size))
+    return len(pack_exact(sample)) / len(sample)
 PROCESSING_TIME = 0
 EVENT_TIME = 1
 
@@ -46,6 +53,9 @@ class KeyedStateBackend:
         self._changes: dict[int, set[Any]] = {}
         # key group -> replication version; kept after untrack so versions never repeat
         self._versions: dict[int, int] = {}
+        # (key group, table) -> (mean encoded bytes per entry, length when sampled)
+        self._entry_bytes: dict[tuple[int, str], tuple[float, int]] = {}
+        self._resample_at = 0
 
     # -- ownership
     def own(self, key_group: int) -> None:
@@ -241,15 +251,37 @@ class KeyedStateBackend:
         return len(self.snapshot(key_group))
 
     def estimated_bytes(self) -> int:
-        """Cheap estimate of the encoded size of all state (the first entries of each table
-        stand for the rest)."""
+        """Cheap estimate of the encoded size of all state: each table's length times its
+        entries' mean encoded size, sampled (``_SAMPLE`` entries; a refresh: a quarter) when the table is new or
+        its length changed by half since, and otherwise re-sampled a few tables per call in
+        turn (``_RESAMPLE_PER_CALL``), so values that grow are seen within some calls. A
+        call costs one ``len`` per table plus those samples, not a sample of every table
+        (the JobMaster asks every second)."""
+        cache = self._entry_bytes
         total = 0
-        for tables in self.groups.values():
-            for t in tables.values():
+        stale: list[tuple[int, str, dict[Any, Any]]] = []
+        for kg, tables in self.groups.items():
+            for name, t in tables.items():
                 n = len(t)
-                if n:
-                    sample = list(itertools.islice(t.items(), _SAMPLE))
-                    total += len(pack_exact(sample)) * n // len(sample)
+                if not n:
+                    continue
+                known = cache.get((kg, name))
+                if known is None or not known[1] // 2 <= n <= 2 * known[1] + 1:
+                    known = cache[(kg, name)] = (_entry_size(t), n)
+                else:
+                    stale.append((kg, name, t))
+                total += int(known[0] * n)
+        if stale:  # refresh a few, in turn
+            self._resample_at %= len(stale)
+            for kg, name, t in stale[self._resample_at:self._resample_at + _RESAMPLE_PER_CALL]:
+                old, _ = cache[(kg, name)]
+                per = cache[(kg, name)] = (_entry_size(t, _SAMPLE // 4), len(t))
+                total += int((per[0] - old) * len(t))
+            self._resample_at += _RESAMPLE_PER_CALL
+        if len(cache) > 2 * sum(len(tables) for tables in self.groups.values()) + 64:
+            live = {(kg, name) for kg, tables in self.groups.items() for name in tables}
+            for k in [k for k in cache if k not in live]:
+                del cache[k]
         return total
 
     def num_keys(self) -> int:

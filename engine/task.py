@@ -26,7 +26,6 @@ per-record ports costs one check (``migration.active``) on top of its processing
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,9 +36,11 @@ from engine.chain import OperatorChain
 from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputRouter
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
+from engine.columnar import ColumnBatch, as_rows
 from engine.config import JobConfig
 from engine.deployment import Deployment
 from engine.errors import OutputCodecError, ReflowError, UserFunctionError
+from engine.groupstats import GroupLoad
 from engine.latency import LatencyHistogram
 from engine.messages import (
     Ack,
@@ -167,10 +168,15 @@ class PartialFrame:
     __slots__ = ("values", "timestamps", "keys", "kgs", "ports", "event", "pos")
 
     def __init__(self, frame: Any) -> None:
-        self.values = frame.values
-        self.timestamps = frame.timestamps
-        self.keys = frame.keys
-        self.kgs = frame.key_groups
+        if type(frame.values) is ColumnBatch:  # a migration handles records one by one
+            self.values, self.timestamps = as_rows(frame.values, frame.timestamps)
+            self.keys = None if frame.keys is None else frame.keys.to_pylist()
+            self.kgs = None if frame.key_groups is None else frame.key_groups.tolist()
+        else:
+            self.values = frame.values
+            self.timestamps = frame.timestamps
+            self.keys = frame.keys
+            self.kgs = frame.key_groups
         self.ports = frame.ports
         self.event = frame.event
         self.pos = 0
@@ -291,7 +297,7 @@ class TaskCore:
         self._end_pending = False  # input ended; finishing waits for a rescale
         self.hold_finish = False
         self._live = cfg.live_rescaling
-        self.group_records: Counter[int] = Counter()  # records per key group (planning)
+        self.group_load = GroupLoad(cfg.group_load_sample_every)  # per key group (planning)
         self._stats_since = clock.monotonic()
 
         # metrics
@@ -367,8 +373,13 @@ class TaskCore:
             frame = decode_frame(payload)
             self.records_in += len(frame.values)
             if frame.ports is None and not self.migration.active:
-                if frame.values:
-                    self.guarded(self._run, list(frame.values), list(frame.timestamps),
+                values = frame.values
+                if type(values) is ColumnBatch:
+                    if len(values):
+                        self.guarded(self._run, values, frame.timestamps, frame.keys,
+                                     frame.key_groups, ch.port)
+                elif values:
+                    self.guarded(self._run, list(values), list(frame.timestamps),
                                  frame.keys, frame.key_groups, ch.port)
                 if frame.event is not None and self.status == RUNNING:
                     self.guarded(self._on_event, ch, frame.event)
@@ -417,7 +428,7 @@ class TaskCore:
     def _run(self, values: list[Any], timestamps: list[int], keys: Any = None, kgs: Any = None,
              port: int = 0) -> None:
         if self._live and kgs is not None and self.keyed is not None:
-            self.group_records.update(kgs)
+            self.group_load.observe(kgs)
         self.router.emit(*self.chain.process(values, timestamps, keys, kgs, port))
 
     def _run_rest(self, values: list[Any], timestamps: list[int]) -> None:
@@ -620,7 +631,7 @@ class TaskCore:
             self.router.broadcast(Watermark(MAX_WATERMARK))
             self._finish()
             return True
-        if not batch.values:
+        if not len(batch.values):
             return False
         self.records_in += len(batch.values)
         if self.wm_strategy is not None:
@@ -772,11 +783,11 @@ class TaskCore:
                 return TaskState(self.name, self.status.value,
                                  self._end_pending or self.status == FINISHED)
             case GroupStatsRequest():
-                now, b, counts = self.clock.monotonic(), self.backend, self.group_records
+                now, b, counts = self.clock.monotonic(), self.backend, self.group_load.take()
                 groups = () if b is None else tuple(
                     (kg, counts.get(kg, 0), estimated_group_bytes(b, kg)) for kg in b.owned())
                 reply = GroupStats(self.name, groups, now - self._stats_since)
-                self.group_records, self._stats_since = Counter(), now
+                self._stats_since = now
                 return reply
             case PriorityBatch(messages=msgs):
                 for m in msgs:

@@ -67,6 +67,7 @@ from engine.messages import (
 from engine.metrics import RescaleProgress
 from engine.names import NameEnum, SubscaleRole
 from migration.assignment import rescale_target
+from migration.pacing import HeadroomPacer
 from migration.plan import MigrationPlan, Subscale
 from migration.planning import (
     Planning,
@@ -304,6 +305,10 @@ class RescaleCoordinator:
             return self._advance(None)
         return []
 
+    def on_headroom(self, idle_cores: float) -> None:
+        """A measurement of the machine's idle cores while the rescale runs; only a paced
+        drrs rescale uses it (``LiveRescale.on_headroom``)."""
+
     def on_timeout(self) -> list[Command]:
         """The ``AwaitReports`` wait ran out: raises ``RescaleTimeout``."""
         cmd = self._pending
@@ -432,6 +437,19 @@ class LiveRescale(RescaleCoordinator):
         self._reports: dict[int, dict[str, SubscaleDone]] = {}
         self._sched: SubscaleScheduler | StepScheduler | None = None
         self._names: list[str] = []
+        # drrs: subscales at once follow the machine's idle cores (migration.pacing)
+        self.pacer = (HeadroomPacer(ctx.max_subscales)
+                      if self.spec.concurrent and ctx.config.drrs_pacing else None)
+
+    def on_headroom(self, idle_cores: float) -> None:
+        """A measurement of the idle cores the migration could use (the runtime sends one
+        about every half second): a paced drrs rescale starts at most the pacer's limit
+        of subscales at once from its next start on. Nothing else changes."""
+        if self.pacer is None:
+            return
+        limit = self.pacer.observe(idle_cores)
+        if isinstance(self._sched, SubscaleScheduler):
+            self._sched.max_running = limit
 
     def _observe(self, report: Any) -> None:
         super()._observe(report)
@@ -539,8 +557,9 @@ class LiveRescale(RescaleCoordinator):
     def _reason(self, plan: MigrationPlan) -> str:
         if not self.spec.concurrent:
             return plan.reason
+        paced = "" if self.pacer is None else f"; {self.pacer.describe()}"
         return (f"{plan.reason}; at most {self.ctx.max_subscales} at once and "
-                f"{self.config.drrs_max_subscales_per_task} per task")
+                f"{self.config.drrs_max_subscales_per_task} per task{paced}")
 
     def _run_subscales(self, plan: MigrationPlan) -> Generator[Command, Any, None]:
         cfg, clock, vertex = self.config, self.clock, self.vertex
@@ -550,7 +569,8 @@ class LiveRescale(RescaleCoordinator):
         sched: SubscaleScheduler | StepScheduler
         if self.spec.concurrent:
             sched = SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task,
-                                      self.ctx.max_subscales)
+                                      self.ctx.max_subscales if self.pacer is None
+                                      else self.pacer.limit)
         else:
             sched = StepScheduler(plan.steps)
         self._sched = sched

@@ -199,6 +199,51 @@ def profile_reference(records: list[tuple[int, int]]) -> list[tuple]:
     return out
 
 
+def _scaled(table: Any) -> Any:
+    """map_batches' function in the columnar job: ``v`` -> ``2 v + 1`` (a pyarrow Table)."""
+    import pyarrow.compute as pc
+
+    return table.set_column(table.schema.get_field_index("v"), "v",
+                            pc.add(pc.multiply(table["v"], 2), 1))
+
+
+def columnar_agg_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+                     rate: float | None = None, gates: Gates = None,
+                     config: JobConfig = SMALL) -> StreamJob:
+    """The columnar path: dict rows as column batches -> ``map_batches`` -> ``key_by`` a
+    column -> the vectorised Count, Sum, Min, Max and Mean (operator ``agg``)."""
+    from engine.columnar import ColumnarSource
+    from engine.vectorised import Count, Max, Mean, Min, Sum
+
+    rows = [{"k": k, "v": v} for k, v in records]
+    job = StreamJob("columnar", num_key_groups=32, parallelism=parallelism, config=config)
+    (job.source(ColumnarSource(TestingSource(rows, rate=rate, gate=gates)), name="src",
+                parallelism=1)
+        .map_batches(_scaled, name="scale")
+        .key_by("k")
+        .aggregate(Count(), Sum("v"), Min("v"), Max("v"), Mean("v"), name="agg")
+        .sink(sink, name="out"))
+    return job
+
+
+def columnar_agg_rows(results: list[dict[str, Any]]) -> list[tuple]:
+    """The columnar job's dict rows as tuples (key first), for ``per_key``."""
+    return [(r["k"], r["count()"], r["sum(v)"], r["min(v)"], r["max(v)"], r["mean(v)"])
+            for r in results]
+
+
+def columnar_agg_reference(records: list[tuple[int, int]]) -> list[tuple]:
+    acc: dict[int, list[int]] = {}
+    out = []
+    for k, v in records:
+        v = 2 * v + 1
+        a = acc.get(k)
+        a = acc[k] = [1, v, v, v] if a is None else [a[0] + 1, a[1] + v, min(a[2], v),
+                                                     max(a[3], v)]
+        out.append((k, a[0], a[1], a[2], a[3], a[1] / a[0]))
+    return out
+
+
 def per_key(records: list[tuple]) -> dict[Any, list[tuple]]:
     out: dict[Any, list[tuple]] = {}
     for r in records:

@@ -35,6 +35,7 @@ from engine.keygroups import validate_assignment
 from engine.messages import DescribeTask, TaskState, decode_message, encode_message
 from engine.names import JobState
 from engine.runtime.failures import reflow_error_in
+from engine.runtime.headroom import CpuHeadroom
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -75,6 +76,7 @@ class Rescaler:
         self._alone_running = False
         self._live_running = 0
         self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
+        self._headroom: dict[str, CpuHeadroom] = {}  # vertex -> its rescale's CPU meter
         self._inbox: dict[str, deque[Command]] = {}
         self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
         self.ticks = 0  # commands run, over all rescales of the job
@@ -212,6 +214,7 @@ class Rescaler:
             frozenset(m.finished))
         coord = coordinator_for(req, ctx, m.clock)
         self._coordinators[vertex] = coord
+        self._headroom[vertex] = CpuHeadroom()
         m.collector.rescale_started[vertex] = m.clock.monotonic()
         inbox: deque[Command] = deque()
         self._inbox[vertex] = inbox
@@ -225,6 +228,7 @@ class Rescaler:
                     raise RuntimeError("the coordinator gave no command and is not done")
                 cmd = inbox.popleft()
                 self.ticks += 1
+                self._pace(coord)
                 if isinstance(cmd, AwaitReports):
                     await self._await_reports(coord, cmd)
                 else:
@@ -235,11 +239,19 @@ class Rescaler:
             await self._failed(coord, exc)
         finally:
             self._coordinators.pop(vertex, None)
+            self._headroom.pop(vertex, None)
             self._inbox.pop(vertex, None)
             self._broken.pop(vertex, None)
         m.collector.rescales[vertex] = coord.progress()
         m.collector.rescales_total[vertex] = m.collector.rescales_total.get(vertex, 0) + 1
         return coord.report()
+
+    def _pace(self, coord: RescaleCoordinator) -> None:
+        """Hand the coordinator the machine's idle cores about every half second."""
+        meter = self._headroom.get(coord.vertex)
+        idle = None if meter is None else meter.sample()
+        if idle is not None:
+            coord.on_headroom(idle)
 
     async def _await_reports(self, coord: RescaleCoordinator, cmd: AwaitReports) -> None:
         """Until a report gave the coordinator its next command (``on_report`` puts it in
@@ -256,6 +268,7 @@ class Rescaler:
             left = deadline - m.clock.monotonic()
             if left <= 0:
                 coord.on_timeout()
+            self._pace(coord)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(m.changed().wait(), max(0.0, min(0.5, left)))
 

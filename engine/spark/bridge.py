@@ -391,6 +391,10 @@ class SparkSource(Source):
     * ``chunk_rows`` rows per chunk; each source task's queue holds at most
       ``queue_chunks`` chunks (so the bridge buffers at most ``parallelism * queue_chunks
       * chunk_rows`` rows).
+    * ``columnar=True``: the Arrow batches Spark handed over go on as column batches
+      (``engine.columnar``; no per-row conversion), timestamps as int64 ms and dates as
+      int32 days as on the rows path; per-record operators after it get dict rows
+      ``{column: value}`` instead of tuples.
 
     Driver side: ``start()`` creates the bridge actor (``SparkLink.feed`` calls it),
     ``foreach_batch(stream)`` gives a ``foreachBatch`` function, ``writer_options()`` the
@@ -408,8 +412,10 @@ class SparkSource(Source):
         chunk_rows: int = 4096,
         queue_chunks: int = 2,
         connect_timeout_s: float = 300.0,
+        columnar: bool = False,
     ) -> None:
         self.schema: ColumnSchema = parse_schema(schema)
+        self.columnar = bool(columnar)
         if timestamp_column is not None and timestamp_column not in self.schema.names:
             raise ValueError(f"SparkSource timestamp_column {timestamp_column!r} is not a "
                              f"declared column ({self.schema.names})")
@@ -519,6 +525,7 @@ class _BridgeReader(SourceReader):
                  clock: Clock) -> None:
         self._name = src.bridge_name
         self._ts_col = src.timestamp_column
+        self._columnar = getattr(src, "columnar", False)
         self._task = task_index
         self._p = parallelism
         self._clock = clock
@@ -560,6 +567,10 @@ class _BridgeReader(SourceReader):
         if kind == "end":
             self._ended = True
             return
+        if self._columnar:
+            self._take_columns(reply[1])
+            self._request()
+            return
         values: list[Any] = []
         stamps: list[int] = []
         for batch, _rows, put_ms, ipc in reply[1]:
@@ -576,7 +587,40 @@ class _BridgeReader(SourceReader):
         self._i = 0
         self._request()  # prefetch the next chunks while these are processed
 
+    def _take_columns(self, chunks: Any) -> None:
+        """The chunks as one column batch (after what is left of the last), no rows made."""
+        import numpy as np
+        import pyarrow as pa
+
+        from engine.columnar import ColumnBatch
+        from engine.spark.schema import column_ms, from_ipc, plain_columns
+
+        parts = [] if self._i >= len(self._values) else [self._values.slice(
+            self._i, len(self._values))]
+        stamps = [] if not parts else [self._ts[self._i:]]
+        for batch, _rows, put_ms, ipc in chunks:
+            table = from_ipc(ipc)
+            if table.num_rows == 0:
+                continue
+            parts.append(ColumnBatch.of(plain_columns(table)))
+            if self._ts_col is None:
+                stamps.append(np.full(table.num_rows, put_ms, dtype=np.int64))
+            else:
+                stamps.append(np.asarray([put_ms if t is None else t
+                                          for t in column_ms(table, self._ts_col)],
+                                         dtype=np.int64))
+            self._batch = max(self._batch, batch)
+        if parts:
+            self._values = ColumnBatch.concat(parts)  # type: ignore[assignment]
+            self._ts = np.concatenate(stamps)  # type: ignore[assignment]
+        else:
+            self._values = ColumnBatch(pa.RecordBatch.from_pylist([]))  # type: ignore[assignment]
+            self._ts = np.zeros(0, dtype=np.int64)  # type: ignore[assignment]
+        self._i = 0
+
     def poll(self, max_records: int) -> SourceBatch | None:
+        if self._columnar:
+            return self._poll_columns(max_records)
         if self._i >= len(self._values) and not self._ended:
             if self._fut is None:
                 self._request()
@@ -589,6 +633,25 @@ class _BridgeReader(SourceReader):
             self._i = end
             if self._i >= len(self._values):
                 self._values, self._ts, self._i = [], [], 0
+            self._hint = 0.0005
+            return out
+        if self._ended:
+            return None
+        self._hint = min(self.MAX_IDLE_HINT_S, self._hint * 2)
+        return SourceBatch()
+
+    def _poll_columns(self, max_records: int) -> SourceBatch | None:
+        if self._i >= len(self._values) and not self._ended:
+            if self._fut is None:
+                self._request()
+            if self._fut is not None and self._fut.done():
+                self._take()
+        if self._i < len(self._values):
+            end = min(len(self._values), self._i + max(1, max_records))
+            out = SourceBatch(self._values.slice(self._i, end),  # type: ignore[attr-defined]
+                              self._ts[self._i:end])
+            self._rows += end - self._i
+            self._i = end
             self._hint = 0.0005
             return out
         if self._ended:

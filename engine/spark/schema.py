@@ -328,6 +328,23 @@ def _plain(col: pa.ChunkedArray | pa.Array) -> list[Any]:
     return col.to_pylist()
 
 
+def plain_columns(table: pa.Table) -> pa.Table:
+    """The table with timestamp columns as int64 ms and date columns as int32 days (what
+    ``to_records`` makes of them, vectorised), other columns as they are."""
+    cols = []
+    for c in table.columns:
+        t = c.type
+        if pa.types.is_timestamp(t):
+            raw = pc.cast(c, pa.int64())
+            per = _UNIT_PER_MS[t.unit]
+            c = (pc.multiply(raw, 1000) if per is None else raw if per == 1 else
+                 pc.floor(pc.divide(pc.cast(raw, pa.float64()), per)).cast(pa.int64()))
+        elif pa.types.is_date32(t):
+            c = pc.cast(c, pa.int32())
+        cols.append(c)
+    return pa.Table.from_arrays(cols, names=table.column_names)
+
+
 def to_records(table: pa.Table) -> list[Any]:
     """Rows as tuples of the columns (bare values for a one-column table)."""
     cols = [_plain(c) for c in table.columns]

@@ -52,11 +52,21 @@ times of every sink writer (``harness.jobs.WriteLogLatencySink``):
 * from the RescaleReport: duration_s, suspended_s, propagation_delay_s, bytes and key groups
   moved, rerouted records, subscales, phases, and ``planning_reason`` when the protocol sets it.
 
+Rounds: ``--repeats`` (2; quick 1) rounds, each running every protocol once with the run
+without rescaling before each of them (none, drrs, none, pause-resume, ...; the protocols'
+order rotates by one per round), so the machine's load drift reaches the baseline runs as
+it reaches the protocols; every figure and ratio is the median over the rounds (ranges in
+``results.json``'s ``medians`` and in the summary). Every run gets the same warm standby
+actors (``--warm-standby``, default the target parallelism): live protocols take the tasks
+they add from them, stop-restart redeploys every task into them, as Flink redeploys into
+running task slots.
+
 Protocols: every name in ``migration.protocols.PROTOCOLS`` (``--protocols a,b`` to choose);
 one the engine refuses (``RescaleRefused``) is recorded as skipped with the reason. A run whose
 job fails is recorded as failed and the others go on. Also (``--overhead``, default on) the
 steady-state cost of rescaling support: the micro job at full speed over ``--overhead-records``
-records with ``JobConfig(live_rescaling=False)`` vs the default, alternated; and
+records with the defaults, with ``JobConfig(live_rescaling=False)`` and without metrics
+(no endpoint, no metrics polls), alternated; and
 (``--replication-cost``, default on except ``--quick``) what keeping replicas costs: the micro
 job at its rate once per ``JobConfig(replication=)`` policy, bytes and CPU from its
 Prometheus endpoint.
@@ -123,7 +133,7 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
     "q7": {"rate": (10_000.0, 5_000.0), "from_p": (4, 1), "to_p": (6, 2)},
     "q8": {"rate": (20_000.0, 10_000.0), "from_p": (4, 1), "to_p": (6, 2)},
 }
-TIMING = {"build": (12.0, 2.0), "baseline": (8.0, 3.0), "after": (12.0, 5.0),
+TIMING = {"build": (12.0, 2.0), "baseline": (8.0, 3.0), "after": (12.0, 5.0), "repeats": (2, 1),
           "stable": (5, 2), "overhead_records": (600_000, 300_000), "overhead_repeats": (2, 1),
           "replication_seconds": (15.0, 5.0)}
 REPLICATION_POLICIES = ("none", "hot", "all")
@@ -240,6 +250,23 @@ class Scenario:
 # ------------------------------------------------------------------------------ one run
 
 
+def run_order(protocols: list[str], repeats: int, with_none: bool) -> list[tuple[str, int]]:
+    """(protocol, round) in the order they run: per round every protocol once, the run
+    without rescaling before each (alternated, so drift of the machine's load reaches the
+    baseline runs as it reaches the protocols), the protocols' order rotated by one each
+    round (no protocol always runs first)."""
+    out: list[tuple[str, int]] = []
+    for rnd in range(repeats):
+        shift = rnd % len(protocols) if protocols else 0
+        for p in protocols[shift:] + protocols[:shift]:
+            if with_none and p in PROTOCOLS:
+                out.append((NONE, rnd))
+            out.append((p, rnd))
+        if with_none and not any(p in PROTOCOLS for p in protocols):
+            out.append((NONE, rnd))
+    return out
+
+
 def run_one(sc: Scenario, protocol: str, config: JobConfig, progress: run.Progress,
             k: int, n: int) -> dict[str, Any]:
     a = sc.args
@@ -290,18 +317,29 @@ def analyse(sc: Scenario, sink: jobs.WriteLogLatencySink, r: dict[str, Any]) -> 
 # ------------------------------------------------------------------------------ steady state
 
 
+#: the steady-state overhead runs: name -> JobConfig fields (the default first)
+OVERHEAD_CONFIGS = {
+    "default": {},
+    "no live rescaling": {"live_rescaling": False},
+    "no metrics": {"metrics_port": None, "metrics_poll_interval_s": 3600.0},
+}
+
+
 def overhead(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
-    """Full-speed throughput of the micro job with and without live-rescaling support."""
+    """Full-speed throughput of the micro job with the defaults, without live-rescaling
+    support, and without metrics (no endpoint, no metrics polls of the tasks), the three
+    alternated ``--overhead-repeats`` times; the overhead of each feature is the default's
+    median against the median without it."""
     a = sc.args
     if sc.nexmark:
         return {"skipped": "measured on the micro job only"}
     rows: list[dict[str, Any]] = []
     for rep in range(a.overhead_repeats):
-        for live in (True, False):
-            progress.step(f"overhead {rep + 1}/{a.overhead_repeats}: live_rescaling={live}",
+        for name, fields in OVERHEAD_CONFIGS.items():
+            progress.step(f"overhead {rep + 1}/{a.overhead_repeats}: {name}",
                           4.0 + a.overhead_records / 150_000)
             sink = LatencySink()
-            handle = sc.build(sink, JobConfig(live_rescaling=live, transport=a.transport),
+            handle = sc.build(sink, JobConfig(transport=a.transport, **fields),
                               full_speed=True, num_records=a.overhead_records).run()
             try:
                 span, state = run.wait_finished(handle, 0.05, 600.0 + a.overhead_records / 1e3)
@@ -309,15 +347,21 @@ def overhead(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
                 handle.stop()
             if span is None or state != JobState.FINISHED:
                 return {"skipped": f"the job ended {state}: {handle.status().error}"}
-            rows.append({"live_rescaling": live, "repeat": rep, "seconds": span,
+            rows.append({"config": name, "live_rescaling": fields.get("live_rescaling", True),
+                         "repeat": rep, "seconds": span,
                          "records_per_s": a.overhead_records / span,
-                         "records_at_sink": sink.summary()["count"]})
-    on = an.median(r["records_per_s"] for r in rows if r["live_rescaling"])
-    off = an.median(r["records_per_s"] for r in rows if not r["live_rescaling"])
+                         "records_at_sink": sink.summary()["count"],
+                         "loadavg_at_end": os.getloadavg()[0]})
+    med = {name: an.median(r["records_per_s"] for r in rows if r["config"] == name)
+           for name in OVERHEAD_CONFIGS}
+    on, off, quiet = med["default"], med["no live rescaling"], med["no metrics"]
     return {"records": a.overhead_records, "parallelism": a.from_p, "runs": rows,
             "records_per_s_live": on, "records_per_s_without": off,
+            "records_per_s_without_metrics": quiet,
             "ratio_live_over_without": an.ratio(on, off),
-            "overhead_pct": None if not off or on is None else 100.0 * (1.0 - on / off)}
+            "overhead_pct": None if not off or on is None else 100.0 * (1.0 - on / off),
+            "metrics_overhead_pct": (None if not quiet or on is None
+                                     else 100.0 * (1.0 - on / quiet))}
 
 
 def replication_cost(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
@@ -376,42 +420,89 @@ def _capped(flags: dict[str, str], key: str, part: str, runs: dict[str, dict[str
         flags[key] = f"{' and '.join(capped)} capped at the end of the run"
 
 
+#: figures of a run whose medians over the rounds stand for its protocol
+FIGURES = {"peak_ms": ("peak", "max_ms"), "peak_p99_ms": ("peak", "p99_ms"),
+           "period_mean_ms": ("period", "mean_ms"), "period_s": ("period", "seconds"),
+           "settle_s": ("settle", "seconds"), "baseline_mean_ms": ("baseline", "mean_ms"),
+           "post_request_mean_ms": ("post_request", "mean_ms")}
+
+
+def medians(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per protocol (and ``none``): each figure's median over its ok runs, with range."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in results["runs"]:
+        if r["status"] == RunStatus.OK:
+            by.setdefault(r["protocol"], []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for p, runs in by.items():
+        row: dict[str, Any] = {"runs": len(runs)}
+        for name, (part, field) in FIGURES.items():
+            row[name] = an.spread((r.get(part) or {}).get(field) for r in runs)
+        row["migration_s"] = an.spread((r.get("report") or {}).get("duration_s") for r in runs)
+        row["stabilized_all"] = all(r["period"].get("stabilized", True) for r in runs)
+        row["loadavg_at_end"] = [r["loadavg_at_end"][0] for r in runs if r.get("loadavg_at_end")]
+        out[p] = row
+    return out
+
+
 def summarise(results: dict[str, Any]) -> None:
-    """Adds ``ratios`` (within this run), ``ratio_notes`` and ``no_rescale_mean_ms``."""
-    ok = {r["protocol"]: r for r in results["runs"] if r["status"] == RunStatus.OK}
-    none = ok.get(NONE)
-    none_mean = none["post_request"]["mean_ms"] if none else None
+    """Adds ``medians`` (per protocol, over the rounds), ``ratios`` (of those medians,
+    within this run), ``ratio_notes`` and ``no_rescale_mean_ms``."""
+    med = results["medians"] = medians(results)
+
+    def m(p: str, f: str) -> float | None:
+        return med[p][f]["median"] if p in med else None
+
+    none_mean = m(NONE, "post_request_mean_ms")
     ratios: dict[str, Any] = {}
     flags: dict[str, str] = {}
-    for p, r in ok.items():
+    for p in med:
         if p == NONE:
             continue
-        ref = none_mean if none_mean is not None else r["baseline"]["mean_ms"]
-        ratios[f"{p} scaling-period mean / no-rescale mean"] = an.ratio(r["period"]["mean_ms"],
-                                                                        ref)
-        # the same run before its request: immune to the drift between runs on a shared
+        ref = none_mean if none_mean is not None else m(p, "baseline_mean_ms")
+        ratios[f"{p} scaling-period mean / no-rescale mean"] = an.ratio(
+            m(p, "period_mean_ms"), ref)
+        # the same runs before their request: immune to the drift between runs on a shared
         # machine, but it compares against the old parallelism's latency
         ratios[f"{p} scaling-period mean / its own baseline mean"] = an.ratio(
-            r["period"]["mean_ms"], r["baseline"]["mean_ms"])
-    d = ok.get("drrs")
-    for p, r in ok.items():
-        if d is None or p in (NONE, "drrs"):
+            m(p, "period_mean_ms"), m(p, "baseline_mean_ms"))
+    for p in med:
+        if "drrs" not in med or p in (NONE, "drrs"):
             continue
-        pair = {"drrs": d, p: r}
-        ratios[f"drrs peak / {p} peak"] = an.ratio(d["peak"]["max_ms"], r["peak"]["max_ms"])
-        ratios[f"drrs peak p99 / {p} peak p99"] = an.ratio(d["peak"]["p99_ms"],
-                                                            r["peak"]["p99_ms"])
-        for part, name in (("period", "scaling period"), ("settle", "settle")):
+        ratios[f"drrs peak / {p} peak"] = an.ratio(m("drrs", "peak_ms"), m(p, "peak_ms"))
+        ratios[f"drrs peak p99 / {p} peak p99"] = an.ratio(m("drrs", "peak_p99_ms"),
+                                                            m(p, "peak_p99_ms"))
+        for f, name in (("period_s", "scaling period"), ("settle_s", "settle")):
             key = f"drrs {name} / {p} {name}"
-            ratios[key] = an.ratio(d[part]["seconds"], r[part]["seconds"])
-            _capped(flags, key, part, pair)
+            ratios[key] = an.ratio(m("drrs", f), m(p, f))
+            capped = [q for q in ("drrs", p) if not med[q]["stabilized_all"]]
+            if capped and f == "period_s":
+                flags[key] = f"{' and '.join(capped)} capped at the end of a run"
         ratios[f"drrs scaling-period mean / {p} scaling-period mean"] = an.ratio(
-            d["period"]["mean_ms"], r["period"]["mean_ms"])
+            m("drrs", "period_mean_ms"), m(p, "period_mean_ms"))
         ratios[f"drrs migration duration / {p} migration duration"] = an.ratio(
-            d["report"]["duration_s"], r["report"]["duration_s"])
+            m("drrs", "migration_s"), m(p, "migration_s"))
     results["ratios"] = ratios
     results["ratio_notes"] = flags
     results["no_rescale_mean_ms"] = none_mean
+
+
+def medians_table(results: dict[str, Any]) -> list[str]:
+    def cell(sp: dict[str, Any], spec: str) -> str:
+        if sp["median"] is None:
+            return "-"
+        if sp["n"] < 2:
+            return fmt(sp["median"], spec)
+        return f"{fmt(sp['median'], spec)} ({fmt(sp['min'], spec)}-{fmt(sp['max'], spec)})"
+
+    cols = ["protocol", "runs", "peak ms", "peak p99 ms", "period mean ms", "scaling period s",
+            "migration s", "base mean ms", "load at end"]
+    rows = [[p, str(r["runs"]), cell(r["peak_ms"], ",.0f"), cell(r["peak_p99_ms"], ",.0f"),
+             cell(r["period_mean_ms"], ".1f"), cell(r["period_s"], ".0f"),
+             cell(r["migration_s"], ".2f"), cell(r["baseline_mean_ms"], ".1f"),
+             ", ".join(f"{x:.1f}" for x in r["loadavg_at_end"])]
+            for p, r in results["medians"].items()]
+    return md_table(cols, rows)
 
 
 def _notes(r: dict[str, Any], planned: int | None) -> str:
@@ -433,6 +524,10 @@ def _seconds(part: dict[str, Any]) -> str:
     return f"{part['seconds']}" + ("" if part["stabilized"] else "+")
 
 
+def _label(r: dict[str, Any]) -> str:
+    return f"{r['protocol']} #{r.get('round', 0) + 1}"
+
+
 def run_tables(results: dict[str, Any]) -> list[str]:
     """The main table (one row per run) and the detail table (the ok runs)."""
     cols = ["run", "base ms", "peak ms", "peak p99 ms", "period mean ms", "scaling period s",
@@ -442,12 +537,12 @@ def run_tables(results: dict[str, Any]) -> list[str]:
     rows, detail = [], []
     for r in results["runs"]:
         if r["status"] != RunStatus.OK:
-            rows.append([r["protocol"], *[""] * (len(cols) - 2),
+            rows.append([_label(r), *[""] * (len(cols) - 2),
                          f"{r['status']}: {r.get('reason', '')[:160]}"])
             continue
         rep = r.get("report") or {}
         rows.append([
-            r["protocol"], fmt(r["baseline"]["level_ms"]), fmt(r["peak"]["max_ms"], ",.0f"),
+            _label(r), fmt(r["baseline"]["level_ms"]), fmt(r["peak"]["max_ms"], ",.0f"),
             fmt(r["peak"]["p99_ms"], ",.0f"), fmt(r["period"]["mean_ms"]),
             _seconds(r["period"]), _seconds(r["settle"]), fmt(rep.get("duration_s"), ".2f"),
             fmt(rep.get("suspended_s"), ".2f"), fmt(rep.get("propagation_delay_s"), ".3f"),
@@ -455,7 +550,7 @@ def run_tables(results: dict[str, Any]) -> list[str]:
             "-" if not rep else str(rep["key_groups_moved"]), fmt(r["dip"]["ratio"], ".2f"),
             fmt(r["longest_gap"]["gap_s"], ".2f"), _notes(r, planned)])
         detail.append([
-            r["protocol"], fmt(r["baseline"]["p50_ms"]), fmt(r["baseline"]["p99_ms"]),
+            _label(r), fmt(r["baseline"]["p50_ms"]), fmt(r["baseline"]["p99_ms"]),
             fmt(r["period"]["p99_ms"]), fmt(r["tail"]["mean_ms"]),
             fmt(r.get("metrics_before", {}).get("state_bytes", 0) / 1e6),
             f"{rep.get('rerouted_records', 0):,}", str(len(rep.get("subscales", ()))),
@@ -469,10 +564,13 @@ def run_tables(results: dict[str, Any]) -> list[str]:
 def _overhead_text(o: dict[str, Any]) -> str:
     return (f"Steady-state overhead of rescaling support (micro job at full speed, "
             f"{o['records']:,} records, parallelism {o['parallelism']}, median of "
-            f"{len(o['runs']) // 2}): {fmt(o['records_per_s_live'], ',.0f')} records/s with "
+            f"{len(o['runs']) // len(OVERHEAD_CONFIGS)} alternated): {fmt(o['records_per_s_live'], ',.0f')} records/s with "
             f"live rescaling vs {fmt(o['records_per_s_without'], ',.0f')} without "
             f"(`live_rescaling=False`): ratio {fmt(o['ratio_live_over_without'], '.3f')}, "
-            f"overhead {fmt(o['overhead_pct'], '.1f')} %.")
+            f"overhead {fmt(o['overhead_pct'], '.1f')} %; of metrics: "
+            f"{fmt(o.get('records_per_s_without_metrics'), ',.0f')} records/s without the "
+            f"endpoint and the tasks' metrics polls, overhead "
+            f"{fmt(o.get('metrics_overhead_pct'), '.1f')} %.")
 
 
 def _replication_text(rc: dict[str, Any]) -> str:
@@ -498,8 +596,10 @@ request to the end of the period; *new level*: mean of the last {stable_s} s.
 def markdown(results: dict[str, Any]) -> str:
     c = results["config"]
     lines = [f"### rescale benchmark: `{c['scenario']}`" + (" (quick)" if c["quick"] else ""), "",
-             results["scenario"]["description"] + ".", "", *run_tables(results),
-             "", "Ratios (this run):", ""]
+             results["scenario"]["description"] + ".", "",
+             f"Medians over {c.get('repeats', 1)} alternated round(s) (range):", "",
+             *medians_table(results), "", "Every run:", "", *run_tables(results),
+             "", "Ratios (this run's medians):", ""]
     for k, v in results["ratios"].items():
         note = results["ratio_notes"].get(k)
         lines.append(f"- {k}: {fmt(v, '.3f')}" + (f" ({note})" if note else ""))
@@ -528,14 +628,17 @@ def plot(results: dict[str, Any], path: str) -> None:
         col = COLORS.get(r["protocol"], f"C{i}")
         rows = r["timeline"]
         t = [x["t"] for x in rows]
+        first = r.get("round", 0) == 0
         ax.plot(t, [nan if x["p99_ms"] is None else x["p99_ms"] for x in rows], color=col,
-                marker=".", lw=1.4, label=r["protocol"] + (" p99" if means else ""))
+                marker=".", lw=1.4,
+                label=(r["protocol"] + (" p99" if means else "")) if first else None)
         if means:
             ax.plot(t, [nan if x["mean_ms"] is None else x["mean_ms"] for x in rows], color=col,
                     ls="--", lw=1.0, label=f"{r['protocol']} mean")
             if r["baseline"]["level_ms"]:
                 ax.axhline(r["baseline"]["level_ms"], color=col, lw=0.7, alpha=0.6)
-        ax2.plot(t, [x["count"] for x in rows], color=col, lw=1.2, label=r["protocol"])
+        ax2.plot(t, [x["count"] for x in rows], color=col, lw=1.2,
+                 label=r["protocol"] if first else None)
         p = r["period"]
         ax.axvspan(p["start"] - r["requested_at"], p["end"] - r["requested_at"], color=col,
                    alpha=0.06)
@@ -544,7 +647,7 @@ def plot(results: dict[str, Any], path: str) -> None:
             done = rep["completed_at"] - r["requested_at"]
             for a_ in (ax, ax2):
                 a_.axvline(done, color=col, ls=":", lw=1.5)
-            ax.annotate(f"{r['protocol']} done {rep['duration_s']:.1f} s", (done, 0.97 - 0.06 * i),
+            ax.annotate(f"{_label(r)} done {rep['duration_s']:.1f} s", (done, 0.97 - 0.04 * i),
                         xycoords=("data", "axes fraction"), fontsize=8, color=col, va="top")
     for a_ in (ax, ax2):
         a_.axvline(0, color="k", lw=1.5)
@@ -592,9 +695,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--slide-ms", type=int, default=500, help="q7/q8 window slide")
     cli.add_rescale_run(ap, TIMING, coverage=None)
     ap.add_argument("--warm-standby", type=int,
-                    help="JobConfig(warm_standby_tasks=n): new tasks come from n idle actors "
-                         "started with the job (the pool is not refilled within a run); "
-                         "default: as many as the scale-out adds (0: cold actor starts)")
+                    help="JobConfig(warm_standby_tasks=n), the same for every run: new tasks "
+                         "come from n idle actors started with the job (not refilled within "
+                         "a run); default: the target parallelism, as many tasks as "
+                         "stop-restart redeploys, so it redeploys into warm actors as Flink "
+                         "redeploys into running task slots (0: cold actor starts)")
+    ap.add_argument("--repeats", type=int,
+                    help="rounds of runs (2; quick 1): each round runs every protocol once, "
+                         "the run without rescaling alternating with them (none, drrs, none, "
+                         "pause-resume, ...); figures are the medians over the rounds")
     ap.add_argument("--set-aside-cap", type=int, default=200,
                     help="JobConfig(drrs_set_aside_cap=n): records a task sets aside")
     ap.add_argument("--max-subscales", type=int, default=2,
@@ -629,7 +738,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.to_p is None:
         args.to_p = args.from_p
     if args.warm_standby is None:
-        args.warm_standby = max(0, args.to_p - args.from_p)
+        args.warm_standby = args.to_p
     args.protocols = [p for p in cli.comma_list(args.protocols) or map(str, PROTOCOLS)
                       if p != NONE]
     args.out = cli.out_dir(args, "rescale", args.scenario)
@@ -651,15 +760,15 @@ def main(argv: list[str] | None = None) -> int:
                        drrs_max_subscales=args.max_subscales_total,
                        drrs_subscale_size=args.subscale_size,
                        drrs_subscale_bytes=args.subscale_bytes or None)
-    names = ([] if args.no_baseline_run else [NONE]) + args.protocols
+    names = run_order(args.protocols, args.repeats, not args.no_baseline_run)
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
-    print(f"runs: {', '.join(names)}; per run build {sc.build_s:g} s, baseline "
+    print(f"runs: {', '.join(p for p, _ in names)}; per run build {sc.build_s:g} s, baseline "
           f"{args.baseline:g} s, after {args.after:g} s", flush=True)
     per_run = 5.0 + sc.build_s + args.baseline + args.after
     planned = sum(per_run + (RESCALE_GUESS_S if p != NONE else 0.0)
-                  for p in names if p == NONE or p in PROTOCOLS)
+                  for p, _ in names if p == NONE or p in PROTOCOLS)
     if args.overhead and not sc.nexmark:
-        planned += 2 * args.overhead_repeats * (4.0 + args.overhead_records / 150_000)
+        planned += len(OVERHEAD_CONFIGS) * args.overhead_repeats * (4.0 + args.overhead_records / 150_000)
     if args.replication_cost and not sc.nexmark:
         planned += len(REPLICATION_POLICIES) * (args.replication_seconds + 5.0)
     results.update({
@@ -696,13 +805,16 @@ def main(argv: list[str] | None = None) -> int:
     progress = run.Progress(planned)
     run.init_ray()
     try:
-        for k, p in enumerate(names, 1):
+        for k, (p, rnd) in enumerate(names, 1):
             if p != NONE and p not in PROTOCOLS:
-                results["runs"].append({
-                    "protocol": p, "status": RunStatus.SKIPPED,
-                    "reason": f"not in migration.protocols.PROTOCOLS ({', '.join(PROTOCOLS)})"})
+                if rnd == 0:
+                    results["runs"].append({
+                        "protocol": p, "round": rnd, "status": RunStatus.SKIPPED,
+                        "reason": f"not in migration.protocols.PROTOCOLS "
+                                  f"({', '.join(PROTOCOLS)})"})
                 continue
             r = run_one(sc, p, config, progress, k, len(names))
+            r["round"] = rnd
             results["runs"].append(r)
             if r["status"] != RunStatus.OK:
                 print(f"\n{p}: {r['status']}: {r.get('reason')}", file=sys.stderr, flush=True)

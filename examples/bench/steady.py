@@ -1,34 +1,41 @@
-"""Steady-state benchmark of the keyed count job: throughput, latency at half load, memory.
+"""Steady-state benchmark of the keyed running count: throughput, CPU per record, latency at
+half load, memory; the per-record and the columnar data path, and Bytewax beside them.
 
-    python examples/bench/steady.py             # parallelism 1 2 4, 2M records, 20 s half load
-    python examples/bench/steady.py --quick     # smoke run: 200k records, 8 s, parallelism 1 2
+    python examples/bench/steady.py             # parallelism 1 2 4, 3 alternated repeats
+    python examples/bench/steady.py --quick     # smoke run: parallelism 1 2, one repeat
 
-Job: GeneratorSource(num_keys=100_000, zipf 1.2) -> map (key, seq) -> (key, 1) (chained into
-the source task) -> key_by(key) -> reduce summing the counts (emits every update, like
-Flink's reduce) -> LatencySink (chained into the count tasks).
+Variants (``--variants``, alternated within each repeat so that load drift hits all alike):
 
-For every parallelism p of the count operator, two phases:
+* ``rows``: GeneratorSource(100,000 keys, Zipf 1.2) -> map (key, seq) -> (key, 1) (chained
+  into the source task) -> key_by(key) -> reduce summing the counts (emits every update,
+  like Flink's reduce) -> LatencySink (chained into the count tasks); ``--records``.
+* ``columnar``: the same keys from ``GeneratorSource(columnar=True)`` (column batches) ->
+  ``key_by("key")`` -> ``aggregate(Count())`` (vectorised, every update emitted) ->
+  LatencySink; ``--columnar-records``, batches and frames of ``--columnar-batch-size``
+  (16,384) rows.
+* ``bytewax`` (parallelism 1 only; ``--no-bytewax`` leaves it out; skipped with a message
+  when Bytewax is not installed): the same keys pre-generated in memory through Bytewax's
+  ``key_on -> stateful_map`` running count on one worker, in a child process
+  (``harness/bytewax_count.py``).
 
-1. Full speed (rate=None, ``--records`` records). The driver polls only the JobMaster's
-   status (every ``--poll`` s; asking tasks for metrics would make them pack state samples)
-     * job throughput  = records / (``job.run()`` returned -> first status poll that sees the
-       job finished). ``run()`` returns once every task is deployed and started (sources
-       last), so this span covers all processing plus end-of-stream drain and the finish
-       reports; it excludes Ray/actor start-up.
-     * sink throughput = records counted at the sink / (wall time of the sink's first
-       ``write()`` -> its last ``write()``, over all sink writers; logged by
-       ``harness.jobs.WriteLogLatencySink``, exact to one batch).
-     * interior rate   = records at the sink in the whole wall-clock seconds strictly between
-       the first and the last second with any record (``LatencySink.timeline()``), per second.
-   Run ``--repeats`` times; the run with the median job throughput is reported.
-2. Half load: an open-loop source at 50 % of that p's (median) job throughput for ``--duration`` s.
-   Latency = sink arrival time - scheduled emission time of the record (so queueing counts),
-   percentiles merged from the sink's per-second histograms of every second at least
-   ``--warmup`` s after ``run()`` returned. RSS of all the job's Ray worker processes (task
-   actors + JobMaster), summed, sampled every second.
+Per run, at full speed:
+  * throughput, first in to last out = records / (the earliest record timestamp at the sink,
+    which at full speed is when the source read it, -> the sink's last write);
+  * job throughput = records / (``job.run()`` returned -> the first status poll that sees the
+    job finished; excludes actor start-up, includes the end-of-stream drain);
+  * records per CPU-second = sink records over the whole wall seconds inside the sampled
+    span / CPU seconds the job's actor processes used meanwhile (read from /proc every
+    0.25 s; ``harness.analysis.records_per_cpu_second``), and the cores they used;
+  * the load average at the run's end.
+Per parallelism and variant the medians of ``--repeats`` runs with their range are reported.
+Then half load: an open-loop source at 50 % of the variant's median first-in-last-out
+throughput for ``--duration`` s; latency = sink arrival time - scheduled emission time (so
+queueing counts), percentiles from every second at least ``--warmup`` s after ``run()``
+returned; RSS of the job's actor processes every second.
 
 Also the per-core ceiling: a plain Python loop over the same records (pre-generated list)
-doing ``counts[k] = counts.get(k, 0) + 1`` and appending every update to a list.
+doing ``counts[k] = counts.get(k, 0) + 1`` and appending every update to a list; its
+records/s are also its records per CPU-second (one process, one core).
 
 Writes ``examples/bench/out/steady/results.json`` and ``steady.png``.
 """
@@ -37,6 +44,7 @@ Writes ``examples/bench/out/steady/results.json`` and ``steady.png``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -53,13 +61,16 @@ from engine.clock import SystemClock
 from engine.names import JobState
 from engine.sinks import LatencySink, Sink
 from engine.sources import GeneratorSource
+from engine.vectorised import Count
 from examples.bench.harness import BenchRunError, cli, jobs, procs, profile, provenance, render, run
 from examples.bench.harness import analysis as an
 
 NUM_KEYS = 100_000
 ZIPF_EXPONENT = 1.2
 TIMING = {"parallelism": ([1, 2, 4], [1, 2]), "records": (2_000_000, 200_000),
-          "duration": (20.0, 8.0), "repeats": (3, 1)}
+          "columnar_records": (20_000_000, 2_000_000), "duration": (20.0, 8.0),
+          "repeats": (3, 1)}
+VARIANTS = ("rows", "columnar", "bytewax")
 
 
 def fmt0(x: float | None, spec: str = ",.0f") -> str:
@@ -77,23 +88,23 @@ def add_counts(a: Any, b: Any) -> tuple[Any, int]:
     return (a[0], a[1] + b[1])
 
 
-def source(rate: float | None, num_records: int | None, duration_s: float | None
-           ) -> GeneratorSource:
+def source(rate: float | None, num_records: int | None, duration_s: float | None,
+           columnar: bool = False) -> GeneratorSource:
     return GeneratorSource(rate=rate, num_records=num_records, duration_s=duration_s,
                            num_keys=NUM_KEYS, skew="zipf", zipf_exponent=ZIPF_EXPONENT,
-                           seed=jobs.SEED)
+                           seed=jobs.SEED, columnar=columnar)
 
 
 def build(parallelism: int, source_parallelism: int, src: GeneratorSource, sink: Sink,
           config: JobConfig) -> StreamJob:
     job = StreamJob("steady", parallelism=parallelism, config=config)
-    (
-        job.source(src, name="gen", parallelism=source_parallelism)
-        .map(to_pair, name="pair")
-        .key_by(jobs.key_of)
-        .reduce(add_counts, name="count", parallelism=parallelism)
-        .sink(sink, name="latency")
-    )
+    gen = job.source(src, name="gen", parallelism=source_parallelism)
+    if src.columnar:
+        out = gen.key_by("key").aggregate(Count(), name="count", parallelism=parallelism)
+    else:
+        out = (gen.map(to_pair, name="pair").key_by(jobs.key_of)
+               .reduce(add_counts, name="count", parallelism=parallelism))
+    out.sink(sink, name="latency")
     return job
 
 
@@ -122,7 +133,7 @@ def _sampled(p: int, args: argparse.Namespace, src: GeneratorSource, sink: Sink,
     profiles: dict[str, Any] = {}
     try:
         pids = procs.wait_for_pids(handle.job_id, args.source_parallelism + p + 1)
-        sampler = procs.RssSampler(pids, t_started)
+        sampler = procs.RssSampler(pids, t_started, interval=0.25 if src.rate is None else 1.0)
         sampler.start()
         recorders: dict[str, Any] = {}
         if profile_it:
@@ -152,33 +163,44 @@ def _timeline(sink: LatencySink, wall_started: float) -> list[dict[str, Any]]:
     return [{**row, "t": row["second"] + 0.5 - wall_started} for row in sink.timeline()]
 
 
-def run_full_speed(p: int, args: argparse.Namespace, config: JobConfig,
+def run_full_speed(p: int, variant: str, args: argparse.Namespace, config: JobConfig,
                    profile_it: bool) -> dict[str, Any]:
+    if variant == "bytewax":
+        return run_bytewax(args)
+    columnar = variant == "columnar"
+    records = args.columnar_records if columnar else args.records
+    if columnar:
+        config = columnar_config(config, args)
     sink = jobs.WriteLogLatencySink()
-    s = _sampled(p, args, source(None, args.records, None), sink, config, profile_it)
+    s = _sampled(p, args, source(None, records, None, columnar), sink, config, profile_it)
     n_sink = sink.summary()["count"]
     span = sink.span()
     timeline = _timeline(sink, s["wall_started"])
     steady, steady_seconds = interior_rate(timeline)
     sink_span = (span["last"] - span["first"]) if span else None
+    in_out = (span["last"] - span["first_record_ts"]) if span and span["first_record_ts"] else None
+    per_cpu = an.records_per_cpu_second(timeline, s["sampler"].cpu_samples)
     return {
+        "variant": variant,
         "parallelism": p,
-        "records": args.records,
+        "records": records,
         "records_at_sink": n_sink,
         "deploy_s": s["deploy_s"],
         "job_span_s": s["span"],
-        "job_throughput": args.records / s["span"],
+        "job_throughput": records / s["span"],
+        "in_out_span_s": in_out,
+        "in_out_throughput": (n_sink / in_out) if in_out else None,
         "sink_first_s": span["first"] - s["wall_started"] if span else None,
         "sink_last_s": span["last"] - s["wall_started"] if span else None,
         "sink_span_s": sink_span,
         "sink_throughput": (n_sink / sink_span) if sink_span else None,
         "interior_seconds_throughput": steady,
         "interior_seconds": steady_seconds,
+        "per_cpu": per_cpu,
+        "records_per_cpu_s": per_cpu and per_cpu["records_per_cpu_s"],
         "status_poll_interval_s": args.poll,
         "sink_timeline": timeline,
         "memory": procs.memory_summary(s["sampler"].samples, len(s["pids"])),
-        "memory_samples": [{k: v for k, v in x.items() if k != "per_actor"}
-                           for x in s["sampler"].samples],
         "cpu": s["sampler"].cpu(),
         "loadavg_at_end": os.getloadavg(),
         "actors": s["pids"],
@@ -186,14 +208,48 @@ def run_full_speed(p: int, args: argparse.Namespace, config: JobConfig,
     }
 
 
-def run_half_load(p: int, rate: float, args: argparse.Namespace, config: JobConfig
-                  ) -> dict[str, Any]:
+def columnar_config(config: JobConfig, args: argparse.Namespace) -> JobConfig:
+    """``config`` with the columnar runs' larger batches."""
+    return dataclasses.replace(config, batch_size=args.columnar_batch_size,
+                               source_poll_records=args.columnar_batch_size)
+
+
+def run_bytewax(args: argparse.Namespace) -> dict[str, Any]:
+    """Bytewax's running count in a child process (see the module doc)."""
+    import subprocess
+
+    from examples.bench.harness import ROOT as REPO
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (REPO, os.environ.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "examples.bench.harness.bytewax_count", str(args.records),
+           str(NUM_KEYS), str(ZIPF_EXPONENT)]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO,
+                          timeout=args.timeout, check=False)
+    if done.returncode != 0:
+        raise BenchRunError(f"the Bytewax run failed: {done.stderr[-800:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"variant": "bytewax", "parallelism": 1, "records": r["records"],
+            "records_at_sink": r["records_out"], "in_out_span_s": r["wall_s"],
+            "in_out_throughput": r["records_per_s"], "job_throughput": r["records_per_s"],
+            "records_per_cpu_s": r["records_per_cpu_s"],
+            "per_cpu": {"records": r["records"], "cpu_s": r["cpu_s"], "wall_s": r["wall_s"],
+                        "records_per_cpu_s": r["records_per_cpu_s"],
+                        "cores": r["cpu_s"] / r["wall_s"]},
+            "loadavg_at_end": os.getloadavg(), "command": " ".join(cmd)}
+
+
+def run_half_load(p: int, variant: str, rate: float, args: argparse.Namespace,
+                  config: JobConfig) -> dict[str, Any]:
     sink = LatencySink()  # the plain one: what a user measures latency with
-    src = source(rate, None, args.duration)
+    src = source(rate, None, args.duration, variant == "columnar")
+    if variant == "columnar":
+        config = columnar_config(config, args)
     s = _sampled(p, args, src, sink, config, False)
     warm_second = math.ceil(s["wall_started"] + args.warmup)
     h = an.merged(jobs.latency_seconds(sink), warm_second)
     return {
+        "variant": variant,
         "parallelism": p,
         "rate": rate,
         "duration_s": args.duration,
@@ -249,6 +305,94 @@ def measure_ceiling(records: int, repeats: int = 3) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ output
 
+FIGURES = ("in_out_throughput", "job_throughput", "records_per_cpu_s")
+
+
+def summarise(results: dict[str, Any]) -> None:
+    """Per (parallelism, variant): medians and ranges of the full-speed figures; the ratios
+    the issue's targets name, from the medians of this one run."""
+    rows: dict[str, dict[str, Any]] = {}
+    for r in results["full_speed"]:
+        key = f"{r['variant']} p={r['parallelism']}"
+        rows.setdefault(key, {"variant": r["variant"], "parallelism": r["parallelism"],
+                              "runs": 0, **{f: [] for f in FIGURES}})
+        rows[key]["runs"] += 1
+        for f in FIGURES:
+            rows[key][f].append(r.get(f))
+    for row in rows.values():
+        for f in FIGURES:
+            row[f] = an.spread(row[f])
+    results["medians"] = rows
+    ceil = results["ceiling"]["throughput"]
+
+    def med(variant: str, p: int, f: str) -> float | None:
+        row = rows.get(f"{variant} p={p}")
+        return None if row is None else row[f]["median"]
+
+    ratios: dict[str, Any] = {}
+    for p in results["config"]["parallelism"]:
+        for v in ("rows", "columnar"):
+            ratios[f"{v} p={p} throughput / ceiling"] = an.ratio(
+                med(v, p, "in_out_throughput"), ceil)
+            ratios[f"{v} p={p} records per CPU-second / ceiling"] = an.ratio(
+                med(v, p, "records_per_cpu_s"), ceil)
+        ratios[f"columnar / rows p={p} throughput"] = an.ratio(
+            med("columnar", p, "in_out_throughput"), med("rows", p, "in_out_throughput"))
+    for v in ("rows", "columnar"):
+        for f, name in (("in_out_throughput", "throughput"),
+                        ("records_per_cpu_s", "records per CPU-second")):
+            ratios[f"{v} p=1 / bytewax {name}"] = an.ratio(med(v, 1, f), med("bytewax", 1, f))
+    for h in results["half_load"]:
+        ratios[f"{h['variant']} p={h['parallelism']} half-load p99 ms"] = (
+            h["latency_after_warmup"]["p99_ms"])
+    results["ratios"] = ratios
+
+
+def _cell(sp: dict[str, Any], spec: str = ",.0f") -> str:
+    if sp["median"] is None:
+        return "-"
+    if sp["n"] == 1:
+        return fmt0(sp["median"], spec)
+    return f"{fmt0(sp['median'], spec)} ({fmt0(sp['min'], spec)}-{fmt0(sp['max'], spec)})"
+
+
+def print_table(results: dict[str, Any]) -> None:
+    ceil = results["ceiling"]["throughput"]
+    warmup = results["config"]["warmup_s"]
+    print(f"\nper-core ceiling (plain Python loop, same {results['ceiling']['records']:,} "
+          f"records): {ceil:,.0f} records/s (= records per CPU-second)\n")
+    print(f"full speed: medians of {results['config']['repeats']} alternated runs (range)")
+    _print_rows(
+        [("run", 13), ("first in -> last out /s", 30), ("job /s", 28),
+         ("per CPU-second", 28), ("/ceil", 6)],
+        [[k, _cell(r["in_out_throughput"]), _cell(r["job_throughput"]),
+          _cell(r["records_per_cpu_s"]),
+          fmt0(an.ratio(r["in_out_throughput"]["median"], ceil), ".3f")]
+         for k, r in results["medians"].items()])
+    for k, reason in results.get("skipped", {}).items():
+        print(f"  {k}: skipped ({reason})")
+    print(f"\nhalf load (open loop, 50% of the median throughput; latency excludes the first "
+          f"{warmup:g} s)")
+    rows = []
+    for r in results["half_load"]:
+        lat, mem = r["latency_after_warmup"], r["memory"]
+        rows.append([r["variant"], str(r["parallelism"]), f"{r['rate']:,.0f}",
+                     f"{r['records_at_sink']:,}",
+                     *(f"{lat[k]:.1f}" for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")),
+                     *(fmt0(mem.get(k), ".1f") for k in ("start_mb", "end_mb", "max_mb")),
+                     _cores(r)])
+    _print_rows([("variant", 9), ("p", 3), ("rate/s", 11), ("at sink", 11), ("p50 ms", 8),
+                 ("p99 ms", 8), ("p999 ms", 8), ("max ms", 8), ("RSS start", 10),
+                 ("RSS end", 8), ("RSS max", 8), ("cores job/other", 16)], rows)
+    print("RSS: MB summed over the job's actor processes, sampled every 1 s; cores job/other: "
+          "average CPU cores used by the job's actor processes / by everything else")
+    print("\nratios (this run's medians):")
+    for k, v in results["ratios"].items():
+        print(f"  {k}: {fmt0(v, ',.3f')}")
+    la = results["machine"]
+    print(f"load average {la['loadavg_at_start'][0]:.1f} at start, "
+          f"{la.get('loadavg_at_end', [0])[0]:.1f} at end\n")
+
 
 def _cores(r: dict[str, Any]) -> str:
     c = r.get("cpu") or {}
@@ -264,86 +408,42 @@ def _print_rows(cols: list[tuple[str, int]], rows: list[list[str]]) -> None:
         print(" ".join(f"{c:>{w}}" for c, (_, w) in zip(r, cols, strict=True)))
 
 
-def print_table(results: dict[str, Any]) -> None:
-    ceil = results["ceiling"]["throughput"]
-    warmup = results["config"]["warmup_s"]
-    print(f"\nper-core ceiling (plain Python loop, same {results['ceiling']['records']:,} "
-          f"records): {ceil:,.0f} records/s\n\nfull speed (records/s)")
-    _print_rows(
-        [("p", 3), ("job", 10), ("sink", 10), ("interior", 10), ("job span s", 11),
-         ("sink span s", 12), ("job/ceil", 9), ("sink/ceil", 9), ("cores job/other", 16)],
-        [[str(r["parallelism"]), fmt0(r["job_throughput"]), fmt0(r["sink_throughput"]),
-          fmt0(r["interior_seconds_throughput"]), f"{r['job_span_s']:.2f}",
-          fmt0(r["sink_span_s"], ".2f"), f"{r['job_throughput'] / ceil:.3f}",
-          fmt0(r["sink_throughput"] and r["sink_throughput"] / ceil, ".3f"), _cores(r)]
-         for r in results["full_speed"]])
-    print(f"\nhalf load (open loop, 50% of job throughput; latency excludes first {warmup:g} s)")
-    rows = []
-    for r in results["half_load"]:
-        lat, mem = r["latency_after_warmup"], r["memory"]
-        rows.append([str(r["parallelism"]), f"{r['rate']:,.0f}", f"{r['records_at_sink']:,}",
-                     *(f"{lat[k]:.1f}" for k in ("p50_ms", "p99_ms", "p999_ms", "max_ms")),
-                     *(fmt0(mem.get(k), ".1f") for k in ("start_mb", "end_mb", "max_mb")),
-                     fmt0(mem.get("after_warmup_growth_mb"), "+.1f"),
-                     fmt0(mem.get("second_half_growth_mb"), "+.1f"), _cores(r)])
-    _print_rows([("p", 3), ("rate/s", 9), ("at sink", 9), ("p50 ms", 8), ("p99 ms", 8),
-                 ("p999 ms", 8), ("max ms", 8), ("RSS start", 10), ("RSS end", 8),
-                 ("RSS max", 8), ("+warm", 7), ("+2nd half", 9), ("cores job/other", 16)], rows)
-    print(f"RSS: MB summed over the job's actor processes (task actors + JobMaster), sampled every "
-          f"1 s; +warm = end - first sample after {warmup:g} s, "
-          f"+2nd half = growth over the second half of the run")
-    print("cores job/other: average CPU cores used by the job's actor processes / by every "
-          "other process on the machine (Ray daemons, driver, other users) during the run")
-    print()
-
-
 def plot(results: dict[str, Any], path: str) -> None:
     from matplotlib.ticker import FuncFormatter
 
     plt = render.pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 6))
-    full = results["full_speed"]
-    ps = [str(r["parallelism"]) for r in full]
-    x = range(len(ps))
-    w = 0.38
-    job = [r["job_throughput"] for r in full]
-    lo = [r["job_throughput"] - min(x["job_throughput"] for x in r.get("runs", [r])) for r in full]
-    hi = [max(x["job_throughput"] for x in r.get("runs", [r])) - r["job_throughput"] for r in full]
-    ax1.bar([i - w / 2 for i in x], job, w, yerr=[lo, hi], capsize=3,
-            label=f"job (run() → finished); median of {results['config']['repeats']}, "
-                  f"bars = range")
-    ax1.bar([i + w / 2 for i in x], [r["sink_throughput"] or 0 for r in full], w,
-            label="sink, first → last record")
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6))
+    meds = list(results["medians"].values())
+    x = range(len(meds))
+    for f, off, label in (("in_out_throughput", -0.2, "records/s, first in -> last out"),
+                          ("records_per_cpu_s", 0.2, "records per CPU-second")):
+        vals = [m[f]["median"] or 0 for m in meds]
+        lo = [(m[f]["median"] or 0) - (m[f]["min"] or 0) for m in meds]
+        hi = [(m[f]["max"] or 0) - (m[f]["median"] or 0) for m in meds]
+        ax1.bar([i + off for i in x], vals, 0.4, yerr=[lo, hi], capsize=3, label=label)
     ceil = results["ceiling"]["throughput"]
-    ax1.axhline(ceil, color="k", ls="--", label=f"per-core ceiling {ceil / 1e6:.1f}M/s")
-    ax1.set_xticks(list(x), ps)
-    ax1.set_xlabel("count operator parallelism")
-    ax1.set_ylabel("records/s")
-    ax1.set_title(f"full speed, {results['config']['records']:,} records")
-    for i, r in enumerate(full):
-        ax1.annotate(f"{r['job_throughput'] / 1e3:,.0f}k\n({r['job_throughput'] / ceil:.1%})",
-                     (i - w / 2, r["job_throughput"]), ha="center", va="bottom", fontsize=8)
-    ax1.set_ylim(0, ceil * 1.1)
+    ax1.axhline(ceil, color="k", ls="--", label=f"dict-loop ceiling {ceil / 1e6:.2f}M/s")
+    ax1.set_xticks(list(x), [f"{m['variant']}\np={m['parallelism']}" for m in meds])
+    ax1.set_yscale("log")
+    ax1.set_ylabel("records/s (log)")
+    ax1.set_title(f"full speed, medians of {results['config']['repeats']} alternated runs "
+                  "(bars: range)")
     ax1.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 1e6:g}M"))
-    ax1.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-
+    ax1.legend(fontsize=8)
     for r in results["half_load"]:
         rows = r["sink_timeline"]
         t = [row["t"] for row in rows]
-        line, = ax2.plot(t, [row["p99_ms"] for row in rows], marker=".",
-                         label=f"p={r['parallelism']} p99 ({r['rate']:,.0f}/s)")
-        ax2.plot(t, [row["p50_ms"] for row in rows], ls="--", color=line.get_color(),
-                 label=f"p={r['parallelism']} p50")
+        ax2.plot(t, [row["p99_ms"] for row in rows], marker=".",
+                 label=f"{r['variant']} p={r['parallelism']} p99 ({r['rate']:,.0f}/s)")
     ax2.axvspan(0, results["config"]["warmup_s"], color="0.9", label="warm-up (excluded)")
+    ax2.axhline(50, color="k", ls=":", lw=1, label="50 ms")
     ax2.set_yscale("log")
     ax2.set_xlabel("seconds since job started")
-    ax2.set_ylabel("end-to-end latency per second, ms (log)")
-    ax2.set_title("half load (50% of full-speed job throughput)")
-    ax2.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.12))
-    la = results["machine"]
-    fig.suptitle(f"reflow keyed count, zipf {ZIPF_EXPONENT} over {NUM_KEYS:,} keys — "
-                 f"{la['cpus']} CPUs, load avg {la['loadavg_at_start'][0]:.1f} at start, "
-                 f"{la.get('loadavg_at_end', [0])[0]:.1f} at end")
+    ax2.set_ylabel("p99 end-to-end latency per second, ms (log)")
+    ax2.set_title("half load (50% of the median full-speed throughput)")
+    ax2.legend(fontsize=7, ncol=2)
+    fig.suptitle(f"reflow keyed running count, zipf {ZIPF_EXPONENT} over {NUM_KEYS:,} keys — "
+                 f"{render.load_title(results)}")
     render.save_figure(fig, path)
 
 
@@ -355,7 +455,7 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
     run.init_ray()
     try:
         print(f"p={p}: full speed, {args.records:,} records, profiled ...")
-        full = run_full_speed(p, args, config, profile_it=True)
+        full = run_full_speed(p, "rows", args, config, profile_it=True)
     finally:
         run.shutdown_ray()
     print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s (with py-spy "
@@ -377,35 +477,41 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
     return 0
 
 
-def parallelism_point(p: int, args: argparse.Namespace, config: JobConfig
-                      ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Full speed ``--repeats`` times at count parallelism ``p`` (the median run stands for
-    it), then half load at 50 % of its job throughput."""
-    print(f"p={p}: full speed, {args.records:,} records ...")
-    runs = []
-    for i in range(args.repeats):
-        runs.append(run_full_speed(p, args, config,
-                                   profile_it=args.profile and p == args.parallelism[0] and i == 0))
-        if args.repeats > 1:
-            print(f"    run {i + 1}/{args.repeats}: job {runs[-1]['job_throughput']:,.0f}/s")
-    full = sorted(runs, key=lambda r: r["job_throughput"])[(len(runs) - 1) // 2]
-    full["runs"] = [{k: r[k] for k in ("job_throughput", "sink_throughput",
-                                        "interior_seconds_throughput", "job_span_s",
-                                        "sink_span_s", "cpu")} for r in runs]
-    full["profiles"] = next((r["profiles"] for r in runs if r["profiles"]), {})
-    print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s; "
-          f"sink {fmt0(full['sink_throughput'])}/s over {fmt0(full['sink_span_s'], '.2f')} s; "
-          f"interior seconds {fmt0(full['interior_seconds_throughput'])}/s")
-    for label, prof in full["profiles"].items():
-        print(f"  profile {label}: {prof.get('total_samples')} samples -> {prof.get('file')}")
-    rate = 0.5 * full["job_throughput"]
-    print(f"p={p}: half load, {rate:,.0f} records/s for {args.duration:g} s ...")
-    half = run_half_load(p, rate, args, config)
-    lat = half["latency_after_warmup"]
-    print(f"  p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms  max {lat['max_ms']:.1f} ms; "
-          f"RSS {fmt0(half['memory'].get('start_mb'))} -> "
-          f"{fmt0(half['memory'].get('end_mb'))} MB")
-    return full, half
+def full_speed_runs(args: argparse.Namespace, config: JobConfig,
+                    results: dict[str, Any]) -> None:
+    """Every (parallelism, variant) ``--repeats`` times, the variants alternated within
+    each repeat (Bytewax at parallelism 1 only)."""
+    for rep in range(args.repeats):
+        for p in args.parallelism:
+            for v in args.variants:
+                if v == "bytewax" and (p != 1 or "bytewax" in results["skipped"]):
+                    continue
+                first = args.profile and p == args.parallelism[0] and rep == 0 and v == "rows"
+                r = run_full_speed(p, v, args, config, profile_it=first)
+                results["full_speed"].append(r)
+                print(f"  repeat {rep + 1}/{args.repeats} {v} p={p}: "
+                      f"{fmt0(r['in_out_throughput'])}/s first in -> last out, "
+                      f"{fmt0(r['records_per_cpu_s'])} per CPU-second, load "
+                      f"{r['loadavg_at_end'][0]:.1f}", flush=True)
+
+
+def half_load_runs(args: argparse.Namespace, config: JobConfig,
+                   results: dict[str, Any]) -> None:
+    for p in args.parallelism:
+        for v in args.variants:
+            if v == "bytewax":
+                continue
+            row = results["medians"].get(f"{v} p={p}")
+            if row is None or row["in_out_throughput"]["median"] is None:
+                continue
+            rate = 0.5 * row["in_out_throughput"]["median"]
+            print(f"{v} p={p}: half load, {rate:,.0f} records/s for {args.duration:g} s ...",
+                  flush=True)
+            half = run_half_load(p, v, rate, args, config)
+            results["half_load"].append(half)
+            lat = half["latency_after_warmup"]
+            print(f"  p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms  max "
+                  f"{lat['max_ms']:.1f} ms", flush=True)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -413,13 +519,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--parallelism", type=int, nargs="+", default=None,
                     help="count operator parallelisms (default 1 2 4; --quick: 1 2)")
     ap.add_argument("--source-parallelism", type=int, default=1)
-    ap.add_argument("--records", type=int, help="full-speed records (2,000,000; quick 200,000)")
+    ap.add_argument("--variants", default="rows,columnar,bytewax",
+                    help="comma-separated, of rows, columnar, bytewax (default all)")
+    ap.add_argument("--records", type=int,
+                    help="full-speed records of rows and bytewax (2,000,000; quick 200,000)")
+    ap.add_argument("--columnar-batch-size", type=int, default=16_384,
+                    help="JobConfig batch_size and source_poll_records of the columnar runs "
+                         "(16,384: a column batch's fixed costs need more than 1,000 rows)")
+    ap.add_argument("--columnar-records", type=int,
+                    help="full-speed records of columnar (20,000,000; quick 2,000,000): its "
+                         "runs should last several seconds too")
     ap.add_argument("--duration", type=float, help="half-load seconds (20; quick 8)")
     ap.add_argument("--warmup", type=float, default=3.0,
                     help="half-load seconds excluded from latency")
     ap.add_argument("--repeats", type=int, default=None,
-                    help="full-speed runs per parallelism; the median (by job throughput) is "
-                         "reported and drives the half-load rate (default 3; --quick: 1)")
+                    help="alternated full-speed runs per parallelism and variant; medians "
+                         "are reported and drive the half-load rate (default 3; --quick: 1)")
     ap.add_argument("--poll", type=float, default=0.05,
                     help="full-speed job-status poll interval, s (asks only the JobMaster)")
     ap.add_argument("--timeout", type=float, default=300.0, help="per-run timeout, s")
@@ -437,6 +552,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cli.fill_defaults(args, TIMING)
     args.out = cli.out_dir(args, "steady")
     args.profile = args.profile or args.profile_only
+    args.variants = cli.comma_list(args.variants)
+    bad = [v for v in args.variants if v not in VARIANTS]
+    if bad or not args.variants:
+        ap.error(f"--variants takes {', '.join(VARIANTS)}; got {args.variants}")
     return args
 
 
@@ -454,10 +573,20 @@ def main(argv: list[str] | None = None) -> int:
             "seed": jobs.SEED, "poll_interval_s": args.poll, "quick": args.quick,
             "repeats": args.repeats,
             "job_config": {k: getattr(config, k) for k in config.__dataclass_fields__},
-            "pipeline": "GeneratorSource -> map (k,seq)->(k,1) [chained] -> key_by k -> "
-                        "reduce (a,b)->(a0,a1+b1) -> LatencySink [chained]",
+            "variants": args.variants, "columnar_records": args.columnar_records,
+            "pipeline": {"rows": "GeneratorSource -> map (k,seq)->(k,1) [chained] -> key_by "
+                                 "k -> reduce (a,b)->(a0,a1+b1) -> LatencySink [chained]",
+                         "columnar": "GeneratorSource(columnar=True) -> key_by('key') -> "
+                                     "aggregate(Count()) -> LatencySink [chained]",
+                         "bytewax": "pre-generated list -> key_on -> stateful_map count -> "
+                                    "counting sink, one worker"},
         },
         "definitions": {
+            "in_out_throughput": "records at the sink / (earliest record timestamp at the sink "
+                                 "(its source read time at full speed) -> the last sink write)",
+            "records_per_cpu_s": "sink records in the whole wall seconds inside the CPU-sampled "
+                                 "span / CPU seconds of the job's actor processes in them "
+                                 "(bytewax: records / CPU seconds of its process)",
             "job_throughput": "records / (job.run() returned -> first JobMaster status poll "
                               "seeing the job finished); includes end-of-stream drain, excludes "
                               "actor start-up",
@@ -465,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                                "the last sink write(), over all sink writers); exact to one batch",
             "interior_seconds_throughput": "records at the sink in the whole wall seconds strictly "
                                            "between the first and last second with records, per s",
-            "half_load_rate": "50% of that parallelism's job_throughput, open loop",
+            "half_load_rate": "50% of the variant's median in_out_throughput at that parallelism, open loop",
             "latency": "sink arrival - scheduled emission time of each record (ms), merged "
                        "per-second sink histograms from ceil(start + warmup) on; within ~2%",
             "rss": "sum of RSS of the job's ALIVE actor processes (task actors + JobMaster), "
@@ -477,22 +606,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ceiling: plain loop over {args.records:,} pre-generated records ...")
     results["ceiling"] = measure_ceiling(args.records)
     print(f"  {results['ceiling']['throughput']:,.0f} records/s")
-    results["full_speed"], results["half_load"] = [], []
+    results.update(full_speed=[], half_load=[], skipped={})
+    if "bytewax" in args.variants:
+        from examples.bench.harness import bytewax_count
+
+        why = bytewax_count.available()
+        if why:
+            print(f"bytewax: skipped: {why}")
+            results["skipped"]["bytewax"] = why
     run.init_ray()
     try:
-        for p in args.parallelism:
-            full, half = parallelism_point(p, args, config)
-            results["full_speed"].append(full)
-            results["half_load"].append(half)
+        full_speed_runs(args, config, results)
+        summarise(results)
+        half_load_runs(args, config, results)
     finally:
         run.shutdown_ray()
     provenance.finish(results)
-    ceil = results["ceiling"]["throughput"]
-    results["ratios"] = [{"parallelism": r["parallelism"],
-                          "job_over_ceiling": r["job_throughput"] / ceil,
-                          "sink_over_ceiling": (r["sink_throughput"] or 0) / ceil,
-                          "interior_over_ceiling": (r["interior_seconds_throughput"] or 0) / ceil}
-                         for r in results["full_speed"]]
+    summarise(results)
     print_table(results)
     render.write_outputs(args.out, results, png="steady.png", plot=plot)
     return 0

@@ -70,13 +70,20 @@ def test_quick_run_end_to_end(tmp_path) -> None:
 @pytest.mark.slow
 def test_steady_quick_end_to_end(tmp_path) -> None:
     res = bench("steady", str(tmp_path), "--parallelism", "1", "--records", "50000",
-                "--duration", "4", "--warmup", "1")
-    (full,) = res["full_speed"]
-    assert full["records_at_sink"] == 50_000 and full["job_throughput"] > 0
-    assert full["sink_throughput"] and full["memory"]["samples"] > 0
-    (half,) = res["half_load"]
-    assert half["records_at_sink"] == half["records_expected"] > 0
-    assert half["latency_after_warmup"]["count"] > 0
+                "--columnar-records", "500000", "--duration", "4", "--warmup", "1",
+                "--variants", "rows,columnar,bytewax")
+    full = {r["variant"]: r for r in res["full_speed"]}
+    assert full["rows"]["records_at_sink"] == 50_000 and full["rows"]["job_throughput"] > 0
+    assert full["columnar"]["records_at_sink"] == 500_000
+    for r in (full["rows"], full["columnar"]):
+        assert r["sink_throughput"] and r["memory"]["samples"] > 0
+        assert r["in_out_throughput"] > 0
+    assert ("bytewax" in full) != ("bytewax" in res["skipped"])  # run, or said why not
+    assert set(res["medians"]) >= {"rows p=1", "columnar p=1"}
+    halves = {h["variant"]: h for h in res["half_load"]}
+    for half in halves.values():
+        assert half["records_at_sink"] == half["records_expected"] > 0
+        assert half["latency_after_warmup"]["count"] > 0
     assert os.path.getsize(tmp_path / "steady.png") > 10_000
 
 

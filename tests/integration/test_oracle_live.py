@@ -2,7 +2,7 @@
 
 For each of drrs, pause-resume, fluid, batched and non-disruptive, hypothesis draws the
 job (running sum, multi-state keyed process, event-time sliding windows, processing-time
-windows), the start parallelism and a sequence of actions — scale-out, scale-in, a random
+windows, the columnar path's map_batches and vectorised aggregations), the start parallelism and a sequence of actions — scale-out, scale-in, a random
 rebalance, and a request that supersedes one still running — each at a random point of
 the input, with parallelism up to 12. Per key the outputs equal the run without
 rescaling; the final state equals the reference; every record is accounted for.
@@ -31,6 +31,9 @@ from engine.errors import RescaleRefused
 from engine.testing import TestingSink
 from tests.jobs import (
     check_reports,
+    columnar_agg_job,
+    columnar_agg_reference,
+    columnar_agg_rows,
     disordered,
     gates_of,
     moments,
@@ -121,13 +124,15 @@ def _oracle(protocol: str, hypothesis_seed: int, examples: int):
     """One protocol's oracle test: a fixed seed per protocol (CI runs differ between
     protocols but are repeatable), plus explicit examples every run covers."""
 
+    @example(kind="columnar", start_p=2, actions=[("rescale", 0.2, 5),
+                                                  ("rebalance", 0.2, 3)], data_seed=20)
     @example(kind="window", start_p=4, actions=[("rescale", 0.3, 9)], data_seed=1516)
     @example(kind="profile", start_p=3, actions=[("rebalance", 0.2, 4),
                                                  ("supersede", 0.1, 2)], data_seed=7)
     @seed(hypothesis_seed)
     @settings(max_examples=examples, deadline=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
-    @given(kind=st.sampled_from(["sum", "profile", "window", "ptwindow"]),
+    @given(kind=st.sampled_from(["sum", "profile", "window", "ptwindow", "columnar"]),
            start_p=st.integers(1, 4), actions=st.lists(any_action, min_size=1, max_size=3),
            data_seed=st.integers(0, 2**16))
     def test(ray_cluster, kind, start_p, actions, data_seed):
@@ -160,7 +165,8 @@ def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
     else:
         records = [(rng.randrange(60), rng.randrange(100)) for _ in range(RECORDS)]
         make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile"),
-                    "ptwindow": (processing_window_job, "ptwin")}[kind]
+                    "ptwindow": (processing_window_job, "ptwin"),
+                    "columnar": (columnar_agg_job, "agg")}[kind]
         handle = make(records, start_p, sink, rate=2000, gates=gates).run()
     try:
         out = _drive(handle, op, actions, plan, rng, protocol)
@@ -194,7 +200,10 @@ def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
             expected[k] = expected.get(k, 0) + 1
         assert counts == expected  # every record counted exactly once
         return
-    reference = running_sum_reference(records) if kind == "sum" else profile_reference(records)
+    reference = {"sum": running_sum_reference, "profile": profile_reference,
+                 "columnar": columnar_agg_reference}[kind](records)
+    if kind == "columnar":
+        results = columnar_agg_rows(results)
     got_k, want_k = per_key(results), per_key(reference)
     assert set(got_k) == set(want_k)
     for k in want_k:

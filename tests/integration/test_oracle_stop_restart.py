@@ -16,13 +16,16 @@ import os
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, note, seed, settings
+from hypothesis import HealthCheck, example, given, note, seed, settings
 from hypothesis import strategies as st
 
 from engine.errors import RescaleRefused
 from engine.testing import TestingSink
 from tests.jobs import (
     check_reports,
+    columnar_agg_job,
+    columnar_agg_reference,
+    columnar_agg_rows,
     gates_of,
     moments,
     per_key,
@@ -49,8 +52,8 @@ plans = st.lists(
 def _run(kind: str, records: list[tuple[int, int]], start_p: int, plan: list[tuple[float, int]],
          example_: str):
     sink = TestingSink()
-    make = running_sum_job if kind == "sum" else profile_job
-    op = "sum" if kind == "sum" else "profile"
+    make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile"),
+                "columnar": (columnar_agg_job, "agg")}[kind]
     points = moments(len(records), [f for f, _ in plan], MARGIN)
     handle = make(records, start_p, sink, rate=2500.0, gates=gates_of(points)).run()
     reports, refused = [], []
@@ -78,7 +81,9 @@ def _run(kind: str, records: list[tuple[int, int]], start_p: int, plan: list[tup
 @seed(SEED)
 @settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
           suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["sum", "profile"]), start_p=st.integers(1, 4), plan=plans,
+@example(kind="columnar", start_p=2, plan=[(0.3, 3), (0.3, 1)], data_seed=5)
+@given(kind=st.sampled_from(["sum", "profile", "columnar"]), start_p=st.integers(1, 4),
+       plan=plans,
        data_seed=st.integers(0, 2**16))
 def test_stop_restart_matches_no_rescale_run(ray_cluster, kind, start_p, plan, data_seed):
     rng = random.Random(data_seed)
@@ -88,7 +93,10 @@ def test_stop_restart_matches_no_rescale_run(ray_cluster, kind, start_p, plan, d
     note(example_)
     results, reports = _run(kind, records, start_p, plan, example_)
     assert all(r.protocol == "stop-restart" for r in reports), example_
-    reference = running_sum_reference(records) if kind == "sum" else profile_reference(records)
+    reference = {"sum": running_sum_reference, "profile": profile_reference,
+                 "columnar": columnar_agg_reference}[kind](records)
+    if kind == "columnar":
+        results = columnar_agg_rows(results)
     got, want = per_key(results), per_key(reference)
     assert set(got) == set(want), "keys differ"
     for k in want:

@@ -372,7 +372,8 @@ def test_write_log_sink_logs_segments_count_and_span(tmp_path) -> None:
     a.flush()
     b.close()
     assert sorted(sink.segments()) == [[1000.0, 1000.02], [1001.02, 1001.02]]
-    assert sink.span() == {"first": 1000.0, "last": 1001.02, "count": 10, "writers": 2}
+    assert sink.span() == {"first": 1000.0, "last": 1001.02, "count": 10, "writers": 2,
+                           "first_record_ts": 999.99}  # the earliest record's timestamp
     assert sink.summary()["count"] == 10  # the latency files are untouched by the logs
     assert tl.longest_gap(sink.segments(), 1000.0, 1001.02)["gap_s"] == pytest.approx(1.0)
     jobs.NullSink().open(0, 1, clock).write([1], [0])  # takes anything
@@ -515,10 +516,37 @@ def test_analyse_a_run_then_summarise_tabulate_and_plot(tmp_path) -> None:
     assert ratios["drrs scaling-period mean / its own baseline mean"] == pytest.approx(23.0,
                                                                                       rel=0.01)
     md = rescale.markdown(results)
-    assert "| drrs | 10.0 |" in md and "| fluid |" in md and "failed: boom" in md
-    assert "| drrs | 10.0 | 10.0 | " in md and "| 42 | 1 | migrate 1.20s |" in md  # detail
+    assert "| drrs #1 | 10.0 |" in md and "| fluid #1 |" in md and "failed: boom" in md
+    assert "| drrs #1 | 10.0 | 10.0 | " in md and "| 42 | 1 | migrate 1.20s |" in md  # detail
     assert "overhead of rescaling support: skipped" in md
     assert "within 1.1 x base + 0 ms for 3 s" in md and "load 1.0 -> 2.0" in md
     path = str(tmp_path / "t.png")
     rescale.plot(results, path)
     assert os.path.getsize(path) > 10_000
+
+
+def test_runs_alternate_with_the_run_without_rescaling_and_rotate() -> None:
+    order = rescale.run_order(["drrs", "fluid", "nosuch"], 2, True)
+    assert order == [("none", 0), ("drrs", 0), ("none", 0), ("fluid", 0), ("nosuch", 0),
+                     ("none", 1), ("fluid", 1), ("nosuch", 1), ("none", 1), ("drrs", 1)]
+    assert rescale.run_order(["drrs"], 1, False) == [("drrs", 0)]
+
+
+def test_medians_over_rounds_drive_the_ratios() -> None:
+    def run(p: str, peak: float, mean: float) -> dict:
+        return {"protocol": p, "status": "ok", "peak": {"max_ms": peak, "p99_ms": peak},
+                "period": {"mean_ms": mean, "seconds": 5, "stabilized": True},
+                "settle": {"seconds": 5}, "baseline": {"mean_ms": 10.0},
+                "post_request": {"mean_ms": 10.0}, "report": {"duration_s": 1.0},
+                "loadavg_at_end": [3.0]}
+
+    results = {"runs": [run("none", 20, 10), run("drrs", 100, 12), run("none", 30, 20),
+                        run("drrs", 300, 40), run("none", 25, 30), run("drrs", 200, 14),
+                        run("stop-restart", 2000, 50)]}
+    rescale.summarise(results)
+    med = results["medians"]
+    assert med["drrs"]["peak_ms"] == {"median": 200, "min": 100, "max": 300, "n": 3}
+    assert results["ratios"]["drrs peak / stop-restart peak"] == pytest.approx(0.1)
+    # the median period mean (14) over the none runs' median mean after the request (10)
+    assert results["ratios"]["drrs scaling-period mean / no-rescale mean"] == pytest.approx(
+        1.4)

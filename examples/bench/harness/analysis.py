@@ -351,3 +351,35 @@ def records_to_cover(keys: Sequence[Any] | Any, coverage: float) -> int | None:
     uniq, first = np.unique(arr, return_index=True)
     want = max(1, math.ceil(coverage * uniq.size))
     return int(np.sort(first)[want - 1]) + 1
+
+
+def records_per_cpu_second(timeline: list[dict[str, Any]],
+                           cpu_samples: list[tuple[float, float]]) -> dict[str, Any] | None:
+    """Records at the sink per CPU-second of the job's actors, over the whole wall seconds
+    of ``timeline`` (per-second rows: ``second``, ``count``) that lie inside the span of
+    ``cpu_samples`` ((epoch s, cumulative CPU s)), the CPU interpolated at their bounds;
+    None when no whole second fits (a run shorter than ~2 s)."""
+    if len(cpu_samples) < 2:
+        return None
+    t0, t1 = cpu_samples[0][0], cpu_samples[-1][0]
+    inner = [r for r in timeline if r["second"] >= t0 and r["second"] + 1 <= t1]
+    if not inner:
+        return None
+    lo, hi = inner[0]["second"], inner[-1]["second"] + 1
+    ts = [t for t, _ in cpu_samples]
+    cs = [c for _, c in cpu_samples]
+    import numpy as np
+
+    cpu = float(np.interp(hi, ts, cs) - np.interp(lo, ts, cs))
+    records = sum(r["count"] for r in inner if lo <= r["second"] < hi)
+    return {"records": records, "cpu_s": cpu, "wall_s": hi - lo,
+            "records_per_cpu_s": records / cpu if cpu > 0 else None,
+            "cores": cpu / (hi - lo)}
+
+
+def spread(values: Iterable[float | None]) -> dict[str, Any]:
+    """``{median, min, max, n}`` of the values that are not None (Nones when none are)."""
+    xs = sorted(v for v in values if v is not None)
+    if not xs:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": median(xs), "min": xs[0], "max": xs[-1], "n": len(xs)}

@@ -157,9 +157,11 @@ class WriteLogLatencySink(LatencySink):
         logs = [log for log in self._logs() if log["segments"]]
         if not logs:
             return None
+        firsts = [log["first_ts_ms"] for log in logs if log.get("first_ts_ms") is not None]
         return {"first": min(log["segments"][0][0] for log in logs),
                 "last": max(log["segments"][-1][1] for log in logs),
-                "count": sum(log["count"] for log in logs), "writers": len(logs)}
+                "count": sum(log["count"] for log in logs), "writers": len(logs),
+                "first_record_ts": min(firsts) / 1000.0 if firsts else None}
 
 
 class _WriteLogWriter(SinkWriter):
@@ -169,12 +171,18 @@ class _WriteLogWriter(SinkWriter):
         self.join_s, self.every_s = join_s, every_s
         self.segments: list[list[float]] = []
         self.count = 0
+        self.first_ts: int | None = None  # the earliest record timestamp (ms) written
         self.saved_at = 0.0
         self.dirty = False
 
+    accepts_columns = True
+
     def write(self, values: Any, timestamps: Any) -> None:
         self.inner.write(values, timestamps)
-        if values:
+        if len(values):
+            low = int(min(timestamps)) if not hasattr(timestamps, "min") else int(
+                timestamps.min())
+            self.first_ts = low if self.first_ts is None else min(self.first_ts, low)
             now = self.clock.now()
             analysis.add_write(self.segments, now, self.join_s)
             self.count += len(values)
@@ -185,7 +193,8 @@ class _WriteLogWriter(SinkWriter):
     def _save(self, now: float) -> None:
         tmp = os.path.join(os.path.dirname(self.path), "." + os.path.basename(self.path) + ".tmp")
         with open(tmp, "w") as f:
-            json.dump({"segments": self.segments, "count": self.count}, f)
+            json.dump({"segments": self.segments, "count": self.count,
+                       "first_ts_ms": self.first_ts}, f)
         os.replace(tmp, self.path)
         self.saved_at, self.dirty = now, False
 
@@ -206,5 +215,7 @@ class NullSink(Sink):
 
 
 class _NullWriter(SinkWriter):
+    accepts_columns = True
+
     def write(self, values: Any, timestamps: Any) -> None:
         pass

@@ -103,6 +103,8 @@ class RssSampler(threading.Thread):
         self.t0 = t0
         self.interval = interval
         self.samples: list[dict[str, Any]] = []
+        # (epoch seconds, CPU seconds of all the job's actors so far), while all live
+        self.cpu_samples: list[tuple[float, float]] = []
         self._halt = threading.Event()
         self._cpu0 = {n: _cpu_seconds(p) for n, p in pids.items()}
         self._cpu_last = dict(self._cpu0)
@@ -127,6 +129,8 @@ class RssSampler(threading.Thread):
                     self._cpu_last = {n: _cpu_seconds(p) for n, p in self.pids.items()}
                     self._busy_last = _machine_busy_seconds()
                     self._wall_last = time.monotonic()
+                    if all(v is not None for v in self._cpu_last.values()):
+                        self.cpu_samples.append((time.time(), sum(self._cpu_last.values())))
             self._halt.wait(self.interval)
 
     def stop(self) -> None:

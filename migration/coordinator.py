@@ -405,6 +405,21 @@ class RescaleCoordinator:
         return plan
 
 
+class PhaseTimer:
+    """Seconds spent in each phase, in order (``RescaleReport.phases``): ``mark(phase)``
+    closes the phase that just ended."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.phases: list[tuple[str, float]] = []
+        self._since = clock.monotonic()
+
+    def mark(self, phase: Phase) -> None:
+        now = self.clock.monotonic()
+        self.phases.append((str(phase), now - self._since))
+        self._since = now
+
+
 # ---------------------------------------------------------------------- live rescale
 
 
@@ -742,14 +757,8 @@ class StopRestartRescale(RescaleCoordinator):
 
     def _steps(self) -> _Steps:
         vertex, clock, ctx = self.vertex, self.clock, self.ctx
-        phases: list[tuple[str, float]] = []
-        mark_t = clock.monotonic()
-
-        def mark(phase: Phase) -> None:
-            nonlocal mark_t
-            now = clock.monotonic()
-            phases.append((str(phase), now - mark_t))
-            mark_t = now
+        timer = PhaseTimer(clock)
+        mark, phases = timer.mark, timer.phases
 
         old = self.dep.assignments.get(vertex, ())
         self.plan = self._plan({}, None, old, self._target(old))
@@ -846,14 +855,8 @@ class SourceRescale(RescaleCoordinator):
 
     def _steps(self) -> _Steps:
         vertex, clock, ctx = self.vertex, self.clock, self.ctx
-        phases: list[tuple[str, float]] = []
-        mark_t = clock.monotonic()
-
-        def mark(phase: Phase) -> None:
-            nonlocal mark_t
-            now = clock.monotonic()
-            phases.append((str(phase), now - mark_t))
-            mark_t = now
+        timer = PhaseTimer(clock)
+        mark, phases = timer.mark, timer.phases
 
         old_dep, old_tasks = self.dep, self._tasks()
         gen = self.dep.generation + 1

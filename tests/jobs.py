@@ -114,6 +114,35 @@ def gates_of(moments_: Sequence[Moment]) -> list[SourceGate]:
     return [g for m in moments_ for g in m.gates]
 
 
+def rescale_at(handle: Any, operator: str, steps: Sequence[tuple[Moment, int]],
+               protocol: str = "drrs", job_timeout: float = TIMEOUT_S,
+               ) -> tuple[list[Any], list[str]]:
+    """At each moment, rescale ``operator`` to the step's parallelism; then wait for the
+    job (the gates are released and the job stopped whatever happens). Returns the
+    reports and the refusals (recorded, never swallowed: with the source held no valid
+    request may be refused)."""
+    reports: list[Any] = []
+    refused: list[str] = []
+
+    def rescale(p: int) -> None:
+        from engine.errors import RescaleRefused
+
+        try:
+            reports.append(handle.rescale(operator, p, protocol=protocol))
+        except RescaleRefused as exc:
+            refused.append(f"rescale to {p}: {exc}")
+
+    try:
+        for moment, p in steps:
+            moment.act(handle, lambda p=p: rescale(p))
+        handle.wait(job_timeout)
+    finally:
+        for moment, _ in steps:
+            moment.release()
+        handle.stop()
+    return reports, refused
+
+
 def check_reports(reports: Sequence[Any], context: str = "") -> None:
     """Every report of a rescale that changed something moved key groups: a plan that
     moves groups moved them all (unless a newer request superseded it), and a change of

@@ -28,6 +28,7 @@ from tests.jobs import (
     gates_of,
     moments,
     per_key,
+    rescale_at,
     running_sum_reference,
     sliding_sums_reference,
 )
@@ -93,20 +94,8 @@ def run_example(kind: str, start_p: int, actions: list[tuple[float, int]],
     plan = moments(RECORDS, [f for f, _ in actions], MARGIN)
     sink = TestingSink()
     handle = source_job(kind, records, start_p, sink, gates_of(plan)).run()
-    reports, refused = [], []
-    try:
-        for (_, p), moment in zip(actions, plan, strict=True):
-            def act(p: int = p) -> None:
-                try:
-                    reports.append(handle.rescale("src", p))
-                except RescaleRefused as exc:
-                    refused.append(f"rescale to {p}: {exc}")
-            moment.act(handle, act)
-        handle.wait(240)
-    finally:
-        for m in plan:
-            m.release()
-        handle.stop()
+    reports, refused = rescale_at(handle, "src", list(zip(plan, [p for _, p in actions],
+                                                           strict=True)), job_timeout=240)
     assert not refused, f"refused with input left: {refused}; {where}"
     check(kind, records, sink.results(), reports, [p for _, p in actions], where)
 
@@ -115,26 +104,25 @@ actions_st = st.lists(st.tuples(st.floats(0.05, 0.3), st.integers(1, PARTITIONS)
                       min_size=1, max_size=3)
 
 
-@example(kind="sum", start_p=2, actions=[(0.2, 4), (0.3, 1)], data_seed=5)
-@seed(20261125)
-@settings(max_examples=EXAMPLES, deadline=None, print_blob=True,
-          suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["sum", "window"]), start_p=st.integers(1, 4), actions=actions_st,
-       data_seed=st.integers(0, 2**16))
-def test_a_source_rescaled_up_and_down_matches_the_run_without(ray_cluster, kind, start_p,
-                                                               actions, data_seed):
-    run_example(kind, start_p, actions, data_seed)
+def _oracle(hypothesis_seed: int, examples: int, explicit: bool) -> Any:
+    """The oracle test with a fixed seed (CI runs are repeatable), and with ``explicit``
+    the example every run covers: up, then down to one task."""
+
+    @seed(hypothesis_seed)
+    @settings(max_examples=examples, deadline=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(kind=st.sampled_from(["sum", "window"]), start_p=st.integers(1, 4),
+           actions=actions_st, data_seed=st.integers(0, 2**16))
+    def test(ray_cluster, kind, start_p, actions, data_seed):
+        run_example(kind, start_p, actions, data_seed)
+
+    return example(kind="sum", start_p=2, actions=[(0.2, 4), (0.3, 1)], data_seed=5)(test) \
+        if explicit else test
 
 
-@pytest.mark.slow
-@seed(20261126)
-@settings(max_examples=max(EXAMPLES, 15), deadline=None, print_blob=True,
-          suppress_health_check=list(HealthCheck))
-@given(kind=st.sampled_from(["sum", "window"]), start_p=st.integers(1, 4), actions=actions_st,
-       data_seed=st.integers(0, 2**16))
-def test_a_source_rescaled_up_and_down_matches_the_run_without_many(ray_cluster, kind, start_p,
-                                                                    actions, data_seed):
-    run_example(kind, start_p, actions, data_seed)
+test_a_source_rescaled_up_and_down_matches_the_run_without = _oracle(20261125, EXAMPLES, True)
+test_a_source_rescaled_up_and_down_matches_the_run_without_many = pytest.mark.slow(
+    _oracle(20261126, max(EXAMPLES, 15), False))
 
 
 def test_an_example_that_rescaled_nothing_fails_the_oracle():

@@ -107,7 +107,7 @@ def run_pipeline(spark, tmp_path, mode: str, rescale: list[tuple[str, int]] | No
     total = n_files * lines_per_file
     write_files(inp, groups[0], lines_per_file, seed=7)
     src = SparkSource("line STRING NOT NULL", name=f"lines-{mode}-{time.time_ns()}",
-                      chunk_rows=250, queue_chunks=2)
+                      chunk_rows=250, queue_chunks=2, partitions=4)
     out = OutputLogSink(os.path.join(work, "log"), WC_SCHEMA, linger_s=0.1)
     job = StreamJob(f"wc-{mode}", parallelism=2, config=CFG)
     build_wordcount(job, src, out, source_parallelism=2)
@@ -128,7 +128,9 @@ def run_pipeline(spark, tmp_path, mode: str, rescale: list[tuple[str, int]] | No
             for (op, n), group in zip(rescale, groups[1:], strict=True):
                 wait_for(lambda lv=level: src.stats()["rows_taken"] > lv, what="rows to flow")
                 taken = src.stats()["rows_taken"]
-                report = handle.rescale(op, n, protocol="stop-restart")
+                # the source hands its lanes over live; the counts restart
+                report = handle.rescale(op, n, protocol="drrs" if op == "lines"
+                                        else "stop-restart")
                 info["rescales"].append((taken, report.new_parallelism))
                 level = src.stats()["rows_taken"]
                 write_files(inp, group, lines_per_file, seed=7)
@@ -152,14 +154,60 @@ def test_files_spark_reflow_spark_parquet_equals_spark_batch(spark, tmp_path):
 
 def test_rescale_mid_spark_fed_run_changes_nothing(spark, tmp_path):
     # the Data Source writer (executors push their partitions); the query keeps running
-    # and picks up new files before, between and after the two rescales
+    # and picks up new files before, between and after the rescales: of the counts
+    # (stop-restart) and of the Spark-fed source itself (its lanes handed over live)
     out, inp, info = run_pipeline(
-        spark, tmp_path, "datasource", rescale=[("count", 3), ("count", 1)], n_files=6,
-        lines_per_file=500)
-    assert [p for _, p in info["rescales"]] == [3, 1]
-    assert all(0 < taken < 6 * 500 for taken, _ in info["rescales"])  # mid-run, both
-    assert info["stats"]["rows_taken"] == 6 * 500
+        spark, tmp_path, "datasource", rescale=[("count", 3), ("lines", 4), ("count", 1),
+                                                ("lines", 1)], n_files=10,
+        lines_per_file=300)
+    assert [p for _, p in info["rescales"]] == [3, 4, 1, 1]
+    assert all(0 < taken < 10 * 300 for taken, _ in info["rescales"])  # mid-run, all
+    assert info["stats"]["rows_taken"] == 10 * 300
     assert_same_rows(spark.read.parquet(out), spark_reference(spark, inp))
+
+
+# ----------------------------------------------------------------- exactly-once output
+
+
+def test_the_output_logs_reader_sees_committed_segments_only(spark, tmp_path):
+    """Two-phase commit of the output log (what a checkpointing job does with it): what a
+    writer pre-committed is durable but Spark's reader does not see it; a commit shows it,
+    once; data of a writer that died before pre-committing is never seen."""
+    from engine.clock import ManualClock
+
+    log_dir, out_dir, ckpt = (str(tmp_path / n) for n in ("log", "out", "ckpt"))
+    sink = OutputLogSink(log_dir, WC_SCHEMA, rows_per_segment=50, linger_s=3600.0)
+    sink.prepare()
+    w = sink.open(0, 1, ManualClock())
+    w.begin_transactions()
+    dead = sink.open(1, 2, ManualClock())
+    dead.begin_transactions()
+    dead.write([("lost", i) for i in range(30)], [0] * 30)
+    dead.flush()  # durable, pending, never pre-committed: a failure came first
+    w.write([(f"w{i % 5}", i) for i in range(120)], [0] * 120)
+    t1 = w.pre_commit(1)
+    w.write([(f"w{i % 5}", i) for i in range(120, 150)], [0] * 30)
+    t2 = w.pre_commit(2)
+
+    def read_all() -> list[tuple[str, int]]:
+        q = (spark.readStream.format("reflow").load(log_dir).writeStream.format("parquet")
+             .option("path", out_dir).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+        if not os.path.exists(out_dir) or not any(n.endswith(".parquet")
+                                                  for n in os.listdir(out_dir)):
+            return []
+        return sorted((r["word"], r["count"]) for r in spark.read.parquet(out_dir).collect())
+
+    assert read_all() == [], "pre-committed segments are invisible"
+    w.commit([t1])
+    assert read_all() == sorted((f"w{i % 5}", i) for i in range(120))
+    dead.close()  # its process is gone
+    w.commit([t1, t2])  # a recovery commits the restored checkpoint's again: no-op for t1
+    assert read_all() == sorted((f"w{i % 5}", i) for i in range(150)), "each row once"
+    w.close()
+    assert not any("lost" in str(p) for p in os.listdir(log_dir))
 
 
 # ----------------------------------------------------------------- replay

@@ -414,3 +414,17 @@ def test_parquet_partition_names_are_the_file_names(parquet_paths):
     src = ParquetSource(parquet_paths["files"])
     assert all(os.path.exists(os.path.join(parquet_paths["files"], p))
                for p in src.partitions(1))
+
+
+def test_columnar_partitions_come_out_as_one_column_batch():
+    from engine.columnar import ColumnBatch
+
+    src = GeneratorSource(None, num_records=300, partitions=3, columnar=True)
+    reader = PartitionedReader.for_task(src, 0, 1, ManualClock())
+    batch = reader.poll(1000)
+    assert batch is not None and type(batch.values) is ColumnBatch
+    assert len(batch.values) == len(batch.timestamps) == 300
+    rows = batch.values.rows()
+    assert [r["seq"] for r in rows] == list(range(100)) * 3  # partition after partition
+    assert reader.offsets() == {"0-of-3": 100, "1-of-3": 100, "2-of-3": 100}
+    assert reader.poll(10) is None

@@ -65,16 +65,8 @@ def reduce_reference(recs: list[Any]) -> list[Any]:
 
 
 def random_round(net: DNet, rng: random.Random) -> None:
-    for c in net.sources():
-        if c.status == "running" and rng.random() < 0.7:
-            c.poll_source(rng.randint(1, 5))
-    cores = list(net.cores.values())
-    rng.shuffle(cores)
-    for c in cores:
-        for _ in range(rng.randint(0, 3)):
-            if not c.step():
-                break
-    net.deliver(rng, 0.6)
+    """test_drrs_core's random round: sources read, cores step, frames arrive, at random."""
+    net._random_round(rng, 0)
 
 
 def finish(net: DNet) -> None:

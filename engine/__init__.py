@@ -3,9 +3,12 @@
 from engine.api import KeyedStream, Stream, StreamJob
 from engine.config import JobConfig
 from engine.errors import (
+    ChangeLogicRefused,
+    CheckpointFailed,
     CodecError,
     ColumnarError,
     ConfigError,
+    ControllerError,
     ControlPlaneError,
     ControlTimeout,
     InternalError,
@@ -14,9 +17,11 @@ from engine.errors import (
     JobFailedError,
     JobMasterLost,
     OutputCodecError,
+    RayUnavailable,
     ReflowError,
     RescaleRefused,
     RescaleTimeout,
+    RestoreError,
     SinkCommitError,
     UserFunctionError,
     WaitTimeout,
@@ -25,16 +30,21 @@ from engine.functions import Context, KeyedProcessFunction, RuntimeContext
 from engine.state import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
+    "ChangeLogicRefused",
+    "CheckpointFailed",
     "CodecError",
     "ColumnarError",
     "ConfigError",
+    "ControllerError",
     "ControlPlaneError",
     "ControlTimeout",
     "InternalError",
     "InvalidKeyError",
     "JobMasterLost",
     "OutputCodecError",
+    "RayUnavailable",
     "RescaleTimeout",
+    "RestoreError",
     "SinkCommitError",
     "WaitTimeout",
     "Context",

@@ -115,11 +115,23 @@ class StreamJob:
         """The validated logical graph."""
         return g.JobGraph(self.name, self.num_key_groups, tuple(self._ops))
 
-    def run(self, address: str | None = None) -> JobHandle:
-        """Deploy on Ray (``ray.init()`` is called when no cluster is connected)."""
+    def run(self, address: str | None = None, controllers: Iterable[Any] = (),
+            restore_from: str | None = None,
+            allow_non_restored_state: bool = False) -> JobHandle:
+        """Deploy on Ray (``ray.init()`` is called when no cluster is connected) and run
+        ``controllers`` (``controllers.base.Controller`` instances) on the job.
+
+        ``restore_from``: start from a savepoint or checkpoint (its directory or URI; a
+        job's checkpoint directory ``<checkpoint_dir>/<job id>`` means its latest complete
+        checkpoint), at this job's parallelism: keyed state is re-assigned by key group,
+        operators are matched by name, sinks commit the savepoint's output. State of an
+        operator this job does not have refuses the restore (``RestoreError``) unless
+        ``allow_non_restored_state`` drops it."""
         from engine.runtime import deploy
 
-        return deploy(self.graph(), self.config, address=address)
+        return deploy(self.graph(), self.config, address=address, controllers=tuple(controllers),
+                      restore_from=restore_from,
+                      allow_non_restored_state=allow_non_restored_state)
 
 
 def _or(parallelism: int | None, default: int) -> int:

@@ -15,13 +15,15 @@ Guarantees: every writer is opened once, in the constructor; ``flush`` and ``clo
 each of them, dead-letter writers included, and so do the two-phase commit calls
 (``begin_transactions``, ``pre_commit``, ``commit``: ``engine.sinks``), which name each
 writer by ``writer_names``: the sink operator's name, ``<head>/late`` for the late-data
-sink, ``<operator>/dead-letter`` for a dead-letter sink. Errors of user functions are raised as the
-runners raise them (``UserFunctionError`` and friends); the core decides what they do.
+sink, ``<operator>/dead-letter`` for a dead-letter sink. Errors of user functions are
+raised as the runners raise them (``UserFunctionError`` and friends); the core decides
+what they do.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from engine import graph as g
@@ -30,6 +32,29 @@ from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner
 from engine.sinks import SinkWriter
 from engine.state import KeyedStateBackend
 from engine.vectorised import AggregateRunner, MapBatchesRunner
+
+
+def writer_names(operators: tuple[g.OperatorDef, ...]) -> list[str]:
+    """The names of the writers a task of these operators owns (``all_writers``): sinks by
+    operator, ``<operator>/late``, ``<operator>/dead-letter``. Stable across restarts and
+    parallelisms, so a checkpoint's sink transactions find their writer again."""
+    out = []
+    for op in operators:
+        if op.kind == g.SINK:
+            out.append(op.name)
+        if op.late_sink is not None and op.keyed:
+            out.append(late_writer(op.name))
+        if op.dead_letter is not None:
+            out.append(dead_letter_writer(op.name))
+    return out
+
+
+def late_writer(operator: str) -> str:
+    return f"{operator}/late"
+
+
+def dead_letter_writer(operator: str) -> str:
+    return f"{operator}/dead-letter"
 
 
 class OperatorChain:
@@ -57,7 +82,7 @@ class OperatorChain:
             late = None
             if head.late_sink is not None:
                 late = head.late_sink.open(task_index, parallelism, clock)
-                self.writers[f"{head.name}/late"] = late
+                self.writers[late_writer(head.name)] = late
             keyed_runner = AggregateRunner if head.kind == g.AGGREGATE else KeyedRunner
             self.keyed = keyed_runner(head, self._policy(head), self.backend, task_index, clock,
                                       watermark, late)
@@ -73,6 +98,26 @@ class OperatorChain:
         pol = ErrorPolicy(op.name, self.task_index, writer)
         self.policies.append(pol)
         return pol
+
+    def prepare(self, operator: str, fn: Any) -> None:
+        """Make ``fn`` ready to replace ``operator``'s function (a keyed one is opened on
+        this task's state now, so an ``open`` that raises refuses the change before any
+        task switches); ``ValueError`` when the operator is not in this chain."""
+        if self.keyed is not None and self.keyed.op.name == operator:
+            self.keyed.prepare(fn)
+        elif not any(r.op.name == operator for r in self.runners):
+            raise ValueError(f"operator {operator!r} is not in this task's chain")
+
+    def switch(self, operator: str, fn: Any) -> None:
+        """``operator`` runs ``fn`` (prepared) from the next record on; state stays."""
+        if self.keyed is not None and self.keyed.op.name == operator:
+            self.keyed.use(fn)
+            return
+        for r in self.runners:
+            if r.op.name == operator:
+                r.op, r.fn = replace(r.op, fn=fn), fn
+                return
+        raise ValueError(f"operator {operator!r} is not in this task's chain")
 
     def process(self, values: list[Any], timestamps: list[int], keys: Any = None,
                 kgs: Any = None, port: int = 0) -> Batch:
@@ -90,53 +135,45 @@ class OperatorChain:
         return values, timestamps
 
     def all_writers(self) -> dict[str, SinkWriter]:
-        """Every writer of the chain by name (``writer_names`` in the module docstring)."""
+        """Every writer of the task by a name stable across restarts: sinks by operator,
+        late-data sinks as ``<operator>/late``, dead-letter sinks as
+        ``<operator>/dead-letter``."""
         out = dict(self.writers)
         for p in self.policies:
             if p.dead_letter is not None:
-                out[f"{p.operator}/dead-letter"] = p.dead_letter
+                out[dead_letter_writer(p.operator)] = p.dead_letter
         return out
 
+    def flush(self) -> None:
+        for w in self.all_writers().values():
+            w.flush()
+
     def begin_transactions(self) -> None:
-        """Every writer keeps what it writes invisible until ``commit`` (a job that
-        checkpoints calls this before the first record)."""
+        """Every writer keeps what it writes invisible until a commit (called once, before
+        the first record, in a job that checkpoints: ``SinkWriter.begin_transactions``)."""
         for w in self.all_writers().values():
             w.begin_transactions()
 
-    def pre_commit(self, checkpoint_id: int) -> dict[str, Any]:
-        """At a checkpoint barrier: every writer's transaction, by writer name (writers
-        with nothing to commit are left out)."""
-        out = {}
+    def pre_commit(self, checkpoint_id: int) -> tuple[tuple[str, Any], ...]:
+        """Every writer's transaction for checkpoint ``checkpoint_id`` (``(writer,
+        transaction)``; a writer that returns None has nothing to commit)."""
+        out = []
         for name, w in self.all_writers().items():
             txn = w.pre_commit(checkpoint_id)
             if txn is not None:
-                out[name] = txn
-        return out
+                out.append((name, txn))
+        return tuple(out)
 
-    def commit(self, transactions: Mapping[str, Sequence[Any]]) -> None:
-        """Publish pre-committed transactions, by writer name; a name this chain has no
-        writer for is an error (the transactions belong to another operator)."""
-        writers = self.all_writers()
-        unknown = sorted(set(transactions) - set(writers))
-        if unknown:
-            raise KeyError(f"no sink writer named {unknown} in this task (it has "
-                           f"{sorted(writers)})")
-        for name, txns in transactions.items():
-            writers[name].commit(txns)
-
-    def flush(self) -> None:
-        for w in self.writers.values():
-            w.flush()
-        for p in self.policies:
-            if p.dead_letter is not None:
-                p.dead_letter.flush()
+    def commit(self, writer: str, transactions: list[Any]) -> None:
+        """Commit ``writer``'s pre-committed transactions (a writer this task does not
+        have, after a restore into another graph, is skipped)."""
+        w = self.all_writers().get(writer)
+        if w is not None and transactions:
+            w.commit(transactions)
 
     def close(self) -> None:
-        for w in self.writers.values():
+        for w in self.all_writers().values():
             w.close()
-        for p in self.policies:
-            if p.dead_letter is not None:
-                p.dead_letter.close()
 
     @property
     def dead_letters(self) -> int:

@@ -245,6 +245,34 @@ class OutputRouter:
             self._rr.pop(e.edge_id, None)
             self._rr.pop(-1 - e.edge_id, None)
 
+    def replace_channel(self, retired: int, replacement: int) -> None:
+        """Channel ``replacement`` (the last of its edge) takes ``retired``'s index: the
+        routing to it follows, ``retired`` is dropped (nothing may route to it any more)."""
+        for i, e in enumerate(self.edges):
+            ids = [c.channel_id for c in e.channels]
+            if retired not in ids and replacement not in ids:
+                continue
+            if retired not in ids or replacement not in ids:
+                raise ValueError(f"channels {retired} and {replacement} are not on one edge")
+            a, b = ids.index(retired), ids.index(replacement)
+            if b != len(ids) - 1:
+                raise ValueError("only the last channel of an edge can replace another")
+            keyed = e.partitioning == "keyed"
+            if keyed and any(r == a for r in e.routing):
+                raise ValueError("routing still points at the channel being retired")
+            bufs = self._buffers[e.edge_id]
+            self._flush(bufs[a])
+            self._dirty.discard(bufs[a])
+            bufs[a] = bufs.pop()
+            chans = list(e.channels)
+            chans[a] = chans.pop()
+            routing = tuple(a if r == b else r for r in e.routing) if keyed else e.routing
+            self.edges[i] = OutputEdge(e.edge_id, e.partitioning, tuple(chans), routing)
+            self._rr.pop(e.edge_id, None)
+            self._rr.pop(-1 - e.edge_id, None)
+            return
+        raise ValueError(f"no output edge has channels {retired} and {replacement}")
+
     def redirect(self, edge_id: int, key_groups: Sequence[int], new_index: int) -> list[OutputChannel]:
         """Route ``key_groups`` of a keyed edge to channel ``new_index`` from now on; their
         records not yet sent move, in order, to that channel's buffer. Returns the channels
@@ -329,12 +357,7 @@ class OutputRouter:
             if edge.partitioning == "keyed":
                 self._emit_keyed(edge, bufs, values, timestamps)
             else:
-                if edge.partitioning == "forward" or len(bufs) == 1:
-                    buf = bufs[0]
-                else:
-                    i = self._rr.get(edge.edge_id, 0) % len(bufs)
-                    self._rr[edge.edge_id] = (i + 1) % len(bufs)
-                    buf = bufs[i]
+                buf = self._unkeyed_buffer(edge, bufs)
                 if not buf.values:
                     buf.since = self.now()
                     self._dirty.add(buf)
@@ -342,6 +365,15 @@ class OutputRouter:
                 buf.timestamps.extend(timestamps)
                 if len(buf.values) >= self.batch_size:
                     self._flush(buf)
+
+    def _unkeyed_buffer(self, edge: OutputEdge, bufs: list[_ChannelBuffer]) -> _ChannelBuffer:
+        """The buffer a forward edge's records go to, or a rebalance edge's next (round
+        robin per emitted batch)."""
+        if edge.partitioning == "forward" or len(bufs) == 1:
+            return bufs[0]
+        i = self._rr.get(edge.edge_id, 0) % len(bufs)
+        self._rr[edge.edge_id] = (i + 1) % len(bufs)
+        return bufs[i]
 
     def _emit_columns(self, batch: ColumnBatch, ts: np.ndarray) -> None:
         if self._row_buffers():  # column batches must not overtake rows waiting
@@ -352,13 +384,7 @@ class OutputRouter:
         for edge in self.edges:
             bufs = self._buffers[edge.edge_id]
             if edge.partitioning != "keyed":
-                if edge.partitioning == "forward" or len(bufs) == 1:
-                    buf = bufs[0]
-                else:
-                    i = self._rr.get(edge.edge_id, 0) % len(bufs)
-                    self._rr[edge.edge_id] = (i + 1) % len(bufs)
-                    buf = bufs[i]
-                self._append_cols(buf, batch, ts, None)
+                self._append_cols(self._unkeyed_buffer(edge, bufs), batch, ts, None)
                 continue
             key_fn = self.key_fns[edge.edge_id]
             if not isinstance(key_fn, ColumnKey):  # a key function of rows: rows it is

@@ -46,10 +46,10 @@ EXAMPLES_DIR = "examples"
 POLL_S = 0.25  # how often progress is redrawn
 
 _SUMMED = ("reflow_records_in_total", "reflow_records_out_total", "reflow_state_bytes",
-           "reflow_key_groups", "reflow_queued_frames", "reflow_busy_seconds_total",
+           "reflow_key_groups", "reflow_queued_frames", "reflow_useful_seconds_total",
            "reflow_backpressured_seconds_total")
 _COLUMNS = [("tasks", "tasks"), ("records in", "reflow_records_in_total"),
-            ("records out", "reflow_records_out_total"), ("busy s", "reflow_busy_seconds_total"),
+            ("records out", "reflow_records_out_total"), ("useful s", "reflow_useful_seconds_total"),
             ("backpr. s", "reflow_backpressured_seconds_total"),
             ("queued", "reflow_queued_frames"), ("key groups", "reflow_key_groups"),
             ("state bytes", "reflow_state_bytes")]
@@ -174,11 +174,12 @@ def _find(args: argparse.Namespace) -> Any:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from engine.runtime import registry
+    from engine.runtime import local_ray, registry
 
     if not args.job:
-        if args.address or os.environ.get("RAY_ADDRESS"):
-            registry.connect(args.address or os.environ["RAY_ADDRESS"])
+        address = args.address or local_ray.address_from_env()
+        if address:
+            registry.connect(address)
             jobs = [{"job": j} for j in registry.cluster_jobs()]
         else:
             jobs = [{"job": a.job_id, "metrics_url": a.metrics_url, "ray_address": a.ray_address,

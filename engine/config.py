@@ -190,6 +190,18 @@ class JobConfig:
     length field announces more is closed before anything is allocated, and a sender whose
     batch encodes to more fails naming the operator and this setting (lower
     ``batch_size`` or raise the limit).
+    ``checkpoint_interval_s``: take an aligned checkpoint this often (None: no periodic
+    checkpoints; the default); it is written under ``checkpoint_dir`` (a local path or any
+    URI pyarrow.fs takes, e.g. ``s3://bucket/path``; None: ``reflow-checkpoints`` in the
+    system's temporary directory, which serves one machine) as ``<job id>/chk-<n>``, and
+    the last ``checkpoints_retained`` stay there. A checkpoint that does not complete
+    within ``checkpoint_timeout_s`` fails; more than ``tolerable_checkpoint_failures``
+    failed checkpoints in a row fail the job.
+    ``restart_strategy``: what a failure (a task died, a user function raised) does:
+    "fixed-delay" restarts every task from the last complete checkpoint (from the start of
+    the input when there is none) after ``restart_delay_s``, at most ``restart_attempts``
+    times over the job's life; "none" fails the job. None: "fixed-delay" when checkpoints
+    are on, "none" otherwise.
     ``live_rescaling``: False switches off the per-frame and per-timer checks that live
     migration needs (only ``stop-restart`` is then accepted); it exists to measure what
     rescaling support costs in steady state.
@@ -233,6 +245,14 @@ class JobConfig:
     max_frame_bytes: int = 64 * 1024 * 1024
     group_load_sample_every: int = 8
     drrs_pacing: bool = True
+    checkpoint_interval_s: float | None = None
+    checkpoint_dir: str | None = None
+    checkpoints_retained: int = 3
+    checkpoint_timeout_s: float = 600.0
+    tolerable_checkpoint_failures: int = 3
+    restart_strategy: str | None = None
+    restart_attempts: int = 3
+    restart_delay_s: float = 1.0
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -279,9 +299,33 @@ class JobConfig:
             ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
             ("group_load_sample_every", self.group_load_sample_every >= 1,
              ">= 1 (1: count every frame)"),
+            ("checkpoint_interval_s",
+             self.checkpoint_interval_s is None or 0 < self.checkpoint_interval_s < math.inf,
+             "> 0 seconds and finite, or None (no periodic checkpoints)"),
+            ("checkpoint_dir", self.checkpoint_dir is None or bool(self.checkpoint_dir),
+             "a directory or URI, or None (a temporary directory)"),
+            ("checkpoints_retained", self.checkpoints_retained >= 1, ">= 1"),
+            ("checkpoint_timeout_s", self.checkpoint_timeout_s > 0, "> 0"),
+            ("tolerable_checkpoint_failures", self.tolerable_checkpoint_failures >= 0, ">= 0"),
+            ("restart_strategy", self.restart_strategy in (None, "fixed-delay", "none"),
+             "'fixed-delay', 'none' or None (fixed-delay when checkpoints are on)"),
+            ("restart_attempts", self.restart_attempts >= 0, ">= 0"),
+            ("restart_delay_s", 0 <= self.restart_delay_s < math.inf, ">= 0 and finite"),
         ]
         for name, ok, expected in checks:
             if not ok:
                 raise ConfigError(
                     f"JobConfig: {name} must be {expected}; got {getattr(self, name)!r}"
                 )
+
+    @property
+    def checkpointing(self) -> bool:
+        """Periodic checkpoints are on (sinks then commit at checkpoints: two-phase)."""
+        return self.checkpoint_interval_s is not None
+
+    @property
+    def restarts(self) -> str:
+        """The restart strategy in effect: ``restart_strategy``, or its default."""
+        if self.restart_strategy is not None:
+            return self.restart_strategy
+        return "fixed-delay" if self.checkpointing else "none"

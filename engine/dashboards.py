@@ -128,8 +128,14 @@ OVERVIEW = Dashboard(
               "ops", "Records sent by each operator's tasks"),
         Panel("End-to-end latency", (_latency(0.5), _latency(0.95), _latency(0.99)), "s",
               "Latency markers from the sources to the sinks (histogram percentiles)"),
-        Panel("Busy share", (Query(_share("reflow_busy_seconds_total"), "{{operator}}"),),
-              "percentunit", "Mean fraction of time the operator's tasks processed records"),
+        Panel("Useful share", (Query(_share("reflow_useful_seconds_total"), "{{operator}}"),),
+              "percentunit", "Mean fraction of time the operator's tasks did operator work "
+              "(DS2's useful time)"),
+        Panel("True processing rate per task",
+              (Query(f"{_rate('reflow_records_in_total')} / "
+                     f"{_rate('reflow_useful_seconds_total')}", "{{operator}}"),),
+              "ops", "Records an operator's task takes per second of useful time: what it "
+              "could take if it never waited (DS2)"),
         Panel("Backpressured share",
               (Query(_share("reflow_backpressured_seconds_total"), "{{operator}}"),),
               "percentunit", "Mean fraction of time the tasks waited for output credits"),

@@ -14,9 +14,17 @@ Hierarchy::
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
     │   └── OutputCodecError    an operator's output record cannot be encoded (names it)
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
-    │                           changed (names the phase and tasks); the job is untouched
+    │   │                       changed (names the phase and tasks); the job is untouched
+    │   └── ChangeLogicRefused  ... a change of logic, before any task switched
+    ├── ControllerError         a controller or one of its decisions is invalid (also a
+    │                           ``ValueError``); a running one's bad decision is only recorded
     ├── RescaleTimeout          a rescale phase or control call did not finish within
     │                           ``JobConfig.rescale_timeout_s`` (names the phase and tasks)
+    ├── CheckpointFailed        a checkpoint or savepoint did not complete (names the
+    │                           checkpoint, the task and the reason); the job goes on
+    ├── RestoreError            ``job.run(restore_from=...)`` refused a checkpoint or savepoint:
+    │                           corrupt, foreign, incomplete, or holding state the job cannot
+    │                           map (names the path and the reason); nothing was deployed
     ├── JobFailedError          the running job failed (user function error, task died, ...)
     │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
     │                           operator, task, phase and record
@@ -27,6 +35,8 @@ Hierarchy::
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
     │   ├── ControlTimeout      ... within the call's deadline (``JobConfig.control_timeout_s``)
     │   └── JobMasterLost       ... because the JobMaster actor died (Ray's error is the cause)
+    ├── RayUnavailable          Ray could not be started (a local start timed out every
+    │                           attempt) or reached at the address given
     ├── InternalError           reflow's runtime raised something it did not mean to (a bug:
     │                           report it with the cause's traceback)
     ├── SinkCommitError         an exactly-once sink cannot make a pre-committed transaction
@@ -131,6 +141,20 @@ class RescaleRefused(ReflowError):
         self.tasks = tuple(tasks)
 
 
+class ControllerError(ReflowError, ValueError):
+    """A controller, or a decision it built, is invalid: ``add_controller`` got something
+    that is not a controller (no ``decide``, a bad ``interval_s``, a name already used), or
+    a decision has a field of the wrong kind. A running controller's bad decision is logged
+    and skipped (``JobHandle.decisions()``), never raised into the job."""
+
+
+class ChangeLogicRefused(RescaleRefused):
+    """A change of logic was refused before any task switched; the job runs on with the old
+    function. The message says why: the operator cannot change its logic, the new function
+    does not fit it, could not be deserialised or opened on a task (``tasks``), or the job
+    is finishing."""
+
+
 class RescaleTimeout(ReflowError):
     """A rescale phase (or a control call inside it) took longer than
     ``JobConfig.rescale_timeout_s``. ``phase`` and ``tasks`` say where it stood; the job
@@ -140,6 +164,33 @@ class RescaleTimeout(ReflowError):
         super().__init__(message)
         self.phase = phase
         self.tasks = tasks
+
+
+class CheckpointFailed(ReflowError):
+    """A checkpoint or savepoint did not complete; the job goes on (a checkpoint that fails
+    more than ``JobConfig.tolerable_checkpoint_failures`` times in a row fails the job).
+    ``checkpoint_id``, ``task`` (a task that declined it, '' when none) and ``reason`` say
+    which and why."""
+
+    def __init__(self, message: str, *, checkpoint_id: int = -1, task: str = "",
+                 reason: str = "") -> None:
+        super().__init__(message)
+        self.checkpoint_id = checkpoint_id
+        self.task = task
+        self.reason = reason
+
+
+class RestoreError(ReflowError):
+    """A checkpoint or savepoint cannot be restored: it is incomplete (no metadata), corrupt
+    (a checksum does not match), foreign (not a reflow checkpoint, or of another format
+    version), or holds state the job cannot take (an operator it does not have, another
+    ``num_key_groups``) without ``allow_non_restored_state=True``. ``path`` and ``reason``
+    say which and why; nothing was deployed."""
+
+    def __init__(self, message: str, *, path: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason
 
 
 class JobFailedError(ReflowError):
@@ -229,6 +280,13 @@ class ControlTimeout(ControlPlaneError):
 class JobMasterLost(ControlPlaneError):
     """The JobMaster actor died (its process or node went away, or it was killed); the job
     is gone with it. Ray's error is the ``__cause__``. Deploy the job again."""
+
+
+class RayUnavailable(ReflowError):
+    """Ray could not be started or reached (``engine.runtime.local_ray.connect``): a local
+    start timed out in every attempt (a very busy machine), or the cluster at the address
+    given did not answer. Ray's error is the ``__cause__``. Start Ray yourself and pass its
+    address, or retry when the machine is less busy."""
 
 
 class InternalError(ReflowError):

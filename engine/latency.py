@@ -142,6 +142,27 @@ class LatencyHistogram:
         self._max = max(self._max, other._max)
         return self
 
+    def since(self, earlier: LatencyHistogram) -> LatencyHistogram:
+        """The observations made after ``earlier``, a previous snapshot of this same
+        cumulative histogram (counts subtracted; a bucket that went down counts 0). The
+        exact min and max of the difference are unknown: they are its lowest and highest
+        non-empty buckets' representative values, clamped to this histogram's range."""
+        out = LatencyHistogram()
+        counts = np.maximum(self._counts - earlier._counts, 0)
+        n = int(counts.sum())
+        if n == 0:
+            return out
+        reps = self._representatives()
+        nz = np.flatnonzero(counts)
+        out._counts = counts
+        out._count = n
+        out._neg_sum = max(0.0, self._neg_sum - earlier._neg_sum)
+        out._small_sum = max(0.0, self._small_sum - earlier._small_sum)
+        out._sum = max(0.0, self._sum - earlier._sum)
+        out._min = float(reps[nz[0]])
+        out._max = float(reps[nz[-1]])
+        return out
+
     # -- reading ---------------------------------------------------------------------------
 
     @property

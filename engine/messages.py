@@ -4,7 +4,7 @@ Two families:
 
 * **Channel events** travel on a data channel, in order with the records (a frame carries
   records followed by at most one event): ``Watermark``, ``CheckpointBarrier``,
-  ``DrainBarrier``, ``LatencyMarker``, ``EndOfStream``.
+  ``LatencyMarker``, ``EndOfStream`` (and the migration barriers below).
 * **Control messages** go between the JobMaster and a task outside the data path:
   commands (JobMaster → task) and reports (task → JobMaster).
 
@@ -81,20 +81,14 @@ class Watermark:
 @wire
 @dataclass(frozen=True, slots=True)
 class CheckpointBarrier:
-    """Aligned checkpoint barrier; ids grow by one per checkpoint."""
+    """Aligned checkpoint barrier (``engine.alignment``): records before it on every channel
+    are in checkpoint ``checkpoint_id`` (ids grow), records after it are not. ``location``:
+    the directory or URI each task writes its part to; ``stop``: a stop-with-savepoint, after
+    which every task stays quiet (sources read nothing more, no timer fires)."""
 
     checkpoint_id: int
-
-
-@wire
-@dataclass(frozen=True, slots=True)
-class DrainBarrier:
-    """Sent by paused sources: once a task has it on every input, nothing is in flight to it.
-
-    ``epoch`` identifies the pause; a task reports ``Drained(epoch)`` after aligning.
-    """
-
-    epoch: int
+    location: str = ""
+    stop: bool = False
 
 
 @wire
@@ -140,8 +134,19 @@ class ChannelIdle:
     its next watermark."""
 
 
-ChannelEvent = (Watermark | CheckpointBarrier | DrainBarrier | LatencyMarker | EndOfStream
-                | ChannelIdle | ConfirmBarrier | PauseBarrier)
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicBarrier:
+    """A change of logic's cut, sent by every predecessor of the operator's tasks on its
+    channels to them: a task switches to function version ``version`` once every live
+    input delivered it (channels that did are not read meanwhile); records before it on a
+    channel saw the old function, records after it the new one."""
+
+    version: int
+
+
+ChannelEvent = (Watermark | CheckpointBarrier | LatencyMarker | EndOfStream | ChannelIdle
+                | ConfirmBarrier | PauseBarrier | LogicBarrier)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,32 +267,17 @@ class Start:
 
 @wire
 @dataclass(frozen=True, slots=True)
-class PauseSource:
-    """Source: stop reading after the current batch, flush, send DrainBarrier(epoch) on all
-    outputs, report SourcePaused and Drained. Every task that drains stays quiet (fires no
-    timers) until Resume."""
-
-    epoch: int
-
-
-@wire
-@dataclass(frozen=True, slots=True)
 class ReleaseSource:
     """Source rescale, to an old source task: stop reading for good, close the partitions,
     end the outputs (``EndOfStream`` behind everything emitted) and stop; replied to with
-    ``SourcePaused`` holding every partition's resume state, for the new tasks."""
+    ``SourceReleased``."""
 
 
 @wire
 @dataclass(frozen=True, slots=True)
 class Resume:
-    """After a drain: sources read again from where they paused; timers fire again."""
-
-
-@wire
-@dataclass(frozen=True, slots=True)
-class SnapshotKeyGroups:
-    """Reply with ``KeyGroupSnapshot`` of every key group this task holds."""
+    """After a stop-with-savepoint that failed: sources read again from where they stopped;
+    timers fire again."""
 
 
 @wire
@@ -324,6 +314,17 @@ class RemoveOutputChannels:
     """Live: drop these output channels (nothing routes to them any more)."""
 
     channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplaceOutputChannel:
+    """Live (placement): output channel ``replacement``, the last of its edge, takes the
+    place of ``retired`` (its index in the edge and in the routing); ``retired`` is dropped
+    (nothing routes to it any more). The replacement keeps its sequence numbers."""
+
+    retired: int
+    replacement: int
 
 
 @wire
@@ -546,34 +547,166 @@ class MigrateState:
     kind: str = "full"  # "delta": ``state`` applies to the replica the new owner holds
 
 
+@wire
+@dataclass(frozen=True, slots=True)
+class TriggerCheckpoint:
+    """JobMaster → source task (and a task whose input has ended): take part in checkpoint
+    ``checkpoint_id`` now. A source snapshots its offsets, sends ``CheckpointBarrier`` on
+    every output and, with ``stop``, reads nothing more; another task waits for the barrier
+    on each live input (the trigger blocks none) and snapshots at once when none is left."""
+
+    checkpoint_id: int
+    location: str
+    stop: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointComplete:
+    """JobMaster → every task: checkpoint ``checkpoint_id`` is complete; sinks commit the
+    transactions pre-committed for it and for earlier checkpoints (Flink's
+    ``notifyCheckpointComplete``)."""
+
+    checkpoint_id: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointAborted:
+    """JobMaster → every task: checkpoint ``checkpoint_id`` failed; a task still aligning it
+    reads its inputs again. Its sink transactions stay pending: the next complete
+    checkpoint commits them."""
+
+    checkpoint_id: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class RestoreState:
+    """JobMaster → task before ``Start``: install key groups from a checkpoint, each
+    ``(key_group, file URI, offset, length, crc32)`` (the task reads and checks them), and
+    commit the restored sink ``transactions``, ``(writer, (transaction, ...))`` (a commit is
+    idempotent: those already visible stay as they are)."""
+
+    groups: tuple[tuple[int, str, int, int, int], ...] = ()
+    transactions: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class AdoptTransactions:
+    """To a task that stays, from a task of its operator removed by a scale-in: the
+    removed task's sink output not yet committed, pre-committed ``(writer, transaction)``;
+    this task carries them into its next checkpoint, which commits them."""
+
+    transactions: tuple[tuple[str, Any], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CommitTransactions:
+    """Commit these pre-committed sink transactions, ``(writer, (transaction, ...))``."""
+
+    transactions: tuple[tuple[str, tuple[Any, ...]], ...]
+
+
 # ---------------------------------------------------------------- task → JobMaster
 
 
 @wire
 @dataclass(frozen=True, slots=True)
-class KeyGroupSnapshot:
-    """Encoded state of key groups: ``(key_group, bytes)`` pairs, one per held group."""
+class CheckpointAck:
+    """``task`` wrote its part of checkpoint ``checkpoint_id``: key groups in ``file``
+    (relative to the checkpoint's location; '' when it holds none) as ``(key_group, offset,
+    length, crc32)``, its source's resume states ``{partition: state}`` (None for other
+    tasks), its sinks' pre-committed ``transactions`` ``(writer, transaction)``, the ``bytes`` written, and how
+    long it aligned, snapshotted (synchronously, processing stopped) and wrote (while it
+    went on processing)."""
 
-    groups: tuple[tuple[int, bytes], ...]
+    task: str
+    checkpoint_id: int
+    file: str
+    groups: tuple[tuple[int, int, int, int], ...]
+    source_state: Any
+    transactions: tuple[tuple[str, Any], ...]
+    bytes: int
+    alignment_s: float
+    sync_s: float
+    async_s: float
 
 
 @wire
 @dataclass(frozen=True, slots=True)
-class SourcePaused:
-    """The source paused; ``offsets``: ``{partition: resume state}`` of every partition it
-    reads (``TaskCore.source_offsets``), after the last record it emitted."""
+class SourceReleased:
+    """Reply to ``ReleaseSource``: ``offsets``, ``{partition: resume state}`` of every
+    partition the task read (``TaskCore.source_offsets``), after the last record it
+    emitted; ``transactions``: as ``HandOver``'s, what its chained sinks wrote and no
+    checkpoint committed yet, for a task that stays to adopt."""
 
     task: str
     offsets: dict[str, Any]
+    transactions: tuple[tuple[str, Any], ...] = ()
 
 
 @wire
 @dataclass(frozen=True, slots=True)
-class Drained:
-    """``task`` aligned DrainBarrier(epoch) on all inputs and flushed its outputs."""
+class HandOver:
+    """Reply to ``StopTask(end_outputs=True)`` with checkpoints on: what the task's sinks
+    wrote and no checkpoint committed yet, pre-committed ``(writer, transaction)``, for a
+    task that stays to adopt (``AdoptTransactions``)."""
 
     task: str
-    epoch: int
+    transactions: tuple[tuple[str, Any], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InjectLogicBarrier:
+    """Change of logic: send ``LogicBarrier(version)`` on these output channels now (behind
+    every record already sent or buffered on them)."""
+
+    version: int
+    channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SwitchLogic:
+    """Change of logic at a task without inputs (a source's chain): switch to the staged
+    function ``version`` now, between two reads."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DiscardLogic:
+    """A change of logic was refused: forget the function staged as ``version``."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicChanged:
+    """``task`` switched ``operator`` to function ``version`` after aligning its inputs for
+    ``alignment_s`` seconds."""
+
+    task: str
+    operator: str
+    version: int
+    alignment_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointDeclined:
+    """``task`` could not take part in checkpoint ``checkpoint_id`` (e.g. its part could not
+    be written); the checkpoint fails."""
+
+    task: str
+    checkpoint_id: int
+    reason: str
 
 
 @wire
@@ -625,13 +758,34 @@ class Ack:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """A job's checkpoints so far (``JobStatus.checkpoints``): how many completed and
+    failed, the latest complete one (id, path, duration from trigger to complete, bytes),
+    each task's alignment time in it (``(task, seconds)``), the last failure's reason and
+    the checkpoint or savepoint the job was restored from ('' when none)."""
+
+    completed: int = 0
+    failed: int = 0
+    last_id: int = -1
+    last_path: str = ""
+    last_duration_s: float = 0.0
+    last_bytes: int = 0
+    alignment: tuple[tuple[str, float], ...] = ()
+    last_failure: str = ""
+    restored_from: str = ""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class JobStatus:
     """``state`` is one of created, running, finished, failed, stopped. On failure,
     ``error`` says what failed; ``operator``/``task_index``/``record`` are set when a user
     function raised on a record. ``standby``: warm standby task actors ready now (not known
     dead). ``unresponsive``: ``(task, seconds)`` for each task that did not answer the
     JobMaster's latest metrics poll, with the seconds since it last answered (a task stuck
-    in user code, e.g. processing the same batch for that long); sorted by task. New fields
+    in user code, e.g. processing the same batch for that long); sorted by task.
+    ``restarts``: how often the job was restarted from a checkpoint after a failure, the
+    last of which ``last_failure`` names; ``checkpoints``: ``CheckpointStats``. New fields
     go at the end: the wire form is positional."""
 
     job: str
@@ -644,6 +798,9 @@ class JobStatus:
     metrics_url: str = ""
     standby: int = 0
     unresponsive: tuple[tuple[str, float], ...] = ()
+    restarts: int = 0
+    last_failure: str = ""
+    checkpoints: CheckpointStats = CheckpointStats()
 
     def __post_init__(self) -> None:
         for entry in self.unresponsive:

@@ -19,13 +19,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from engine.latency import LatencyHistogram
 from engine.messages import wire
 
+CHECKPOINT_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 @wire
 @dataclass(frozen=True, slots=True)
 class TaskMetrics:
-    """A snapshot of one task's counters (monotonic since the task started)."""
+    """A snapshot of one task's counters (monotonic since the task started).
+
+    ``useful_seconds``: time in operator work (decoding input, the operators, encoding
+    output), DS2's *useful time*; ``idle_seconds``: waiting for input;
+    ``backpressured_seconds``: waiting for output credits. ``records_in / useful_seconds``
+    is the task's true processing rate. ``source_backlog``: at a source task, records due
+    or available and not read yet (``SourceReader.backlog``); None when unknown or not a
+    source."""
 
     task: str
     vertex: str
@@ -35,7 +43,7 @@ class TaskMetrics:
     records_out: int
     bytes_in: int
     bytes_out: int
-    busy_seconds: float
+    useful_seconds: float
     idle_seconds: float
     backpressured_seconds: float
     queued_frames: int
@@ -45,6 +53,7 @@ class TaskMetrics:
     latency: Any
     watermark: int
     late_records: int = 0
+    source_backlog: int | None = None
 
 
 @wire
@@ -83,6 +92,9 @@ class RescaleProgress:
 class JobMetrics:
     """What ``JobHandle.metrics()`` returns: every live task's snapshot and rescale progress.
 
+    ``taken_at``: the JobMaster's monotonic seconds when it was taken (``rates_since``
+    divides by the difference of two).
+
     ``unresponsive``: ``(task, seconds)`` for each task that did not answer this poll in
     time, with the seconds since it last answered (stuck in user code, or overloaded); its
     entry in ``tasks`` is the last snapshot it sent (its counters stood still since)."""
@@ -93,6 +105,7 @@ class JobMetrics:
     rescales: tuple[RescaleProgress, ...]
     endpoint: str | None
     unresponsive: tuple[tuple[str, float], ...] = ()
+    taken_at: float = 0.0
 
     def __post_init__(self) -> None:
         if any(seconds < 0 for _, seconds in self.unresponsive):
@@ -100,6 +113,15 @@ class JobMetrics:
 
     def operator(self, vertex: str) -> list[TaskMetrics]:
         return [t for t in self.tasks if t.vertex == vertex]
+
+    def rates_since(self, earlier: JobMetrics) -> Any:
+        """The ``engine.rates.MetricsWindow`` between ``earlier`` (a previous
+        ``JobHandle.metrics()`` of this job) and this snapshot: per operator true and observed
+        processing and output rates, utilisation (MAX and mean over its tasks), capacity."""
+        from engine.rates import metrics_window
+
+        return metrics_window({t.task: t for t in earlier.tasks}, {t.task: t for t in self.tasks},
+                              earlier.taken_at, self.taken_at)
 
     def total(self, field: str, vertex: str | None = None) -> float:
         return sum(getattr(t, field) for t in self.tasks if vertex is None or t.vertex == vertex)
@@ -117,7 +139,9 @@ _COUNTERS = [
     ("records_out", "reflow_records_out", "Records sent by the task"),
     ("bytes_in", "reflow_bytes_in", "Encoded bytes received by the task"),
     ("bytes_out", "reflow_bytes_out", "Encoded bytes sent by the task"),
-    ("busy_seconds", "reflow_busy_seconds", "Time spent processing (useful time)"),
+    ("useful_seconds", "reflow_useful_seconds",
+     "Time in operator work: decoding input, the operators, encoding output (DS2's useful "
+     "time; records_in over it is the true processing rate)"),
     ("idle_seconds", "reflow_idle_seconds", "Time spent waiting for input"),
     ("backpressured_seconds", "reflow_backpressured_seconds", "Time blocked on output credits"),
     ("dead_letters", "reflow_dead_letters", "Records sent to a dead-letter sink"),
@@ -150,7 +174,14 @@ class JobCollector:
         self.replication_bytes: dict[str, int] = {}
         self.replication_cpu_s: dict[str, float] = {}
         self.replicas: dict[str, int] = {}
+        self.checkpoints_total: dict[str, int] = {}  # outcome (completed, failed) -> count
+        self.checkpoint_durations: list[float] = []  # every completed checkpoint's, in order
+        self.checkpoint_bytes = 0  # the latest completed checkpoint's
+        self.checkpoint_alignment: dict[str, tuple[str, int, float]] = {}  # task -> (op, i, s)
+        self.restarts = 0
         self.running = 1
+        # (controller, kind, outcome) -> decisions (the controller runner's counts)
+        self.decisions: dict[tuple[str, str, str], int] = {}
         self.rescale_started: dict[str, float] = {}  # operator -> clock() when it began
         self.rescale_timeout_s = 0.0  # the job's JobConfig.rescale_timeout_s
 
@@ -166,6 +197,14 @@ class JobCollector:
             for t in tasks:
                 g.add_metric([self.job, t.vertex, str(t.task_index)], getattr(t, field))
             yield g
+        backlog = GaugeMetricFamily(
+            "reflow_source_backlog_records",
+            "Records due or available at a source task and not read yet (lag), where the "
+            "source knows", labels=_LABELS)
+        for t in tasks:
+            if t.source_backlog is not None:
+                backlog.add_metric([self.job, t.vertex, str(t.task_index)], t.source_backlog)
+        yield backlog
         yield self._unresponsive_gauge(tasks)
         hist = HistogramMetricFamily(
             "reflow_end_to_end_latency_seconds",
@@ -247,10 +286,51 @@ class JobCollector:
         for op, n in self.rescales_total.items():
             count.add_metric([self.job, op], n)
         yield count
+        dec = CounterMetricFamily(
+            "reflow_controller_decisions",
+            "Decisions of the job's controllers, by kind and by what became of them",
+            labels=["job", "controller", "kind", "outcome"])
+        for (controller, kind, outcome), n in sorted(self.decisions.items()):
+            dec.add_metric([self.job, controller, kind, outcome], n)
+        yield dec
+        yield from self._checkpoint_metrics()
         up = GaugeMetricFamily("reflow_job_running", "1 while the job runs", labels=["job"])
         up.add_metric([self.job], self.running)
         yield up
 
+
+    def _checkpoint_metrics(self) -> Iterator[Any]:
+        """Checkpoints by outcome, their durations and the latest one's size and alignment
+        per task; restarts after failures."""
+        total = CounterMetricFamily("reflow_checkpoints", "Checkpoints by outcome",
+                                    labels=["job", "outcome"])
+        for outcome in ("completed", "failed"):
+            total.add_metric([self.job, outcome], self.checkpoints_total.get(outcome, 0))
+        yield total
+        durations = self.checkpoint_durations
+        hist = HistogramMetricFamily("reflow_checkpoint_duration_seconds",
+                                     "Time from trigger to complete of each checkpoint",
+                                     labels=["job"])
+        buckets = [(repr(b), sum(1 for d in durations if d <= b)) for b in CHECKPOINT_BUCKETS_S]
+        buckets.append(("+Inf", len(durations)))
+        hist.add_metric([self.job], buckets, sum(durations))
+        yield hist
+        size = GaugeMetricFamily("reflow_checkpoint_size_bytes",
+                                 "Bytes of state in the latest complete checkpoint",
+                                 labels=["job"])
+        size.add_metric([self.job], self.checkpoint_bytes)
+        yield size
+        align = GaugeMetricFamily("reflow_checkpoint_alignment_seconds",
+                                  "Time the task aligned its inputs in the latest complete "
+                                  "checkpoint (first barrier to last)", labels=_LABELS)
+        for operator, index, seconds in self.checkpoint_alignment.values():
+            align.add_metric([self.job, operator, str(index)], seconds)
+        yield align
+        restarts = CounterMetricFamily("reflow_job_restarts",
+                                       "Restarts of the job from a checkpoint after a failure",
+                                       labels=["job"])
+        restarts.add_metric([self.job], self.restarts)
+        yield restarts
 
     def _rescale_clock(self) -> Iterator[GaugeMetricFamily]:
         """How long each operator's running rescale has run (0 when none runs), and the

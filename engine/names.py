@@ -34,17 +34,19 @@ class NameEnum(str, Enum):
 
 
 class JobState(NameEnum):
-    """Where a job is in its life (``JobStatus.state``)."""
+    """Where a job is in its life (``JobStatus.state``); ``restarting``: its tasks are being
+    restarted from the last checkpoint after a failure (it runs again afterwards)."""
 
     CREATED = "created"
     RUNNING = "running"
+    RESTARTING = "restarting"
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
 
     @property
     def active(self) -> bool:
-        return self in (JobState.CREATED, JobState.RUNNING)
+        return self in (JobState.CREATED, JobState.RUNNING, JobState.RESTARTING)
 
 
 class SubscaleRole(NameEnum):

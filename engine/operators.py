@@ -14,12 +14,13 @@ the job fails naming the operator, the task and the batch's first record.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from engine import graph as g
 from engine.clock import Clock, now_ms
 from engine.columnar import ColumnBatch, as_rows
-from engine.errors import UserFunctionError
+from engine.errors import JobDefinitionError, UserFunctionError
 from engine.functions import (
     Context,
     KeyedProcessFunction,
@@ -142,6 +143,46 @@ class StatelessRunner:
         return out, out_ts
 
 
+def with_function(op: g.OperatorDef, fn: Any) -> g.OperatorDef:
+    """``op`` running ``fn`` instead of its function (a change of logic), or
+    ``JobDefinitionError`` saying what ``fn`` must be: a function for map, flat_map and
+    filter; a function of two values (or a ``ReduceFunction``) for reduce; a
+    ``KeyedProcessFunction`` for process, or for a window operator the new window function
+    of the same kind (``reduce``: a function of two values, ``aggregate``: an
+    ``AggregateFunction``, ``process``: ``fn(key, window, elements)``), its assigner and
+    result function kept. Sources and sinks cannot change their logic."""
+    from engine.windows import AggregateFunction, WindowOperator
+
+    what = f"operator {op.name!r} ({op.kind})"
+    if op.kind in (g.SOURCE, g.SINK):
+        raise JobDefinitionError(f"{what}: the logic of sources and sinks cannot change live")
+    if op.kind in (g.MAP, g.FLAT_MAP, g.FILTER):
+        if not callable(fn):
+            raise JobDefinitionError(f"{what}: the new logic must be a function; got {fn!r:.80}")
+        return replace(op, fn=fn)
+    if op.kind == g.REDUCE:
+        if isinstance(fn, ReduceFunction):
+            return replace(op, fn=fn)
+        if not callable(fn) or isinstance(fn, KeyedProcessFunction):
+            raise JobDefinitionError(f"{what}: the new logic must be a function of two values; "
+                                     f"got {fn!r:.80}")
+        return replace(op, fn=ReduceFunction(fn))
+    if isinstance(fn, KeyedProcessFunction):
+        return replace(op, fn=fn)
+    cur = op.fn
+    if isinstance(cur, WindowOperator):
+        ok = isinstance(fn, AggregateFunction) if cur.kind == "aggregate" else callable(fn)
+        if ok:
+            return replace(op, fn=WindowOperator(cur.assigner, cur.kind, fn, cur.window_fn,
+                                                 cur.lateness))
+        raise JobDefinitionError(
+            f"{what}: a window {cur.kind} takes a new "
+            f"{'AggregateFunction' if cur.kind == 'aggregate' else 'function'} (or a whole "
+            f"KeyedProcessFunction); got {fn!r:.80}")
+    raise JobDefinitionError(f"{what}: the new logic must be a KeyedProcessFunction; got "
+                             f"{fn!r:.80}")
+
+
 class UnknownKeyGroupError(RuntimeError):
     """A record reached a task that does not own its key group: a routing bug."""
 
@@ -168,7 +209,18 @@ class KeyedRunner:
         self.held: dict[int, list[tuple[int, Any, int]]] = {}
         self.ctx._late = self._on_late
         self.is_reduce = isinstance(self.fn, ReduceFunction)
-        self.fn.open(RuntimeContext(backend, op.name, task_index, op.parallelism))
+        self.runtime_context = RuntimeContext(backend, op.name, task_index, op.parallelism)
+        self.fn.open(self.runtime_context)
+
+    def prepare(self, fn: KeyedProcessFunction) -> None:
+        """Open ``fn`` (it declares its state on this task's backend) before ``use``."""
+        fn.open(self.runtime_context)
+
+    def use(self, fn: KeyedProcessFunction) -> None:
+        """Process with ``fn`` (prepared) from the next record on; the state stays."""
+        self.fn = fn
+        self.op = replace(self.op, fn=fn)
+        self.is_reduce = isinstance(fn, ReduceFunction)
 
     def _on_late(self, value: Any, timestamp: int) -> None:
         self.late_records += 1

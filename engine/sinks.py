@@ -79,8 +79,10 @@ class SinkWriter(abc.ABC):
         return None
 
     def commit(self, transactions: Sequence[Any]) -> None:  # noqa: B027 - optional hook
-        """Make ``transactions`` (from ``pre_commit`` of this or any writer of the same sink)
-        visible; idempotent. None entries are skipped. Default: nothing."""
+        """Make ``transactions`` (from ``pre_commit`` of this or any writer of the same sink,
+        their checkpoint completed) visible. Idempotent: after a recovery the restored
+        checkpoint's transactions are committed again, and one already visible stays as it
+        is. None entries are skipped. Default: nothing."""
 
 
 class Sink(abc.ABC):

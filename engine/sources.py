@@ -74,6 +74,12 @@ class SourceReader(abc.ABC):
         """After an empty poll: how long until the next record is due (a hint)."""
         return 0.001
 
+    def backlog(self) -> int | None:
+        """Records due or available now and not read yet (the source's lag, e.g. an
+        open-loop generator behind its schedule or a consumer behind its log); None when
+        the source cannot tell. Autoscalers read it to tell demand from throughput."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
 
@@ -278,6 +284,17 @@ class PartitionedReader:
         if not self._order:
             return 0.0
         return min(self._readers[pid].seconds_until_ready() for pid in self._order)
+
+    def backlog(self) -> int | None:
+        """Records due and not read yet over the live partitions (``SourceReader.backlog``);
+        None when a live partition cannot tell."""
+        total = 0
+        for pid in self._order:
+            n = self._readers[pid].backlog()
+            if n is None:
+                return None
+            total += n
+        return total
 
     def close(self) -> None:
         for pid in list(self._order):
@@ -561,6 +578,15 @@ class _GeneratorReader(SourceReader):
             return 0.0
         due_at = self._start_mono + (self._pos - self._start_pos) / self._rate
         return max(0.0, due_at - self._clock.monotonic())
+
+    def backlog(self) -> int | None:
+        """Records due by the schedule and not emitted yet (None at full speed)."""
+        if self._rate is None:
+            return None
+        due = self._due()
+        if self._limit is not None:
+            due = min(due, self._limit)
+        return max(0, due - self._pos)
 
 
 class ParquetSource(Source):

@@ -14,8 +14,16 @@ A core with no participant attached (``NoMigration``) supports stop-restart only
 
 Format of what a core produces, waiting to be taken by its shell: ``router.outbox``
 (encoded frames), ``reports`` (messages for the JobMaster), ``priority_out`` ((target task,
-message) for the priority path) and ``consumed`` ((channel, seq) of frames taken, to
-acknowledge).
+message) for the priority path), ``consumed`` ((channel, seq) of frames taken, to
+acknowledge) and ``snapshots`` (its parts of checkpoints, ``TaskSnapshot``, for the shell
+to write: ``engine.checkpoints.snapshot.persist``).
+
+Checkpoints (Flink's aligned barriers, ``engine.alignment``): a source snapshots at
+``TriggerCheckpoint`` and sends the barrier; another task snapshots once every live input
+delivered it (or ended): its key groups with their timers, its sinks' ``pre_commit``
+transactions (kept until ``CheckpointComplete`` commits them), then forwards the barrier.
+With checkpoints on, a task at the end of its input keeps its writers open: what they wrote
+since the last checkpoint is committed by the job's final checkpoint, not at close.
 
 Guarantees: each channel's frames are processed in sequence order; a frame the participant
 could not finish (``PartialFrame``: records that must wait, or an event behind them) is
@@ -25,6 +33,7 @@ per-record ports costs one check (``migration.active``) on top of its processing
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +43,7 @@ from engine import graph as g
 from engine.alignment import Aligned, BarrierAligner
 from engine.chain import OperatorChain
 from engine.channel import REROUTE_PORT, InputChannel, KeyFunctionError, OutputRouter
+from engine.checkpoints.snapshot import TaskSnapshot
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact
 from engine.columnar import ColumnBatch, as_rows
@@ -46,30 +56,38 @@ from engine.messages import (
     Ack,
     AddInputs,
     AddOutputChannels,
+    AdoptTransactions,
     ChannelIdle,
+    CheckpointAborted,
+    CheckpointBarrier,
+    CheckpointComplete,
+    CommitTransactions,
     Connect,
     DescribeTask,
-    DrainBarrier,
-    Drained,
+    DiscardLogic,
     EndOfStream,
     GroupStats,
     GroupStatsRequest,
+    HandOver,
     HoldFinish,
+    InjectLogicBarrier,
     InstallKeyGroups,
-    KeyGroupSnapshot,
     LatencyMarker,
-    PauseSource,
+    LogicBarrier,
+    LogicChanged,
     PriorityBatch,
     ReleaseSource,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     Resume,
-    SnapshotKeyGroups,
-    SourcePaused,
+    SourceReleased,
     Start,
     StopTask,
+    SwitchLogic,
     TaskFailed,
     TaskFinished,
     TaskState,
+    TriggerCheckpoint,
     Watermark,
     decode_frame,
 )
@@ -275,10 +293,21 @@ class TaskCore:
         self.backend, self.keyed = self.chain.backend, self.chain.keyed
         self.reader: PartitionedReader | None = None
         self.paused = False
-        self.quiet = False  # drained: no timers until Resume
+        self.quiet = False  # after a stop-with-savepoint's barrier: no timers until Resume
 
-        # alignment of drain barriers (engine.alignment), watermarks
-        self.drain = BarrierAligner(clock.monotonic)
+        # alignment of checkpoint barriers (engine.alignment), watermarks
+        self.checkpoints = BarrierAligner(clock.monotonic)
+        self._barriers: dict[int, CheckpointBarrier] = {}  # pending: location, stop
+        self.snapshots: list[TaskSnapshot] = []
+        self._pending_txns: dict[int, tuple[tuple[str, Any], ...]] = {}
+        self._adopted: list[tuple[str, Any]] = []  # a removed peer's, for the next checkpoint
+        self._two_phase = cfg.checkpointing
+        self._writers_open = True
+        if self._two_phase:  # exactly-once sinks keep output invisible until a commit
+            self.chain.begin_transactions()
+        # change of logic: barriers aligned like checkpoints; functions staged by version
+        self.logic = BarrierAligner(clock.monotonic)
+        self._staged: dict[int, tuple[str, Any]] = {}
         self.tracker = WatermarkTracker()
         self.watermark = MIN_WATERMARK
         # sources: event-time watermark generation
@@ -303,7 +332,7 @@ class TaskCore:
         # metrics
         self.records_in = 0
         self.bytes_in = 0
-        self.busy_s = 0.0
+        self.useful_s = 0.0  # operator work: decode, process, encode (the actor times it)
         self.idle_s = 0.0
         self.backpressured_s = 0.0
         self.latency = LatencyHistogram()
@@ -340,7 +369,8 @@ class TaskCore:
         n = len(order)
         for i in range(n):
             cid = order[(self._rr + i) % n]
-            if cid in self._step_blocked or self.drain.is_blocked(cid):
+            if (cid in self._step_blocked or self.checkpoints.is_blocked(cid)
+                    or self.logic.is_blocked(cid)):
                 continue
             ch = self.inputs[cid]
             head = self._heads.get(cid)
@@ -531,18 +561,22 @@ class TaskCore:
                 self._on_watermark(self.tracker.update(ch.channel_id, ts))
             case ChannelIdle():
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
-            case DrainBarrier(epoch=epoch):
-                self._on_drained(self.drain.on_barrier(ch.channel_id, epoch))
+            case CheckpointBarrier(checkpoint_id=cid):
+                self._barriers.setdefault(cid, event)
+                self._on_checkpoint_aligned(self.checkpoints.on_barrier(ch.channel_id, cid))
+            case LogicBarrier(version=version):
+                self._on_logic(self.logic.on_barrier(ch.channel_id, version))
             case EndOfStream():
                 ch.ended = True
                 self._handover_ended(ch.channel_id)
                 advanced = self.tracker.end(ch.channel_id)
+                # an input that ended counts as aligned: a pending checkpoint may complete
+                self._on_checkpoint_aligned(self.checkpoints.on_end(ch.channel_id))
+                self._on_logic(self.logic.on_end(ch.channel_id))
                 if not self._live_inputs():
-                    self.drain.on_end(ch.channel_id)  # a finished task needs no drain
                     self._end_pending = True
                     self._finish_if_ended()
                 else:
-                    self._on_drained(self.drain.on_end(ch.channel_id))
                     self._on_watermark(advanced)
             case _:
                 self.migration.on_event(ch, event)
@@ -574,16 +608,131 @@ class TaskCore:
 
     def _inputs_changed(self) -> None:
         """The live inputs changed (connected, added, removed): the aligners follow."""
-        self._on_drained(self.drain.set_channels(self._live_inputs()))
+        self._on_checkpoint_aligned(self.checkpoints.set_channels(self._live_inputs()))
+        self._on_logic(self.logic.set_channels(self._live_inputs()))
 
-    def _on_drained(self, aligned: Aligned | None) -> None:
-        """Every live input delivered the drain barrier: forward it, flush, go quiet."""
+    # ------------------------------------------------------------ change of logic
+    def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` to replace ``operator``'s function at logic barrier ``version``; a
+        keyed function is opened now, on this task's state. Raises when the operator is not
+        in this task or the function cannot be opened (nothing switched yet)."""
+        self.chain.prepare(operator, fn)
+        self._staged[version] = (operator, fn)
+
+    def _on_logic(self, aligned: Aligned | None) -> None:
+        """Every live input delivered logic barrier ``version`` (or the task has none):
+        switch to the staged function and report; the barrier goes no further."""
         if aligned is None:
             return
-        self.router.broadcast(DrainBarrier(aligned.barrier_id))
-        self.chain.flush()
-        self.quiet = True
-        self.reports.append(Drained(self.name, aligned.barrier_id))
+        staged = self._staged.pop(aligned.barrier_id, None)
+        if staged is None:
+            raise TaskControlError(f"task {self.name}: logic barrier {aligned.barrier_id} "
+                                   "aligned, but no function was staged for it")
+        operator, fn = staged
+        self.chain.switch(operator, fn)
+        self.spec = dataclasses.replace(self.spec, operators=tuple(
+            dataclasses.replace(op, fn=fn) if op.name == operator else op
+            for op in self.spec.operators))
+        self.reports.append(LogicChanged(self.name, operator, aligned.barrier_id,
+                                         aligned.alignment_s))
+
+    # ------------------------------------------------------------ checkpoints
+    def _on_checkpoint_aligned(self, aligned: Aligned | None) -> None:
+        """Every live input delivered the barrier (or ended): take the snapshot."""
+        if aligned is None:
+            return
+        for gone in aligned.aborted:
+            self._barriers.pop(gone, None)
+        barrier = self._barriers.pop(aligned.barrier_id)
+        self._snapshot(barrier, aligned.alignment_s)
+
+    def _snapshot(self, barrier: CheckpointBarrier, alignment_s: float) -> None:
+        """This task's part of the checkpoint, at the cut: key groups and timers, the
+        source's position, the sinks' transactions; then the barrier goes downstream (a
+        finished task's outputs have ended: nothing follows there)."""
+        cid, started = barrier.checkpoint_id, self.clock.monotonic()
+        spec = self.spec
+
+        def declined(reason: str) -> TaskSnapshot:
+            return TaskSnapshot(self.name, spec.vertex, spec.task_index, cid,
+                                barrier.location, declined=reason)
+
+        if self.migration.active:  # the JobMaster never lets the two overlap: a bug
+            self.snapshots.append(declined("key groups are moving through this task (a "
+                                           "rescale's subscale is running)"))
+            return
+        b = self.backend
+        groups = () if b is None else tuple((kg, b.snapshot(kg)) for kg in b.owned())
+        source = self.source_offsets() if self.reader is not None else None
+        try:
+            if self._two_phase and self._writers_open:
+                txns = (*self._adopted, *self.chain.pre_commit(cid))
+                self._adopted = []
+            else:  # no checkpoints (a savepoint of such a job): written means visible
+                self.chain.flush()
+                txns = ()
+        except Exception as exc:  # a sink's pre_commit raised: the checkpoint fails
+            self.snapshots.append(declined(f"a sink's pre_commit raised "
+                                           f"{type(exc).__name__}: {exc}"))
+            return
+        if txns:
+            self._pending_txns[cid] = txns
+        if self.status == RUNNING:
+            self.router.broadcast(CheckpointBarrier(cid, barrier.location, barrier.stop))
+        if barrier.stop:  # stop-with-savepoint: nothing more after the barrier
+            self.paused = self.quiet = True
+        self.snapshots.append(TaskSnapshot(
+            self.name, spec.vertex, spec.task_index, cid, barrier.location, groups, source,
+            txns, alignment_s, self.clock.monotonic() - started))
+
+    def _trigger_checkpoint(self, msg: TriggerCheckpoint) -> None:
+        barrier = CheckpointBarrier(msg.checkpoint_id, msg.location, msg.stop)
+        if self.status not in (RUNNING, FINISHED):
+            if self.status == CREATED:
+                self.snapshots.append(TaskSnapshot(
+                    self.name, self.spec.vertex, self.spec.task_index, msg.checkpoint_id,
+                    msg.location, declined="the task has not started"))
+            return
+        if self.is_source:
+            if self.checkpoints.trigger(msg.checkpoint_id) is not None:
+                self._snapshot(barrier, 0.0)
+            return
+        self._barriers.setdefault(msg.checkpoint_id, barrier)
+        self._on_checkpoint_aligned(self.checkpoints.trigger(msg.checkpoint_id))
+
+    def _commit(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` is complete: commit its transactions and those of
+        earlier ones (a failed checkpoint's transactions wait for the next complete one)."""
+        due = sorted(c for c in self._pending_txns if c <= checkpoint_id)
+        if not due:
+            return
+        by_writer: dict[str, list[Any]] = {}
+        for c in due:
+            for writer, txn in self._pending_txns.pop(c):
+                by_writer.setdefault(writer, []).append(txn)
+        self._commit_transactions(by_writer.items())
+
+    def _hand_over(self) -> tuple[tuple[str, Any], ...]:
+        """A scale-in removes this task: its sinks' output that no checkpoint committed yet
+        (pending, adopted, and written since the last barrier, pre-committed now) goes to a
+        task that stays, whose next checkpoint commits it."""
+        if not (self._two_phase and self._writers_open):
+            return ()
+        out = [t for c in sorted(self._pending_txns) for t in self._pending_txns[c]]
+        self._pending_txns.clear()
+        out += self._adopted
+        self._adopted = []
+        out += self.chain.pre_commit(self.checkpoints.last_seen or 0)
+        return tuple(out)
+
+    def _commit_transactions(self, items: Any) -> None:
+        for writer, txns in items:
+            try:
+                self.chain.commit(writer, list(txns))
+            except Exception as exc:  # the output would never become visible: fail
+                self._fail(writer, "", f"commit of a checkpoint's output raised "
+                           f"{type(exc).__name__}: {exc}")
+                return
 
     def _finish_if_ended(self) -> None:
         """Finish once the input has ended, unless a rescale holds the task or key groups
@@ -600,9 +749,15 @@ class TaskCore:
             self._run_rest(values, timestamps)
         self.router.flush_all()
         self.router.broadcast(EndOfStream())
-        self.chain.close()
+        if not self._two_phase:  # else the final checkpoint commits, then StopTask closes
+            self._close_writers()
         self.status = FINISHED
         self.reports.append(TaskFinished(self.name))
+
+    def _close_writers(self) -> None:
+        if self._writers_open:
+            self._writers_open = False
+            self.chain.close()
 
     def _fail(self, operator: str, record: str, cause: str) -> None:
         self.status = FAILED
@@ -613,7 +768,7 @@ class TaskCore:
         """Where this task's migrations and inputs stand (a stuck rescale's error)."""
         parts = self.migration.describe()
         chans = [f"{cid}:{len(c.queue)}q{'/ended' if c.ended else ''}"
-                 f"{'/blocked' if cid in self._step_blocked or self.drain.is_blocked(cid) else ''}"
+                 f"{'/blocked' if cid in self._step_blocked or self.checkpoints.is_blocked(cid) else ''}"
                  f"{'/head' if cid in self._heads else ''}" for cid, c in self.inputs.items()]
         parts.append("inputs " + " ".join(chans))
         return "; ".join(parts)
@@ -707,32 +862,22 @@ class TaskCore:
                 return Ack()
             case ReleaseSource():
                 offsets = self.source_offsets()
+                handed: tuple[tuple[str, Any], ...] = ()
                 if self.reader is not None:
                     self.reader.close()
                 if self.status == RUNNING:
                     self.paused = True
                     self.router.flush_all()
                     self.router.broadcast(EndOfStream())
-                    self.chain.close()
+                    handed = self._hand_over()
                     self.status = STOPPED
-                return SourcePaused(self.name, offsets)
-            case PauseSource(epoch=epoch):
-                if self.status == RUNNING and not self.paused:
-                    self.paused = True
-                    self.quiet = True
-                    self.router.broadcast(DrainBarrier(epoch))
-                    self.chain.flush()
-                self.reports.append(SourcePaused(self.name, self.source_offsets()))
-                self.reports.append(Drained(self.name, epoch))
-                return Ack()
+                if self.status != FAILED:
+                    self._close_writers()
+                return SourceReleased(self.name, offsets, handed)
             case Resume():
                 self.paused = False
                 self.quiet = False
                 return Ack()
-            case SnapshotKeyGroups():
-                b = self.backend
-                groups = () if b is None else tuple((kg, b.snapshot(kg)) for kg in b.owned())
-                return KeyGroupSnapshot(groups)
             case InstallKeyGroups(groups=groups):
                 if self.backend is None:
                     raise TaskControlError(f"task {self.name} is not keyed; it holds no key "
@@ -741,12 +886,33 @@ class TaskCore:
                     self.backend.install(kg, data)
                 return Ack()
             case StopTask(end_outputs=end):
+                handed: tuple[tuple[str, Any], ...] = ()
                 if self.status not in (FINISHED, FAILED):
                     self.router.flush_all()
                     if end:
                         self.router.broadcast(EndOfStream())
-                    self.chain.close()
+                        handed = self._hand_over()
                     self.status = STOPPED
+                if self.status != FAILED:
+                    self._close_writers()
+                return HandOver(self.name, handed) if handed else Ack()
+            case AdoptTransactions(transactions=txns):
+                self._adopted.extend(txns)
+                return Ack()
+            case TriggerCheckpoint():
+                self._trigger_checkpoint(msg)
+                return Ack()
+            case CheckpointComplete(checkpoint_id=cid):
+                if self.status != FAILED:
+                    self._commit(cid)
+                return Ack()
+            case CheckpointAborted(checkpoint_id=cid):
+                if self.checkpoints.pending == cid:
+                    self.checkpoints.abort()
+                self._barriers.pop(cid, None)
+                return Ack()
+            case CommitTransactions(transactions=txns):
+                self._commit_transactions(txns)
                 return Ack()
             case AddOutputChannels(edge_id=edge_id, channels=channels):
                 self.router.add_channels(edge_id, channels)
@@ -758,6 +924,20 @@ class TaskCore:
                 return Ack()
             case RemoveOutputChannels(channel_ids=ids):
                 self.router.remove_channels(set(ids))
+                return Ack()
+            case ReplaceOutputChannel(retired=retired, replacement=replacement):
+                self.router.replace_channel(retired, replacement)
+                return Ack()
+            case InjectLogicBarrier(version=version, channel_ids=ids):
+                self.router.send_event_to(set(ids), LogicBarrier(version))
+                return Ack()
+            case SwitchLogic(version=version):
+                self._on_logic(self.logic.trigger(version))
+                return Ack()
+            case DiscardLogic(version=version):
+                self._staged.pop(version, None)
+                if self.logic.pending == version:
+                    self.logic.abort()
                 return Ack()
             case AddInputs(inputs=inputs, after=after):
                 for cid, port in inputs:
@@ -837,7 +1017,7 @@ class TaskCore:
             records_out=self.router.records_out,
             bytes_in=self.bytes_in,
             bytes_out=self.router.bytes_out,
-            busy_seconds=self.busy_s,
+            useful_seconds=self.useful_s,
             idle_seconds=self.idle_s,
             backpressured_seconds=self.backpressured_s,
             queued_frames=self.queued_frames(),
@@ -847,4 +1027,6 @@ class TaskCore:
             latency=self.latency.to_wire(),
             watermark=self.watermark,
             late_records=0 if self.keyed is None else self.keyed.late_records,
+            source_backlog=(None if self.reader is None or self.status != RUNNING
+                            else self.reader.backlog()),
         )

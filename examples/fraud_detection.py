@@ -18,7 +18,11 @@ The pipeline::
   window_start, alerts, distinct cards)``.
 
 ``Rules(version, rules)`` is a value given to ``FraudDetector``'s constructor so the logic can
-later be swapped live; the state it works on (``CardProfile``: count, total, recent
+be swapped live: ``--swap-rules v2`` swaps to stricter rules (``stricter_rules``) with
+``handle.change_logic("detect", FraudDetector(rules))`` once ``--swap-at`` of the
+transactions went through; each card switches at the barrier, and ``check_swap`` verifies
+that every transaction was judged by exactly one rule set, old ones first. The state it
+works on (``CardProfile``: count, total, recent
 transactions) does not depend on the rules. The rules: ``Velocity`` (more than N
 transactions in a sliding window), ``AmountSpike`` (amount > k x the card's running average),
 ``SmallThenLarge`` (a small transaction, then a large one within a minute).
@@ -51,9 +55,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import JobConfig, KeyedProcessFunction, StreamJob  # noqa: E402
+from engine import JobConfig, KeyedProcessFunction, ReflowError, StreamJob  # noqa: E402
 from engine.sinks import Sink  # noqa: E402
-from engine.testing import TestingSink, TestingSource  # noqa: E402
+from engine.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
 from engine.time import WatermarkStrategy, tumbling_event_time  # noqa: E402
 from engine.windows import AggregateFunction  # noqa: E402
 
@@ -155,6 +159,12 @@ class Rules:
 DEFAULT_RULES = Rules("v1")
 
 
+def stricter_rules(version: str) -> Rules:
+    """The rule set a running job swaps to with ``--swap-rules``: tighter thresholds."""
+    return Rules(version, (Velocity(4, 30_000), AmountSpike(5, 3),
+                           SmallThenLarge(300, 40_000, MINUTE_MS)))
+
+
 # ============================================================================ the job
 
 def tx_ts(t: tuple) -> int:
@@ -237,13 +247,14 @@ def build(transactions: list[tuple], sink: Sink, parallelism: int = 2, *,
           config: JobConfig | None = None, bound_ms: int = DISORDER_MS,
           source_parallelism: int = 1, rate_window_ms: int = HOUR_MS,
           watermark_interval_ms: float = 50.0, late_sink: Sink | None = None,
-          sink_parallelism: int = 1) -> StreamJob:
+          sink_parallelism: int = 1, gate: SourceGate | None = None) -> StreamJob:
     """The fraud job. Its outputs do not depend on ``source_parallelism`` as long as
-    ``bound_ms`` covers the transactions' disorder."""
+    ``bound_ms`` covers the transactions' disorder. ``gate``: holds the source at a record
+    (tests act there)."""
     job = StreamJob("fraud-detection", num_key_groups=key_groups, parallelism=parallelism,
                     config=config or JobConfig())
     alerts = (
-        job.source(TestingSource(transactions, rate=rate, timestamp_fn=tx_ts),
+        job.source(TestingSource(transactions, rate=rate, timestamp_fn=tx_ts, gate=gate),
                    name="transactions", parallelism=source_parallelism,
                    watermarks=WatermarkStrategy(bound_ms, watermark_interval_ms))
         .filter(is_valid, name="valid")
@@ -312,6 +323,46 @@ def reference(transactions: Iterable[tuple], rules: Rules = DEFAULT_RULES,
                 acc[1].add(card)
             total += amount
     return {"alerts": alerts, "rates": {k: (v[0], len(v[1])) for k, v in rates.items()}}
+
+
+def check_swap(transactions: Iterable[tuple], results: Iterable[tuple], old: Rules,
+               new: Rules) -> list[str]:
+    """What is wrong (nothing: an empty list) with the outputs of a run whose rules changed
+    live from ``old`` to ``new`` (``handle.change_logic``): every transaction was judged
+    by exactly one rule set (its alerts are those of ``reference`` under that set), each
+    card's transactions by ``old`` first and then ``new`` (a card switches once, at the
+    barrier, and its transactions are judged in event-time order), and every hourly alert
+    rate counts the alerts that were emitted. Which transactions came before the switch
+    depends on when it happened; the check does not."""
+    txs = list(transactions)
+    ref = {r.version: reference(txs, r)["alerts"] for r in (old, new)}
+    out = outputs_by_kind(results)
+    problems: list[str] = []
+    cards = {t[1] for t in txs if is_valid(t)}
+    for card in cards:
+        mine = sorted((t for t in txs if t[1] == card and is_valid(t)), key=lambda t: (t[2], t[0]))
+        got = [a for a in out["alerts"].get(card, [])]
+        switched = False
+        for t in mine:
+            have = [a for a in got if a[2] == t[0]]
+            verdicts = [v for v, alerts in ref.items()
+                        if [a for a in alerts.get(card, []) if a[2] == t[0]] == have]
+            if not verdicts:
+                problems.append(f"card {card} tx {t[0]}: alerts {have} fit neither rule set")
+            elif verdicts == [new.version]:
+                switched = True
+            elif switched and verdicts == [old.version]:
+                problems.append(f"card {card} tx {t[0]}: judged by {old.version} after "
+                                f"{new.version}")
+    rates: dict[tuple[str, int], list] = {}
+    for seq in out["alerts"].values():
+        for a in seq:
+            acc = rates.setdefault((a[4], a[3] - a[3] % HOUR_MS), [0, set()])
+            acc[0] += 1
+            acc[1].add(a[1])
+    if {k: (v[0], len(v[1])) for k, v in rates.items()} != out["rates"]:
+        problems.append("the alert rates do not count the alerts emitted")
+    return problems
 
 
 # ============================================================================ data
@@ -495,6 +546,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--key-groups", type=int, default=128)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rules-version", default="v1")
+    ap.add_argument("--swap-rules", default=None, metavar="VERSION",
+                    help="swap to stricter rules (named VERSION) live, with change_logic")
+    ap.add_argument("--swap-at", type=float, default=0.5,
+                    help="swap once this share of the transactions was taken (default 0.5)")
     ap.add_argument("--csv", default=None, help="transactions CSV (card_id,ts,amount,merchant,...)")
     ap.add_argument("--no-check", action="store_true", help="skip the reference comparison")
     args = ap.parse_args(argv)
@@ -507,6 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         txs = generate_transactions(n, args.seed)
     rules = Rules(args.rules_version)
+    if args.swap_rules is not None and args.rate is None:
+        args.rate = 2000.0  # at full speed the input could end before the swap
     sink, late = TestingSink(), TestingSink()
     job = build(txs, sink, args.parallelism, rules=rules, rate=args.rate,
                 key_groups=args.key_groups, bound_ms=max_disorder(t[2] for t in txs),
@@ -516,6 +573,19 @@ def main(argv: list[str] | None = None) -> int:
           f"rules {rules.version}")
     start = time.monotonic()
     stopped = False
+    swapped = None
+    if args.swap_rules is not None:
+        swapped = stricter_rules(args.swap_rules)
+        valid = sum(1 for t in txs if is_valid(t))
+        while handle.status().state == "running" and \
+                handle.metrics().total("records_in", "detect") < args.swap_at * valid:
+            time.sleep(0.1)
+        try:
+            report = handle.change_logic("detect", FraudDetector(swapped))
+            print(f"swapped rules {rules.version} -> {swapped.version} live: {report}")
+        except ReflowError as exc:  # e.g. the input ended first
+            print(f"rules not swapped: {exc}")
+            swapped = None
     try:
         handle.wait(None if args.rate is not None else args.duration)
     except TimeoutError:
@@ -549,6 +619,13 @@ def main(argv: list[str] | None = None) -> int:
     if stopped or args.no_check:
         print("result: not checked")
         return 0
+    if swapped is not None:
+        problems = check_swap(txs, sink.results(), rules, swapped)
+        for p in problems[:10]:
+            print(f"  {p}")
+        print("result: OK (each transaction judged by one rule set, each card switched once)"
+              if not problems else "result: MISMATCH")
+        return 0 if not problems else 1
     ok = out == reference(txs, rules)
     print("result: OK (equals the plain-Python reference)" if ok else "result: MISMATCH")
     return 0 if ok else 1

@@ -1,7 +1,7 @@
 """The rescale coordinator as sans-IO state machines: one per running rescale.
 
 Why: the coordination of a rescale (hold the operator's tasks, plan, create tasks, run the
-plan's subscales or steps, remove tasks; or stop-restart's eight phases) is the protocol
+plan's subscales or steps, remove tasks; or stop-restart's savepoint and restore) is the protocol
 itself. Written as async Ray code it could only be tested through Ray, and the unit tests
 grew copies of it. Here it is a plain object that takes events and returns commands; the
 JobMaster (``engine.runtime``) executes the commands with Ray, and the unit-test harness
@@ -45,20 +45,17 @@ from engine.keygroups import moved_key_groups
 from engine.messages import (
     AddInputs,
     AddOutputChannels,
-    Drained,
+    AdoptTransactions,
     ExpectIncoming,
     ExpectOutgoing,
     GroupStatsRequest,
+    HandOver,
     HoldFinish,
     InjectSubscale,
-    InstallKeyGroups,
     OutputChannel,
-    PauseSource,
     ReleaseSource,
     RemoveOutputChannels,
-    Resume,
-    SnapshotKeyGroups,
-    SourcePaused,
+    ReplaceOutputChannel,
     Start,
     StopTask,
     SubscaleDone,
@@ -89,13 +86,9 @@ class Phase(NameEnum):
     SUBSCALES = "subscales"
     REMOVE = "remove"
     RELEASE = "release"
-    PAUSE = "pause"
-    DRAIN = "drain"
-    SNAPSHOT = "snapshot"
-    STOP = "stop"
-    INSTALL = "install"
-    CONNECT = "connect"
-    RESUME = "resume"
+    HANDOVER = "handover"  # a source's partitions go from its old tasks to its new ones
+    SAVEPOINT = "savepoint"
+    RESTORE = "restore"
     DONE = "done"
 
 
@@ -107,7 +100,9 @@ class RescaleRequest:
     """What was asked: ``operator`` (a vertex) to ``parallelism`` tasks with ``protocol``;
     ``assignment``: the target assignment (a rebalance; None: uniform ranges);
     ``planning``: a ``migration.planning.Planning`` or None for the protocol's default;
-    ``reason``: who asked and why (a user call, a controller's decision)."""
+    ``reason``: who asked and why (a user call, a controller's decision); ``place``:
+    ``(task index, node id)`` for a placement (``Placement``: the task moves to that Ray
+    node, ``parallelism`` stays)."""
 
     operator: str
     parallelism: int
@@ -115,10 +110,16 @@ class RescaleRequest:
     assignment: tuple[int, ...] | None = None
     planning: Planning | None = None
     reason: str = "requested"
+    place: tuple[int, str] | None = None
 
     def __post_init__(self) -> None:
         check_count(f"rescale of {self.operator!r}: parallelism", self.parallelism)
         object.__setattr__(self, "protocol", RescaleProtocol.parse(self.protocol, "protocol"))
+        if self.place is not None:
+            check_count(f"placement of {self.operator!r}: task index", self.place[0], 0)
+            if self.place[0] >= self.parallelism:
+                raise ValueError(f"placement of {self.operator!r}: no task {self.place[0]} "
+                                 f"among {self.parallelism}")
 
 
 @dataclass
@@ -137,8 +138,8 @@ class SubscaleIds:
 class RescaleContext:
     """What the job shares with a coordinator: values as of the start and the job's pure
     allocators. ``replicas``: this operator's replicas, key group -> (holder, version);
-    ``max_subscales``: subscales of the operator at once (drrs); ``epoch``: the drain epoch
-    a stop-restart uses; ``finished``: tasks whose input ended."""
+    ``max_subscales``: subscales of the operator at once (drrs); ``finished``: tasks whose
+    input ended."""
 
     job_id: str
     deployment: Deployment
@@ -148,7 +149,6 @@ class RescaleContext:
     replicas: Mapping[int, tuple[str, int]] = field(default_factory=dict)
     replication_on: bool = False
     max_subscales: int = 1
-    epoch: int = 0
     finished: frozenset[str] = frozenset()
 
 
@@ -176,11 +176,16 @@ class SendControl:
 @dataclass(frozen=True)
 class CreateTasks:
     """Create task actors ``names`` of ``vertex`` (spec from ``deployment``; a warm standby
-    actor where the pool has one). Calls to them wait until they exist."""
+    actor where the pool has one). Calls to them wait until they exist. ``nodes``: (name,
+    Ray node id) of tasks that must start on that node (never a standby actor);
+    ``indices``: (name, task index) of tasks whose spec (what their functions see as their
+    index) differs from their position, e.g. a placed task replacing another."""
 
     vertex: str
     names: tuple[str, ...]
     deployment: Deployment
+    nodes: tuple[tuple[str, str], ...] = ()
+    indices: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -249,8 +254,78 @@ class EnableReplication:
     hot_fraction: float
 
 
+@dataclass(frozen=True)
+class TakeSavepoint:
+    """Take a savepoint of the whole job (``stop``: sources read nothing after its barrier
+    and every task stays quiet); the result is its ``CheckpointMetadata``."""
+
+    stop: bool = True
+
+
+@dataclass(frozen=True)
+class RestoreJob:
+    """Replace every task of the job by a new one restored from ``checkpoint`` (the
+    ``engine.checkpoints.restore`` plan), with ``parallelism`` and ``assignments`` overriding
+    the checkpoint's for these vertices; the result is the new ``Deployment``."""
+
+    checkpoint: Any
+    parallelism: Mapping[str, int]
+    assignments: Mapping[str, tuple[int, ...]]
+
+
 Command = (SendControl | CreateTasks | RemoveTasks | UpdateVertex | AwaitReports | Sleep
-           | SubscaleCompleted | ReleaseReplicas | EnableReplication)
+           | SubscaleCompleted | ReleaseReplicas | EnableReplication | TakeSavepoint
+           | RestoreJob)
+
+
+# ---------------------------------------------------------------------- checkpoints
+
+
+class DataflowChanges:
+    """Which changes of the dataflow one rescale has in flight, for the exclusion of
+    checkpoints and rescales (docs/architecture.md, "the life of a checkpoint"): a
+    checkpoint starts only when no subscale is in flight (injected, and not yet reported
+    done by both owners) and no task is being added or removed; a rescale waits before a
+    command that ``starts`` a change while a checkpoint is pending. Fed by the executor
+    (the JobMaster's, the unit harness's) with the commands it runs and every report."""
+
+    def __init__(self) -> None:
+        self.subscales: set[int] = set()
+        self._done: dict[int, set[str]] = {}
+
+    @staticmethod
+    def starts(cmd: Command) -> bool:
+        """Whether ``cmd`` is the first of a change: creating tasks, starting subscales
+        (their owners' expectations), removing tasks (the predecessors drop their channels
+        to them first; from then on those tasks' inputs carry no barrier)."""
+        if isinstance(cmd, CreateTasks):
+            return True
+        if isinstance(cmd, SendControl):
+            return any(isinstance(c.message, (ExpectIncoming, RemoveOutputChannels))
+                       for c in cmd.calls)
+        return False
+
+    def on_command(self, cmd: Command) -> None:
+        """``cmd`` is being run: the subscales it starts are in flight."""
+        if isinstance(cmd, SendControl):
+            for c in cmd.calls:
+                if isinstance(c.message, ExpectIncoming):
+                    self.subscales.add(c.message.subscale)
+
+    def on_report(self, report: Any) -> None:
+        """A task's report: a subscale both owners reported done is no longer in flight."""
+        if isinstance(report, SubscaleDone) and report.subscale in self.subscales:
+            done = self._done.setdefault(report.subscale, set())
+            done.add(str(report.role))
+            if len(done) == 2:
+                self.subscales.discard(report.subscale)
+                del self._done[report.subscale]
+
+    def quiet(self, phase: Phase) -> bool:
+        """Nothing in flight for a rescale now in ``phase`` (adding or removing tasks is a
+        change from its first command to its last)."""
+        return not self.subscales and phase not in (Phase.DEPLOY, Phase.HANDOVER,
+                                                    Phase.REMOVE)
 
 
 # ---------------------------------------------------------------------- the machine
@@ -274,8 +349,10 @@ class RescaleCoordinator:
         self.phase = Phase.HOLD
         self.committed = False
         self.superseded = False
-        self.input_ended = bool(ctx.finished)
-        self.finished_tasks: set[str] = set(ctx.finished)
+        # the operator's own input ended (a finished task elsewhere, e.g. a bounded source
+        # beside an unbounded one, does not stop a rescale: FLIP-147)
+        self.finished_tasks: set[str] = set(ctx.finished) & set(self.dep.tasks[self.vertex])
+        self.input_ended = bool(self.finished_tasks)
         self.plan: MigrationPlan | None = None
         self.requested_at = clock.now()
         self._report: RescaleReport | None = None
@@ -367,7 +444,7 @@ class RescaleCoordinator:
         yield AwaitReports(phase, self.config.rescale_timeout_s, tuple(sorted(tasks)))
 
     def _observe(self, report: Any) -> None:
-        if isinstance(report, TaskFinished):
+        if isinstance(report, TaskFinished) and report.task in self.dep.tasks[self.vertex]:
             self.finished_tasks.add(report.task)
             self.input_ended = True
 
@@ -505,8 +582,8 @@ class LiveRescale(RescaleCoordinator):
             yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
             who = ended[0] if ended else sorted(self.finished_tasks)[0]
             raise RescaleRefused(
-                f"job {self.ctx.job_id} is finishing: the input of {who} has ended; "
-                "rescaling a finishing job is not supported")
+                f"the input of operator {vertex!r} has ended (task {who}): it processes "
+                "nothing more, so there is nothing to rescale")
         # 2. plan (per-group load and size asked from the tasks when the planning needs them)
         old = self.dep.assignments[vertex]
         new = self._target(old)
@@ -542,21 +619,15 @@ class LiveRescale(RescaleCoordinator):
         if new_names:
             self.phase = Phase.DEPLOY
             self.dep = self.dep.with_vertex(vertex, tuple(self._names), generation=gen)
-            yield from add_tasks_steps(self.dep, vertex, new_names, self.ctx.channel_ids)
+            nodes, indices = self._creation(new_names)
+            yield from add_tasks_steps(self.dep, vertex, new_names, self.ctx.channel_ids,
+                                       nodes=nodes, indices=indices)
             yield UpdateVertex(vertex, tuple(self._names), None, gen)
         # 4. subscales
         yield from self._run_subscales(plan)
-        # 5. remove tasks left without key groups (scale-in), then release the hold
+        # 5. remove tasks left without key groups, then release the hold
         self.phase = Phase.REMOVE
-        current = self.dep.assignments[vertex]
-        keep = final_p if not self.superseded else work_p
-        gone: tuple[str, ...] = ()
-        if keep < work_p and max(current) < keep:
-            gone = tuple(self._names[keep:])
-            yield from remove_tasks_steps(self.dep, vertex, gone, self.ctx.channel_ids)
-            self._names = self._names[:keep]
-            self.dep = self.dep.with_vertex(vertex, tuple(self._names))
-            yield UpdateVertex(vertex, tuple(self._names))
+        gone = yield from self._remove(final_p, work_p)
         yield ReleaseReplicas(vertex, gone)
         self._held = tuple(self._names)
         yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in self._held))
@@ -568,6 +639,27 @@ class LiveRescale(RescaleCoordinator):
             s.first_start if s.first_start is not None else done, s.rerouted, s.suspended,
             s.delay, tuple(s.timings), self.superseded, self._reason(plan),
             len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved))
+
+    def _creation(self, new_names: tuple[str, ...]
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+        """Where the new tasks start and the index their specs carry (``CreateTasks``):
+        anywhere, at their position."""
+        return (), ()
+
+    def _remove(self, final_p: int, work_p: int) -> Generator[Command, Any, tuple[str, ...]]:
+        """Scale-in: remove the tasks at ``final_p`` and above once they hold no key group
+        (not after a supersede: the next request starts from every task). Returns them."""
+        vertex = self.vertex
+        current = self.dep.assignments[vertex]
+        keep = final_p if not self.superseded else work_p
+        if not (keep < work_p and max(current) < keep):
+            return ()
+        gone = tuple(self._names[keep:])
+        yield from remove_tasks_steps(self.dep, vertex, gone, self.ctx.channel_ids)
+        self._names = self._names[:keep]
+        self.dep = self.dep.with_vertex(vertex, tuple(self._names))
+        yield UpdateVertex(vertex, tuple(self._names))
+        return gone
 
     def _reason(self, plan: MigrationPlan) -> str:
         if not self.spec.concurrent:
@@ -669,11 +761,14 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
 
 
 def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
-                    ids: ChannelIds, hold: bool = True) -> Generator[Command, Any, None]:
+                    ids: ChannelIds, hold: bool = True,
+                    nodes: tuple[tuple[str, str], ...] = (),
+                    indices: tuple[tuple[str, int], ...] = ()) -> Generator[Command, Any, None]:
     """Create, wire and start new tasks of ``vertex`` (already in ``dep``) while the job
     runs: they read from every predecessor and write to the operator's receivers; with
-    ``hold`` they do not finish before the rescale releases them."""
-    yield CreateTasks(vertex, new_names, dep)
+    ``hold`` they do not finish before the rescale releases them. ``nodes``/``indices``:
+    as in ``CreateTasks``."""
+    yield CreateTasks(vertex, new_names, dep, nodes, indices)
     msgs = connect_messages(dep, ids)
     if hold:
         yield SendControl(tuple(Call(n, HoldFinish(True)) for n in new_names), Phase.DEPLOY)
@@ -701,13 +796,23 @@ def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
 def remove_tasks_steps(dep: Deployment, vertex: str, gone: tuple[str, ...],
                        ids: ChannelIds) -> Generator[Command, Any, None]:
     """Scale-in: the predecessors stop sending to ``gone`` (which hold no key groups),
-    then ``gone`` end their outputs and go."""
+    then ``gone`` end their outputs and go; the sink output they wrote and no checkpoint
+    committed yet (``HandOver``) is adopted by the tasks that stay, round robin."""
     preds = _predecessors(dep, vertex)
     if preds:
         yield SendControl(tuple(
             Call(u, RemoveOutputChannels(tuple(ids.get(e.edge_id, u, n) for n in gone)))
             for e, u in preds), Phase.REMOVE)
-    yield SendControl(tuple(Call(n, StopTask(end_outputs=True)) for n in gone), Phase.REMOVE)
+    replies = yield SendControl(tuple(Call(n, StopTask(end_outputs=True)) for n in gone),
+                                Phase.REMOVE)
+    keep = [t for t in dep.tasks[vertex] if t not in gone]
+    adopt: dict[str, list[Any]] = {}
+    for i, reply in enumerate(replies or ()):
+        if isinstance(reply, HandOver) and reply.transactions:
+            adopt.setdefault(keep[i % len(keep)], []).extend(reply.transactions)
+    if adopt:
+        yield SendControl(tuple(Call(t, AdoptTransactions(tuple(txns)))
+                                for t, txns in adopt.items()), Phase.REMOVE)
     yield RemoveTasks(gone)
 
 
@@ -722,106 +827,106 @@ def _profiles(replies: Sequence[Any]) -> dict[int, Any]:
     return profiles_from_metrics(loads, sizes)
 
 
+# ---------------------------------------------------------------------- placement
+
+
+class Placement(LiveRescale):
+    """Move task ``i`` of a keyed operator to another Ray node, live (Trisk's placement):
+    a replacement task starts on that node (it sees ``i`` as its task index) at index
+    ``p`` (the operator runs ``p + 1`` tasks meanwhile), every key group of task ``i``
+    migrates to it with the request's live protocol, then the replacement takes task
+    ``i``'s index: every predecessor puts its channel to the replacement in the old one's
+    place (``ReplaceOutputChannel``, so the routing is unchanged), and the old task ends
+    its outputs and goes. The operator ends with ``p`` tasks and the same assignment. A
+    placement superseded by a newer request before every group moved keeps ``p + 1``
+    tasks (the report says it was cut short)."""
+
+    def __init__(self, request: RescaleRequest, ctx: RescaleContext, clock: Clock) -> None:
+        if request.place is None:
+            raise ValueError("a placement request names the task and the node (place=)")
+        index, node = request.place
+        old = ctx.deployment.assignments.get(request.operator, ())
+        p = len(ctx.deployment.tasks[request.operator])
+        if not old or index not in old:
+            raise RescaleRefused(f"task {index} of {request.operator!r} holds no key group; "
+                                 "placement moves keyed tasks with their key groups",
+                                 operator=request.operator)
+        target = tuple(p if t == index else t for t in old)
+        super().__init__(dataclasses.replace(request, parallelism=p + 1, assignment=target),
+                         ctx, clock)
+        self.index, self.node, self.final_p = index, node, p
+
+    def _creation(self, new_names: tuple[str, ...]
+                  ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+        return tuple((n, self.node) for n in new_names), tuple((n, self.index) for n in new_names)
+
+    def _remove(self, final_p: int, work_p: int) -> Generator[Command, Any, tuple[str, ...]]:
+        vertex, i, p = self.vertex, self.index, self.final_p
+        current = list(self.dep.assignments[vertex])
+        if self.superseded or i in current or len(self._names) != p + 1:
+            return ()  # cut short: task i still holds groups, both stay
+        old_name, new_name = self._names[i], self._names[p]
+        ids = self.ctx.channel_ids
+        preds = _predecessors(self.dep, vertex)
+        if preds:
+            yield SendControl(tuple(
+                Call(u, ReplaceOutputChannel(ids.get(e.edge_id, u, old_name),
+                                             ids.get(e.edge_id, u, new_name)))
+                for e, u in preds), Phase.REMOVE)
+        yield SendControl((Call(old_name, StopTask(end_outputs=True)),), Phase.REMOVE)
+        yield RemoveTasks((old_name,))
+        self._names = [*self._names[:i], new_name, *self._names[i + 1:p]]
+        assignment = tuple(i if t == p else t for t in current)
+        self.dep = self.dep.with_vertex(vertex, tuple(self._names), assignment)
+        yield UpdateVertex(vertex, tuple(self._names), assignment)
+        return (old_name,)
+
+
 # ---------------------------------------------------------------------- stop-restart
 
 
 class StopRestartRescale(RescaleCoordinator):
-    """Flink's default: pause the sources at an offset and drain the job, snapshot every
-    key group of the operator, stop its tasks, start the new set, install the groups by the
-    new assignment, reconnect, resume. The job processes nothing meanwhile."""
+    """Flink's rescale: stop the job with a savepoint (sources read nothing after its
+    barrier), deploy the whole job again from it with the operator at its new parallelism
+    (key groups re-assigned by the target, sinks' transactions committed, sources at the
+    savepoint's positions), and let it run. The same snapshot and restore path as
+    checkpoints, savepoints and recovery; the job processes nothing meanwhile."""
 
     def __init__(self, request: RescaleRequest, ctx: RescaleContext, clock: Clock) -> None:
         super().__init__(request, ctx, clock)
-        self.drained: set[str] = set()
-        self.offsets: dict[str, Any] = {}
         self.bytes_moved = 0
         self.moved = 0
-
-    def _observe(self, report: Any) -> None:
-        if isinstance(report, TaskFinished):
-            self.finished_tasks.add(report.task)  # a finished task needs no drain
-        elif isinstance(report, Drained) and report.epoch == self.ctx.epoch:
-            self.drained.add(report.task)
-        elif isinstance(report, SourcePaused):
-            self.offsets[report.task] = report.offsets
 
     def progress(self) -> RescaleProgress:
         planned = len(self.plan.moved) if self.plan else 0
         return RescaleProgress(self.vertex, str(RescaleProtocol.STOP_RESTART), str(self.phase),
                                planned, self.moved, self.bytes_moved, not self.done)
 
-    def describe_wait(self) -> str:
-        left = [t for t in self.dep.task_names()
-                if t not in self.drained and t not in self.finished_tasks]
-        return f"not drained yet: {', '.join(left)}" if left else ""
-
     def _steps(self) -> _Steps:
-        vertex, clock, ctx = self.vertex, self.clock, self.ctx
+        vertex, clock = self.vertex, self.clock
         timer = PhaseTimer(clock)
         mark, phases = timer.mark, timer.phases
 
         old = self.dep.assignments.get(vertex, ())
         self.plan = self._plan({}, None, old, self._target(old))
-        # pause the sources at an offset, then drain every task
-        live = [n for n in self.dep.task_names() if n not in self.finished_tasks]
-        sources = [n for v in self.dep.plan.vertices if v.is_source
-                   for n in self.dep.tasks[v.name]
-                   if n in live or v.name == vertex]  # a rescaled source: every offset
         self.committed = True
-        yield from self._send(Phase.PAUSE, (Call(n, PauseSource(ctx.epoch)) for n in sources))
-        mark(Phase.PAUSE)
-        self.phase = Phase.DRAIN
-        yield from self._wait(
-            lambda: all(n in self.drained or n in self.finished_tasks
-                        for n in self.dep.task_names()),
-            Phase.DRAIN, [n for n in self.dep.task_names() if n not in self.finished_tasks])
-        mark(Phase.DRAIN)
-        old_tasks = self._tasks()
-        snaps = yield from self._send(Phase.SNAPSHOT, (Call(n, SnapshotKeyGroups())
-                                                       for n in old_tasks))
-        groups = {kg: data for snap in snaps for kg, data in snap.groups}
-        mark(Phase.SNAPSHOT)
-        yield from self._send(Phase.STOP, (Call(n, StopTask()) for n in old_tasks))
-        self.phase = Phase.STOP
-        yield RemoveTasks(old_tasks)
-        yield ReleaseReplicas(vertex, clear=True)  # every task restarts: replicas go too
-        self.finished_tasks.difference_update(old_tasks)
-        mark(Phase.STOP)
-        self.phase = Phase.DEPLOY
-        gen = self.dep.generation + 1
-        names = tuple(task_name(ctx.job_id, vertex, i, gen)
-                      for i in range(self.request.parallelism))
-        new_assignment = self.plan.new_assignment or None
-        self.dep = self.dep.with_vertex(vertex, names, new_assignment, gen)
-        yield UpdateVertex(vertex, names, new_assignment, gen)
-        yield CreateTasks(vertex, names, self.dep)
-        mark(Phase.DEPLOY)
-        per_task: dict[int, list[tuple[int, bytes]]] = {}
-        for kg, data in groups.items():
-            per_task.setdefault(self.plan.new_assignment[kg], []).append((kg, data))
-        yield from self._send(Phase.INSTALL, (Call(names[i], InstallKeyGroups(tuple(items)))
-                                              for i, items in per_task.items()))
+        self.phase = Phase.SAVEPOINT
+        savepoint = yield TakeSavepoint(stop=True)
+        mark(Phase.SAVEPOINT)
+        self.phase = Phase.RESTORE
+        assignments = {vertex: self.plan.new_assignment} if self.plan.new_assignment else {}
+        self.dep = yield RestoreJob(savepoint, {vertex: self.request.parallelism}, assignments)
+        mark(Phase.RESTORE)
         self.moved = len(self.plan.moved)
-        self.bytes_moved = sum(len(d) for d in groups.values())
-        mark(Phase.INSTALL)
-        msgs = connect_messages(self.dep, ctx.channel_ids)
-        # receivers first, so a channel exists before anything is sent on it
-        order = [t for v in reversed(self.dep.plan.vertices) for t in self.dep.tasks[v.name]]
-        yield from self._send(Phase.CONNECT, (
-            Call(t, msgs[t], tuple(c.target for e in msgs[t].outputs for c in e.channels))
-            for t in order))
-        resume = {p: st for t in old_tasks for p, st in self.offsets.get(t, {}).items()}
-        yield from self._send(Phase.CONNECT, (Call(n, start_message(self.dep, vertex, i, resume))
-                                              for i, n in enumerate(names)))
-        mark(Phase.CONNECT)
-        yield from self._send(Phase.RESUME, (Call(n, Resume()) for n in self.dep.task_names()
-                                             if n not in self.finished_tasks))
-        mark(Phase.RESUME)
+        self.bytes_moved = sum(length for t in savepoint.tasks if t.vertex == vertex
+                               for _, _, length, _ in t.groups)
+        offsets = tuple(sorted((t.task, t.source_state) for t in savepoint.tasks
+                               if t.source_state is not None))
         done = clock.now()
         return RescaleReport(
             vertex, str(RescaleProtocol.STOP_RESTART), self.plan.old_parallelism,
             self.request.parallelism, self.requested_at, done, done - self.requested_at,
-            self.moved, self.bytes_moved, tuple(phases), tuple(sorted(self.offsets.items())),
+            self.moved, self.bytes_moved, tuple(phases), offsets,
             key_groups_planned=self.moved)
 
 
@@ -838,10 +943,15 @@ class SourceRescale(RescaleCoordinator):
     1. *deploy*: the new tasks (generation + 1, ``parallelism`` of them) are created and
        connected; every receiver of the source adds their channels, to be read only once
        all of the old tasks' channels to it have ended (``AddInputs.after``);
-    2. *release*: each old task stops reading, ends its outputs behind everything it
-       emitted and replies with its partitions' resume states (``ReleaseSource``);
-    3. *start*: the new tasks start with the partitions ``j % parallelism == i`` at those
-       states; the old tasks go.
+    2. *handover*: each old task stops reading, ends its outputs behind everything it
+       emitted and replies with its partitions' resume states (``ReleaseSource``) and what
+       its chained sinks wrote and no checkpoint committed yet (adopted by the new tasks,
+       round robin); the new tasks start with the partitions ``j % parallelism == i`` at
+       those states;
+    3. *remove*: the old tasks go.
+
+    No checkpoint starts from the first change to the last (``DataflowChanges``: the
+    phases deploy, handover and remove are not quiet).
 
     Exact per partition: a record read before the release reaches each receiver on an old
     channel, which the receiver finishes before it reads the new ones; nothing is read
@@ -885,18 +995,26 @@ class SourceRescale(RescaleCoordinator):
                 else ()))
             for t, ins in adds.items()))
         mark(Phase.DEPLOY)
-        # 2. the old tasks stop where they are and say where that is
-        replies = yield from self._send(Phase.RELEASE, (Call(t, ReleaseSource())
-                                                        for t in old_tasks))
+        # 2. the old tasks stop where they are and say where that is; what their chained
+        # sinks wrote and no checkpoint committed yet goes to the new tasks
+        replies = yield from self._send(Phase.HANDOVER, (Call(t, ReleaseSource())
+                                                         for t in old_tasks))
         offsets = {r.task: r.offsets for r in replies}
         resume = {p: st for states in offsets.values() for p, st in states.items()}
-        mark(Phase.RELEASE)
+        adopt: dict[str, list[Any]] = {}
+        for i, r in enumerate(replies):
+            if r.transactions:
+                adopt.setdefault(names[i % len(names)], []).extend(r.transactions)
+        if adopt:
+            yield from self._send(Phase.HANDOVER, (Call(t, AdoptTransactions(tuple(txns)))
+                                                   for t, txns in adopt.items()))
         # 3. the new tasks take over
         self.dep = new_dep
         yield UpdateVertex(vertex, names, None, gen)
-        yield from self._send(Phase.RESUME, (Call(n, start_message(new_dep, vertex, i, resume))
-                                             for i, n in enumerate(names)))
-        mark(Phase.RESUME)
+        yield from self._send(Phase.HANDOVER, (Call(n, start_message(new_dep, vertex, i, resume))
+                                               for i, n in enumerate(names)))
+        mark(Phase.HANDOVER)
+        self.phase = Phase.REMOVE
         yield RemoveTasks(old_tasks)
         self.finished_tasks.difference_update(old_tasks)
         mark(Phase.REMOVE)
@@ -908,8 +1026,14 @@ class SourceRescale(RescaleCoordinator):
 
 def coordinator_for(request: RescaleRequest, ctx: RescaleContext,
                     clock: Clock) -> RescaleCoordinator:
-    """The coordinator that runs ``request``'s protocol: a source's live rescale hands
-    its partitions over (``SourceRescale``) whatever live protocol was named."""
+    """The coordinator that runs ``request``'s protocol (a placement: ``Placement``); a
+    source's live rescale hands its partitions over (``SourceRescale``) whatever live
+    protocol was named."""
+    if request.place is not None:
+        if not PROTOCOLS[request.protocol].live:
+            raise RescaleRefused(f"placement moves key groups live; protocol "
+                                 f"{request.protocol!r} is not a live protocol")
+        return Placement(request, ctx, clock)
     if PROTOCOLS[request.protocol].live:
         if ctx.deployment.plan.vertex(request.operator).is_source:
             return SourceRescale(request, ctx, clock)

@@ -1,39 +1,66 @@
-"""Runs the engine's own rescale coordinator against task cores in this process.
+"""Runs the engine's own rescale and checkpoint coordinators against task cores in this
+process.
 
 The JobMaster executes ``migration.coordinator`` commands with Ray (engine/runtime/
-rescaling.py); this module executes the same commands on ``TaskCore`` objects that a test
-steps by hand, so the seeded interleaving tests exercise the coordinator as the engine runs
-it, not a copy. The test supplies ``progress`` (one round of stepping cores and moving
-frames, at random or not) that runs while the coordinator waits for reports.
+rescaling.py) and ``engine.checkpoints.coordinator`` commands (engine/runtime/
+checkpointing.py); this module executes the same commands on ``TaskCore`` objects that a
+test steps by hand, so the seeded interleaving tests exercise the coordinators as the
+engine runs them, not copies. The test supplies ``progress`` (one round of stepping cores
+and moving frames, at random or not) that runs while a coordinator waits for reports.
+
+Checkpoints (``Checkpoints``) are written to a real directory with the engine's store;
+``restore`` replaces every core by a new one restored from a checkpoint, as recovery,
+``restore_from`` and the stop-restart rescale do (``engine.checkpoints.restore``). A
+rescale may be given ``before_change``: called where the JobMaster's executor would wait
+for a checkpoint (before a command that changes the dataflow), once nothing of the rescale
+is in flight, so a test can take a checkpoint in the middle of a rescale exactly where the
+engine could.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import tempfile
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from engine.checkpoints import coordinator as cc
+from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
+from engine.checkpoints.restore import RestorePlan, checkpoint_layout, plan_restore
+from engine.checkpoints.snapshot import persist, restore_messages
+from engine.checkpoints.store import discard, write_metadata
 from engine.clock import Clock
 from engine.config import JobConfig
-from engine.deployment import ChannelIds, Deployment
-from engine.messages import SubscaleDone, decode_message, encode_message
+from engine.deployment import ChannelIds, Deployment, connect_messages, start_message
+from engine.messages import (
+    CheckpointAborted,
+    CheckpointComplete,
+    RestoreState,
+    SubscaleDone,
+    TriggerCheckpoint,
+    decode_message,
+    encode_message,
+)
 from engine.task import TaskCore, TaskSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
     CreateTasks,
+    DataflowChanges,
     EnableReplication,
     ReleaseReplicas,
     RemoveTasks,
     RescaleContext,
     RescaleCoordinator,
     RescaleRequest,
+    RestoreJob,
     SendControl,
     Sleep,
     SubscaleCompleted,
     SubscaleIds,
+    TakeSavepoint,
     UpdateVertex,
     coordinator_for,
 )
@@ -86,16 +113,123 @@ class Executed:
     completed: list[SubscaleCompleted] = dataclasses.field(default_factory=list)
 
 
+class Checkpoints:
+    """The JobMaster's checkpoint side on ``net``'s cores: the engine's checkpoint
+    coordinator, written to ``root`` with the engine's store, the tasks' snapshots persisted
+    as the task actor does; ``progress`` runs while it waits for acknowledgements."""
+
+    def __init__(self, net: Cores, root: str, progress: Callable[[], None],
+                 max_rounds: int = 5000) -> None:
+        self.net = net
+        self.progress = progress
+        self.max_rounds = max_rounds
+        self.coord = cc.CheckpointCoordinator("j", "job", net.dep.plan.num_key_groups,
+                                              net.config, net.clock, root)
+        self.taken: list[CheckpointMetadata] = []
+
+    def take(self, kind: CheckpointKind = CheckpointKind.CHECKPOINT,
+             location: str | None = None, stop: bool = False) -> CheckpointMetadata:
+        """Trigger, step the net until every task acknowledged, write: the metadata (an
+        ``AssertionError`` naming the reason when it failed)."""
+        cmds = self.coord.trigger(self.net.dep, kind, location, stop)
+        cid = cmds[0].checkpoint_id  # type: ignore[union-attr]
+        self.run(cmds)
+        for _ in range(self.max_rounds):
+            self.collect()
+            for out in self.coord.take_outcomes():
+                if out.checkpoint_id == cid:
+                    assert out.metadata is not None, f"checkpoint {cid} failed: {out.reason}"
+                    self.taken.append(out.metadata)
+                    return out.metadata
+            self.progress()
+        waiting = [f"{n}: {c.status}, aligning {c.checkpoints.pending}, blocked "
+                   f"{sorted(c.checkpoints.blocked)} of {sorted(c.checkpoints.channels)}; "
+                   f"{c._describe()}" for n, c in self.net.cores.items()
+                   if self.coord.pending is not None and n not in self.coord.pending.acks]
+        raise AssertionError(f"checkpoint {cid} did not complete in {self.max_rounds} rounds; "
+                             f"waiting for {waiting}")
+
+    def collect(self) -> None:
+        """Persist what the cores snapshotted (the shell's part) and acknowledge it."""
+        for core in list(self.net.cores.values()):
+            while core.snapshots:
+                ack = wire(persist(core.snapshots.pop(0), self.net.clock))
+                self.run(self.coord.on_report(ack))
+
+    def run(self, cmds: list[cc.Command]) -> None:
+        cores = self.net.cores
+        for cmd in cmds:
+            match cmd:
+                case cc.TriggerTasks(checkpoint_id=cid, location=loc, stop=stop, tasks=tasks):
+                    for t in tasks:
+                        cores[t].handle(wire(TriggerCheckpoint(cid, loc, stop)))
+                case cc.WriteMetadata(metadata=meta):
+                    write_metadata(meta)
+                    self.run(self.coord.on_written(meta.checkpoint_id))
+                case cc.NotifyComplete(checkpoint_id=cid, tasks=tasks):
+                    for t in tasks:
+                        if t in cores:
+                            cores[t].handle(wire(CheckpointComplete(cid)))
+                case cc.NotifyAborted(checkpoint_id=cid, tasks=tasks):
+                    for t in tasks:
+                        if t in cores:
+                            cores[t].handle(wire(CheckpointAborted(cid)))
+                case cc.Discard(locations=locations):
+                    for loc in locations:
+                        discard(loc)
+                case cc.FailJob(reason=reason):
+                    raise AssertionError(f"the job would fail: {reason}")
+
+    def restore(self, meta: CheckpointMetadata, parallelism: Mapping[str, int] | None = None,
+                assignments: Mapping[str, tuple[int, ...]] | None = None,
+                allow_non_restored_state: bool = False) -> RestorePlan:
+        """Replace every core by a new one restored from ``meta`` (at its layout, with
+        ``parallelism`` and ``assignments`` overriding it), wired and started as the
+        JobMaster deploys a job (``engine.runtime.recovery.Recovery.deploy``)."""
+        net = self.net
+        plan = checkpoint_layout(net.dep.plan, meta)
+        for vertex, p in (parallelism or {}).items():
+            plan = plan.rescaled(vertex, p)
+        rp = plan_restore(meta, plan, "j", net.dep.generation + 1, allow_non_restored_state,
+                          assignments, net.dep.partitions)
+        forget = getattr(net, "forget_in_flight", None)
+        if forget is not None:
+            forget()  # frames and messages of the old tasks are gone with them
+        dep = rp.deployment
+        net.cores.clear()
+        for v in dep.plan.vertices:
+            for i, name in enumerate(dep.tasks[v.name]):
+                net.cores[name] = net.new_core(dep, v.name, i, name)
+        net.dep = dep
+        for name, msg in connect_messages(dep, net.ids).items():
+            net.cores[name].handle(wire(msg))
+        for name, r in rp.tasks.items():
+            for msg in restore_messages(RestoreState(r.groups, r.transactions)):
+                net.cores[name].handle(wire(msg))
+        for v in reversed(dep.plan.vertices):  # sources last
+            for i, name in enumerate(dep.tasks[v.name]):
+                net.cores[name].handle(wire(start_message(dep, v.name, i,
+                                                          rp.tasks[name].source_state)))
+        self.coord.restored(meta)
+        return rp
+
+
 class InProcessExecutor:
-    """Executes a coordinator's commands on ``net``'s cores (the JobMaster's part)."""
+    """Executes a coordinator's commands on ``net``'s cores (the JobMaster's part).
+    ``checkpoints``: where a stop-restart's savepoint goes and how the job is restored from
+    it; ``before_change``: see the module doc."""
 
     def __init__(self, net: Cores, progress: Callable[[], None],
                  after_send: Callable[[SendControl], None] | None = None,
-                 max_rounds: int = 5000) -> None:
+                 max_rounds: int = 5000, checkpoints: Checkpoints | None = None,
+                 before_change: Callable[[], None] | None = None) -> None:
         self.net = net
         self.progress = progress
         self.after_send = after_send
         self.max_rounds = max_rounds
+        self.checkpoints = checkpoints
+        self.before_change = before_change
+        self.changes = DataflowChanges()
         # reports made before the rescale are not its business
         self._seen: dict[str, int] = {n: len(c.reports) for n, c in net.cores.items()}
         self.executed = Executed()
@@ -108,9 +242,23 @@ class InProcessExecutor:
             self.executed.commands.append(cmd)
             if isinstance(cmd, AwaitReports):
                 queue.extend(self._await(coord))
-            else:
-                queue.extend(coord.on_result(cmd, self.execute(cmd)))
+                continue
+            if self.before_change is not None and self.changes.starts(cmd):
+                self._settle(coord)  # where the runtime waits for a checkpoint
+                self.before_change()
+            self.changes.on_command(cmd)
+            queue.extend(coord.on_result(cmd, self.execute(cmd)))
         return coord.report()
+
+    def _settle(self, coord: RescaleCoordinator) -> None:
+        """Step the net until none of the rescale's subscales is in flight (the runtime's
+        checkpoint waits for that before it starts)."""
+        for _ in range(self.max_rounds):
+            assert not self.feed(coord), "a wait ended outside an AwaitReports"
+            if not self.changes.subscales:
+                return
+            self.progress()
+        raise AssertionError(f"subscales {sorted(self.changes.subscales)} never finished")
 
     def _await(self, coord: RescaleCoordinator) -> list[Command]:
         for _ in range(self.max_rounds):
@@ -129,6 +277,7 @@ class InProcessExecutor:
             for report in core.reports[start:]:
                 if isinstance(report, SubscaleDone):
                     self.executed.subscales.setdefault(report.subscale, {})[report.role] = report
+                self.changes.on_report(report)
                 out.extend(coord.on_report(wire(report)))
             self._seen[name] = len(core.reports)
         return out
@@ -141,10 +290,11 @@ class InProcessExecutor:
                 if self.after_send is not None:
                     self.after_send(cmd)
                 return [wire(r) for r in replies]
-            case CreateTasks(vertex=vertex, names=names, deployment=dep):
+            case CreateTasks(vertex=vertex, names=names, deployment=dep, indices=indices):
+                index = dict(indices)  # a placed task carries the index it replaces
                 for name in names:
-                    net.cores[name] = net.new_core(dep, vertex, dep.tasks[vertex].index(name),
-                                                   name)
+                    net.cores[name] = net.new_core(
+                        dep, vertex, index.get(name, dep.tasks[vertex].index(name)), name)
             case RemoveTasks(names=names):
                 for n in names:
                     self._seen.pop(n, None)
@@ -155,6 +305,13 @@ class InProcessExecutor:
                 self.executed.completed.append(cmd)
             case Sleep() | ReleaseReplicas() | EnableReplication():
                 pass
+            case TakeSavepoint(stop=stop):
+                assert self.checkpoints is not None, "a savepoint needs harness.Checkpoints"
+                return self.checkpoints.take(CheckpointKind.CHECKPOINT, stop=stop)
+            case RestoreJob(checkpoint=meta, parallelism=parallelism, assignments=a):
+                assert self.checkpoints is not None, "a restore needs harness.Checkpoints"
+                self._seen.clear()
+                return self.checkpoints.restore(meta, parallelism, a).deployment
             case _:
                 raise TypeError(f"unknown command {cmd!r}")
         return None
@@ -162,20 +319,26 @@ class InProcessExecutor:
 
 def rescale(net: Cores, request: RescaleRequest, progress: Callable[[], None], *,
             config: JobConfig | None = None, after_send: Callable[[SendControl], None] | None
-            = None, max_subscales: int = 2, epoch: int = 1,
+            = None, max_subscales: int = 2,
             replicas: dict[int, tuple[str, int]] | None = None,
-            max_rounds: int = 5000) -> tuple[RescaleCoordinator, RescaleReport, Executed]:
+            max_rounds: int = 5000, checkpoints: Checkpoints | None = None,
+            before_change: Callable[[], None] | None = None,
+            ) -> tuple[RescaleCoordinator, RescaleReport, Executed]:
     """Run ``request`` on ``net`` with the engine's coordinator; ``config`` overrides the
-    job's for the coordinator (its limits and sizes), the cores keep theirs."""
+    job's for the coordinator (its limits and sizes), the cores keep theirs. A stop-restart
+    without ``checkpoints`` writes its savepoint to a new temporary directory."""
     ids = getattr(net, "subscale_ids", None)
     if ids is None:
         ids = SubscaleIds()
         net.subscale_ids = ids  # type: ignore[attr-defined]
     finished = frozenset(n for n, c in net.cores.items() if c.status == "finished")
     ctx = RescaleContext("j", net.dep, config or net.config, net.ids, ids, replicas or {},
-                         False, max_subscales, epoch, finished)
+                         False, max_subscales, finished)
     coord = coordinator_for(request, ctx, net.clock)
-    ex = InProcessExecutor(net, progress, after_send, max_rounds)
+    if checkpoints is None and request.protocol == "stop-restart":
+        checkpoints = Checkpoints(net, tempfile.mkdtemp(prefix="reflow-harness-"), progress,
+                                  max_rounds)
+    ex = InProcessExecutor(net, progress, after_send, max_rounds, checkpoints, before_change)
     report = ex.run(coord)
     return coord, report, ex.executed
 

@@ -9,14 +9,20 @@ ends first.
 
 from __future__ import annotations
 
+import os
+import tempfile
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine import KeyedProcessFunction, StreamJob
+from engine.codec import pack_exact, unpack_exact
 from engine.config import JobConfig
 from engine.names import JobState
+from engine.sinks import Sink, SinkWriter
+from engine.sources import Source, SourceBatch, SourceReader
 from engine.testing import SourceGate, TestingSink, TestingSource
 
 SMALL = JobConfig(batch_size=50, linger_ms=2, metrics_port=None)
@@ -37,7 +43,7 @@ def wait_until(cond: Callable[[], bool], what: str, handle: Any = None,
     while not cond():
         if handle is not None:
             st = handle.status()
-            if st.state not in (JobState.CREATED, JobState.RUNNING):
+            if not JobState(st.state).active:
                 raise AssertionError(f"job {st.job} is {st.state} while waiting for {what}"
                                      f"{': ' + st.error if st.error else ''}")
         if time.monotonic() > deadline:
@@ -162,9 +168,75 @@ def check_reports(reports: Sequence[Any], context: str = "") -> None:
             cut_short.discard(r.operator)
 
 
+# ------------------------------------------------------------------------ exactly-once sink
+
+class CommittingSink(Sink):
+    """A test sink with two-phase commit (Flink's ``TwoPhaseCommitSinkFunction``): records
+    are visible in ``results()`` only once a checkpoint that covers them completed, so
+    after any failure and recovery the output holds every record once.
+
+    Format: one directory; ``pre_commit`` writes the records since the last one to
+    ``.pending-<uuid>.bin`` and returns that name (the transaction); ``commit`` renames it to
+    ``committed-<uuid>.bin`` (idempotent: a name already committed, or never written because
+    its writer died first, is skipped). Records keep the monotonic time they were written,
+    as ``TestingSink``'s do, so per-key order is exact. ``flush`` and ``close`` make nothing
+    visible: use it with checkpoints on."""
+
+    __test__ = False
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory or tempfile.mkdtemp(prefix="reflow-committing-sink-")
+        os.makedirs(self.directory, exist_ok=True)
+
+    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
+        return _CommittingWriter(self.directory)
+
+    def results(self) -> list[Any]:
+        entries = []
+        for name in os.listdir(self.directory):
+            if name.startswith("committed-"):
+                with open(os.path.join(self.directory, name), "rb") as f:
+                    for stamp, i, value in unpack_exact(f.read()):
+                        entries.append((stamp, name, i, value))
+        entries.sort(key=lambda e: (e[0], e[1], e[2]))
+        return [e[3] for e in entries]
+
+    def pending(self) -> int:
+        """Transactions written and never committed (a writer died, or not yet)."""
+        return sum(1 for n in os.listdir(self.directory) if n.startswith(".pending-"))
+
+
+class _CommittingWriter(SinkWriter):
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.rows: list[list[Any]] = []
+
+    def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
+        stamp = time.monotonic_ns()
+        self.rows.extend([stamp, len(self.rows), v] for v in values)
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        if not self.rows:
+            return None
+        name = f"{uuid.uuid4().hex}.bin"
+        with open(os.path.join(self.directory, f".pending-{name}"), "wb") as f:
+            f.write(pack_exact(self.rows))
+        self.rows = []
+        return name
+
+    def commit(self, transactions: Sequence[Any]) -> None:
+        for name in transactions:
+            pending = os.path.join(self.directory, f".pending-{name}")
+            if os.path.exists(pending):
+                os.replace(pending, os.path.join(self.directory, f"committed-{name}"))
+
+    def flush(self) -> None:
+        pass
+
+
 # ------------------------------------------------------------------------------------ jobs
 
-def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
                     rate: float | None = None, config: JobConfig = SMALL,
                     gates: Gates = None) -> StreamJob:
     job = StreamJob("running-sum", num_key_groups=32, parallelism=parallelism, config=config)
@@ -205,9 +277,10 @@ class Profile(KeyedProcessFunction):
                self.total.get())
 
 
-def profile_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
-                rate: float | None = None, gates: Gates = None) -> StreamJob:
-    job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=SMALL)
+def profile_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
+                rate: float | None = None, gates: Gates = None,
+                config: JobConfig = SMALL) -> StreamJob:
+    job = StreamJob("profile", num_key_groups=32, parallelism=parallelism, config=config)
     (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
         .key_by(lambda r: r[0])
         .process(Profile(), name="profile")
@@ -355,3 +428,166 @@ def _count_agg():
 
 
 CountAgg = _count_agg()  # noqa: F811 - a module-level class so Ray workers can import it
+
+
+# ---------------------------------------------------------------- rates that step on events
+
+def stepped_record(i: int, keys: int = 40) -> tuple[int, int]:
+    """Record ``i`` of a ``SteppedSource``: ``(key, value)``, the same in every run."""
+    return ((i * 7919) % keys, i % 10)
+
+
+class SteppedSource(Source):
+    """An open-loop source (one task) of ``stepped_record(i)`` whose rate steps on events:
+    it emits at ``rates[k]`` records/s until ``gates[k]`` is opened, then at
+    ``rates[k + 1]``; once the last gate is open it emits ``tail`` more records and ends.
+    A rate step keeps what was due (a backlog stays a backlog); ``backlog()`` is the
+    records due and not emitted, so an autoscaler sees the demand. ``len(rates)`` is
+    ``len(gates) + 1``."""
+
+    def __init__(self, rates: Sequence[float], gates: Sequence[SourceGate], tail: int,
+                 keys: int = 40) -> None:
+        if len(rates) != len(gates) + 1:
+            raise ValueError("SteppedSource needs one rate more than gates")
+        self.rates, self.gates, self.tail, self.keys = tuple(rates), tuple(gates), tail, keys
+
+    def open(self, task_index: int, parallelism: int, offset: Any, clock: Any) -> SourceReader:
+        if parallelism != 1:
+            raise ValueError("SteppedSource runs as one task")
+        return _SteppedReader(self, int(offset or 0), clock)
+
+
+class _SteppedReader(SourceReader):
+    _CHECK_S = 0.02  # how often a step's gate is looked at
+
+    def __init__(self, src: SteppedSource, pos: int, clock: Any) -> None:
+        self.src, self.pos, self.clock = src, pos, clock
+        self.step = 0
+        self.since = clock.monotonic()  # when the current step started
+        self.base = pos                 # records due when it started
+        self.end: int | None = None
+        self.checked = 0.0
+
+    def _due(self, now: float) -> int:
+        return self.base + int((now - self.since) * self.src.rates[self.step])
+
+    def _advance(self, now: float) -> None:
+        if self.end is not None or now - self.checked < self._CHECK_S:
+            return
+        self.checked = now
+        while self.step < len(self.src.gates) and self.src.gates[self.step].is_open():
+            self.base, self.since = self._due(now), now
+            self.step += 1
+        if self.step == len(self.src.gates) and self.src.gates:
+            self.end = max(self.pos, self.base) + self.src.tail
+
+    def poll(self, max_records: int) -> SourceBatch | None:
+        now = self.clock.monotonic()
+        self._advance(now)
+        if self.end is not None and self.pos >= self.end:
+            return None
+        stop = min(self._due(now), self.pos + max_records)
+        if self.end is not None:
+            stop = min(stop, self.end)
+        if stop <= self.pos:
+            return SourceBatch()
+        values = [stepped_record(i, self.src.keys) for i in range(self.pos, stop)]
+        self.pos = stop
+        return SourceBatch(values, [int(now * 1000)] * len(values))
+
+    def offset(self) -> Any:
+        return self.pos
+
+    def seconds_until_ready(self) -> float:
+        return min(self._CHECK_S, 1.0 / self.src.rates[self.step])
+
+    def backlog(self) -> int | None:
+        return max(0, self._due(self.clock.monotonic()) - self.pos)
+
+
+class ServiceSum(KeyedProcessFunction):
+    """A running sum per key that costs ``service_us`` per record
+    (``examples.bench.harness.jobs.ServiceTime``: about 1e6 / ``service_us`` records/s per
+    task whatever the machine's load), so parallelism matters."""
+
+    def __init__(self, service_us: float) -> None:
+        self.service_us = service_us
+
+    def open(self, ctx: Any) -> None:
+        from examples.bench.harness.jobs import ServiceTime
+
+        self.total = ctx.value_state("total", 0)
+        self.service = ServiceTime(self.service_us)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        total = self.total.value() + value[1]
+        self.total.update(total)
+        self.service.spend()
+        yield (ctx.key, total)
+
+
+def service_sum_job(source: Source, sink: TestingSink, service_us: float,
+                    config: JobConfig, parallelism: int = 1) -> StreamJob:
+    job = StreamJob("autoscaled", num_key_groups=32, parallelism=parallelism, config=config)
+    (job.source(source, name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .process(ServiceSum(service_us), name="sum")
+        .sink(sink, name="out"))
+    return job
+
+
+def stepped_reference(n: int, keys: int = 40) -> list[tuple[int, int]]:
+    """What ``service_sum_job`` outputs for the first ``n`` records of a ``SteppedSource``."""
+    acc: dict[int, int] = {}
+    out = []
+    for i in range(n):
+        k, v = stepped_record(i, keys)
+        acc[k] = acc.get(k, 0) + v
+        out.append((k, acc[k]))
+    return out
+
+
+# ------------------------------------------------------------------------ change of logic
+
+class Tag(KeyedProcessFunction):
+    """Counts per key and tags each output with the logic's version:
+    ``(key, i, count, tag)`` for a record ``(key, i)``."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def open(self, ctx: Any) -> None:
+        self.count = ctx.value_state("count", 0)
+
+    def process_element(self, value: Any, ctx: Any) -> Any:
+        self.count.update(self.count.value() + 1)
+        yield (value[0], value[1], self.count.value(), self.tag)
+
+
+def load_outside_tasks(tag: str) -> Tag:
+    """Unpickles an ``Unloadable`` anywhere but in a task actor (where it raises, as a
+    function whose module exists only on the driver's machine would)."""
+    import ray
+
+    name = ray.get_runtime_context().get_actor_name() or ""
+    if name.count("/") >= 3:  # a task: <job>/<operator>/<index>/g<generation>
+        raise ImportError(f"logic {tag!r} cannot be loaded in task {name}")
+    return Unloadable(tag)
+
+
+class Unloadable(Tag):
+    """A ``Tag`` that the tasks cannot deserialise (see ``load_outside_tasks``)."""
+
+    def __reduce__(self) -> Any:
+        return (load_outside_tasks, (self.tag,))
+
+
+def tag_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
+            rate: float | None = None, gates: Gates = None,
+            config: JobConfig = SMALL) -> StreamJob:
+    job = StreamJob("tagged", num_key_groups=32, parallelism=parallelism, config=config)
+    (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
+        .key_by(lambda r: r[0])
+        .process(Tag("v1"), name="tag")
+        .sink(sink, name="out"))
+    return job

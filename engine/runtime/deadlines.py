@@ -24,6 +24,9 @@ Guarantees (each a property of ``Deadlines``):
   when the JobMaster does not answer or ran no step during the whole window.
 * ``stop``: the JobMaster asks each task to stop within ``c``, all tasks within
   ``stop_budget_s``, then kills them; the driver waits ``stop_budget_s + c``.
+* ``savepoint``/``stop(savepoint=)``: the JobMaster waits for running subscales (a rescale
+  window at most), then ``checkpoint_s`` (``JobConfig.checkpoint_timeout_s``) for the
+  savepoint; the driver waits ``savepoint_s``, the sum of both and a stop.
 * deploying (``job.run()``): the JobMaster waits at most ``deploy_s = max(T, 60 s)`` for
   the tasks' first answers (starting actors takes seconds each on a small machine); the
   driver waits ``deploy_s + 2 c``.
@@ -47,6 +50,7 @@ class Deadlines:
 
     control_s: float
     rescale_s: float  # may be infinite: rescale steps without a bound, and so the windows
+    checkpoint_s: float = 600.0  # JobConfig.checkpoint_timeout_s
 
     @staticmethod
     def for_ray(seconds: float) -> float | None:
@@ -63,7 +67,8 @@ class Deadlines:
 
     @classmethod
     def of(cls, config: JobConfig) -> Deadlines:
-        return cls(config.control_timeout_s, config.rescale_timeout_s)
+        return cls(config.control_timeout_s, config.rescale_timeout_s,
+                   config.checkpoint_timeout_s)
 
     @property
     def task_poll_s(self) -> float:
@@ -88,6 +93,12 @@ class Deadlines:
     @property
     def stop_s(self) -> float:
         return self.stop_budget_s + self.control_s
+
+    @property
+    def savepoint_s(self) -> float:
+        """The driver's wait for a savepoint: the checkpoint's own timeout, after running
+        subscales finish (a rescale window), plus the stop when it stops the job."""
+        return self.checkpoint_s + self.rescale_window_s + self.stop_s
 
     @property
     def deploy_s(self) -> float:

@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from engine import graph as g
 from engine.config import JobConfig, check_count
 from engine.errors import (
+    ChangeLogicRefused,
     ControlTimeout,
     JobFailedError,
     ReflowError,
@@ -35,13 +36,14 @@ from engine.errors import (
 )
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
-from engine.runtime import registry
+from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
+from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
 from migration.report import RescaleReport
 
-_ACTIVE = ("created", "running")
+_ACTIVE = ("created", "running", "restarting")
 
 
 class JobHandle:
@@ -58,7 +60,7 @@ class JobHandle:
     def _get(self, ref: Any, call: str, seconds: float) -> Any:
         """``ray.get(ref)`` within ``seconds``, Ray's errors translated."""
         try:
-            return ray.get(ref, timeout=seconds)
+            return ray.get(ref, timeout=Deadlines.for_ray(seconds))
         except RayError as exc:
             _raise(exc, self.job_id, call, seconds)
 
@@ -96,11 +98,32 @@ class JobHandle:
                               seconds=timeout)
         return st
 
-    def stop(self) -> None:
+    def savepoint(self, location: str | None = None) -> str:
+        """Take a savepoint (a checkpoint kept until you delete it) into ``location`` (a
+        directory or URI; None: ``savepoint-<n>`` in the job's checkpoint directory) and
+        return where it is; ``job.run(restore_from=...)`` starts a job from it, at any
+        parallelism. Raises ``CheckpointFailed`` (the job goes on) when it failed. Waits
+        at most ``checkpoint_timeout_s`` plus ``rescale_window_s`` (it may wait for a
+        running subscale of a rescale to finish first)."""
+        d = self.deadlines
+        return self._get(self._master.savepoint.remote(location),  # type: ignore[no-any-return]
+                         "savepoint", d.savepoint_s)
+
+    def stop(self, savepoint: str | None = None) -> str | None:
         """Stop the job (sinks are flushed) and release its actors. The JobMaster stops the
         tasks within ``Deadlines.stop_budget_s``; it is killed in any case. A JobMaster
         already gone is not an error; one that does not answer in time raises
-        ``ControlTimeout`` (after it was killed: sinks may not have been flushed)."""
+        ``ControlTimeout`` (after it was killed: sinks may not have been flushed).
+
+        ``savepoint``: Flink's stop-with-savepoint: the sources read nothing after the
+        savepoint's barrier, the savepoint is written to ``savepoint`` (a directory or URI)
+        and its sinks' output committed, then the job stops; returns the savepoint's path.
+        If the savepoint fails, ``CheckpointFailed`` is raised and the job goes on."""
+        if savepoint is not None:
+            path: str = self._get(self._master.savepoint.remote(savepoint, True), "stop",
+                                  self.deadlines.savepoint_s)
+            self.stop()
+            return path
         failed: ReflowError | None = None
         try:
             ray.get(self._master.stop.remote(), timeout=self.deadlines.stop_s)
@@ -114,17 +137,18 @@ class JobHandle:
         registry.forget(self.job_id)
         if failed is not None:
             raise failed
+        return None
 
     def metrics(self) -> JobMetrics:
         """Every live task's latest snapshot, the rescales' progress and the tasks that did
         not answer (with seconds since they last did); within ``control_timeout_s``."""
         from engine.codec import unpack_exact
 
-        state, tasks, rescales, url, silent = unpack_exact(self._get(
+        state, tasks, rescales, url, silent, taken_at = unpack_exact(self._get(
             self._master.metrics.remote(), "metrics", self.deadlines.control_s))
         return JobMetrics(self.job_id, state, tuple(decode_message(t) for t in tasks),
                           tuple(decode_message(r) for r in rescales), url or None,
-                          tuple((t, float(s)) for t, s in silent))
+                          tuple((t, float(s)) for t, s in silent), float(taken_at))
 
     def rescale(self, operator: str, parallelism: int, protocol: str = "drrs",
                 planning: Any = None) -> RescaleReport:
@@ -163,10 +187,55 @@ class JobHandle:
             raise RescaleRefused("the assignment is empty; give one task index per key group")
         return self._rescale(operator, max(a) + 1, protocol, a, planning)
 
+    def place(self, operator: str, task_index: int, node: str, protocol: str = "drrs"
+              ) -> RescaleReport:
+        """Move task ``task_index`` of keyed ``operator`` to Ray node ``node`` (an id, as in
+        ``ray.nodes()`` or ``placement()``) while the job runs: its replacement starts on that
+        node and the task's key groups migrate to it with ``protocol`` (live); the
+        parallelism and the assignment stay. Returns the report. ``RescaleRefused`` (job
+        untouched) for an operator that is not keyed, an unknown task or node, a task
+        already there, or while the operator rescales; deadline as ``rescale``."""
+        return self._await_rescale(
+            self._master.place.remote(operator, task_index, node, protocol), operator)
+
+    def change_logic(self, operator: str, fn: Any) -> LogicChangeReport:
+        """Replace ``operator``'s function by ``fn`` in every task while the job runs, at a
+        barrier aligned over the operator's inputs: each record before the barrier saw the
+        old function, each one after it the new one; keyed state stays. ``fn``: a function
+        for map/flat_map/filter, a function of two values for reduce, a
+        ``KeyedProcessFunction`` for process (for a window operator also the new window
+        function of the same kind). Returns the report once every task switched.
+        ``ChangeLogicRefused`` (every task keeps the old function) when the operator cannot
+        change (a source or sink), ``fn`` does not fit, cannot be serialised here or be
+        deserialised and opened on a task, or the job is finishing. Waits at most twice
+        ``rescale_timeout_s`` (staging, switching) plus ``control_timeout_s``."""
+        d = self.deadlines
+        try:
+            ref = self._master.change_logic.remote(operator, fn)
+        except Exception as exc:  # pickling on this side: nothing was sent
+            raise ChangeLogicRefused(
+                f"change of logic of {operator!r} refused: the new function cannot be "
+                f"serialised to ship it ({type(exc).__name__}: {exc}); define it at module "
+                "level and keep what it holds picklable", operator=operator) from exc
+        return decode_message(self._get(ref, "change_logic",
+                                        2 * d.rescale_s + d.control_s))  # type: ignore[no-any-return]
+
+    def placement(self, operator: str) -> list[str]:
+        """The Ray node id of each task of ``operator``, by task index ("" for a task that
+        did not answer within ``control_timeout_s / 2``)."""
+        return list(self._get(self._master.placement.remote(operator), "placement",
+                              self.deadlines.control_s))
+
     def _rescale(self, operator: str, parallelism: int, protocol: str,
                  assignment: tuple[int, ...] | None, planning: Any = None) -> RescaleReport:
+        return self._await_rescale(
+            self._master.rescale.remote(operator, parallelism, protocol, assignment, planning),
+            operator)
+
+    def _await_rescale(self, ref: Any, operator: str) -> RescaleReport:
+        """The report of a rescale (or placement) call ``ref``, waiting as long as the
+        JobMaster runs new steps (see ``rescale``)."""
         d = self.deadlines
-        ref = self._master.rescale.remote(operator, parallelism, protocol, assignment, planning)
         ticks = -1
         while True:
             ready, _ = ray.wait([ref], timeout=d.for_ray(d.rescale_window_s))
@@ -180,6 +249,43 @@ class JobHandle:
                     "rescale_timeout_s; the JobMaster is stuck: look at its log, then stop "
                     "the job", job=self.job_id, call="rescale", seconds=d.rescale_window_s)
             ticks = now
+
+    # -- controllers
+    def add_controller(self, controller: Any) -> str:
+        """Run ``controller`` (a ``controllers.base.Controller``) on the job from now on:
+        the JobMaster calls its ``decide`` every ``interval_s`` and carries out what it
+        decides. Returns the name it runs under. ``ControllerError`` when it is no
+        controller (or its name is taken); within ``control_timeout_s``."""
+        from engine.reconfiguration import check_controller
+
+        check_controller(controller)
+        return str(self._get(self._master.add_controller.remote(controller), "add_controller",
+                             self.deadlines.control_s))
+
+    def remove_controller(self, name: str) -> None:
+        """Stop running the controller ``name`` (its decisions stay in ``decisions()``)."""
+        self._get(self._master.remove_controller.remote(name), "remove_controller",
+                  self.deadlines.control_s)
+
+    def decisions(self, controller: str | None = None) -> tuple[DecisionRecord, ...]:
+        """Every recent decision of the job's controllers (or of ``controller``), executed
+        or not, oldest first: the latest 1000, identical consecutive no-change decisions
+        folded (``repeats``). Within ``control_timeout_s``."""
+        from engine.codec import unpack_exact
+
+        raw = unpack_exact(self._get(self._master.decisions.remote(controller), "decisions",
+                                     self.deadlines.control_s))
+        return tuple(decode_message(r) for r in raw)
+
+    def rescale_history(self) -> tuple[RescaleRecord, ...]:
+        """The job's recent finished rescales (whoever asked) with what each cost, measured
+        a few metrics polls after it ended: backlog built, peak latency, seconds of input
+        held up (``RescaleRecord``). Within ``control_timeout_s``."""
+        from engine.codec import unpack_exact
+
+        raw = unpack_exact(self._get(self._master.rescale_history.remote(), "rescale_history",
+                                     self.deadlines.control_s))
+        return tuple(decode_message(r) for r in raw)
 
     def __enter__(self) -> JobHandle:
         return self
@@ -207,14 +313,26 @@ def _sinks_of(graph: g.JobGraph) -> list[Any]:
     return out
 
 
-def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> JobHandle:
-    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors. Raises
-    ``UserFunctionError`` when an operator's ``open()`` raised (naming operator and task),
-    ``JobFailedError`` when a task could not start, ``ControlTimeout`` when the JobMaster
-    did not finish deploying within ``Deadlines.start_s``; the job is torn down."""
+def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
+           controllers: Sequence[Any] = (), restore_from: str | None = None,
+           allow_non_restored_state: bool = False) -> JobHandle:
+    """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors (from the
+    checkpoint or savepoint at ``restore_from`` when given: see ``StreamJob.run``), then
+    runs ``controllers``. Raises ``UserFunctionError`` when an operator's ``open()`` raised
+    (naming operator and task), ``JobFailedError`` when a task could not start,
+    ``RestoreError`` when the checkpoint cannot be restored, ``ControlTimeout`` when the
+    JobMaster did not finish deploying within ``Deadlines.start_s``; the job is torn down.
+    ``ControllerError`` (before anything is deployed) when one of ``controllers`` is no
+    controller or two share a name. ``RayUnavailable`` when no Ray is connected and none
+    could be started or reached."""
+    from engine.reconfiguration import check_controller
+
+    names: list[str] = []
+    for c in controllers:
+        names.append(check_controller(c, names))
     if not ray.is_initialized():
-        ray.init(address=address, namespace=NAMESPACE, log_to_driver=True,
-                 configure_logging=False)
+        local_ray.connect(address, namespace=NAMESPACE, log_to_driver=True,
+                          configure_logging=False)
     for sink in _sinks_of(graph):
         sink.prepare()
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"
@@ -224,7 +342,7 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
     master = RemoteJobMaster.options(
         name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
         scheduling_strategy=here,
-    ).remote(graph, config, job_id)
+    ).remote(graph, config, job_id, restore_from, allow_non_restored_state)
     d = Deadlines.of(config)
     try:
         url = ray.get(master.start.remote(), timeout=d.for_ray(d.start_s))
@@ -233,4 +351,12 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None) -> 
             ray.kill(master)
         _raise(exc, job_id, "start", d.start_s)
     registry.record(job_id, url)  # reachable by name from other processes
-    return JobHandle(master, job_id, url, config)
+    handle = JobHandle(master, job_id, url, config)
+    try:
+        for c in controllers:
+            handle.add_controller(c)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            handle.stop()
+        raise
+    return handle

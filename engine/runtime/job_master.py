@@ -27,8 +27,10 @@ import contextlib
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from engine import graph as g
+from engine.checkpoints.metadata import CheckpointKind
 from engine.clock import SystemClock
 from engine.codec import pack_exact
 from engine.config import JobConfig
@@ -40,9 +42,17 @@ from engine.deployment import (
     source_partitions,
     start_messages,
 )
-from engine.errors import FailurePhase, JobFailedError
+from engine.errors import (
+    CheckpointFailed,
+    FailurePhase,
+    JobFailedError,
+    JobNotRunningError,
+    RescaleRefused,
+    RestoreError,
+)
 from engine.messages import (
     JobStatus,
+    Resume,
     StopTask,
     TaskFailed,
     TaskFinished,
@@ -52,9 +62,13 @@ from engine.messages import (
 from engine.metrics import JobCollector, MetricsEndpoint
 from engine.names import JobState
 from engine.physical import PhysicalPlan, plan_physical
+from engine.runtime.checkpointing import Checkpointing
+from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in
 from engine.runtime.health import StandbyPool
+from engine.runtime.logic import LogicChanger
+from engine.runtime.recovery import Recovery
 from engine.runtime.replicas import ReplicaKeeper
 from engine.runtime.rescaling import Rescaler
 from engine.runtime.task_actor import RemoteTask
@@ -68,16 +82,21 @@ NAMESPACE = "reflow"
 class JobMaster:
     """Deploys the job, runs rescales, watches tasks, serves metrics."""
 
-    def __init__(self, graph: g.JobGraph, config: JobConfig, job_id: str) -> None:
+    def __init__(self, graph: g.JobGraph, config: JobConfig, job_id: str,
+                 restore_from: str | None = None,
+                 allow_non_restored_state: bool = False) -> None:
         self.graph = graph
         self.config = config
         self.job_id = job_id
+        self.restore_from = restore_from
+        self.allow_non_restored_state = allow_non_restored_state
         self.clock = SystemClock()
         self.deadlines = Deadlines.of(config)
         self.pool = StandbyPool(f"{job_id}/standby", config.warm_standby_tasks,
                                 self._new_standby, lambda a: a.ping.remote(), ray.kill,
                                 self.deadlines.task_poll_s)
-        self.plan: PhysicalPlan = plan_physical(graph)
+        self.graph_plan: PhysicalPlan = plan_physical(graph)  # as the user built it
+        self.plan: PhysicalPlan = self.graph_plan
         # the sources' partitions are asked when deploying (user code: errors go to start)
         self.dep: Deployment = initial_deployment(self.plan, job_id, partitions={})
         self.ids = ChannelIds()
@@ -86,8 +105,9 @@ class JobMaster:
         self.state = JobState.CREATED
         self.failure: TaskFailed | None = None
         self.error = ""
+        self.error_suffix = ""  # why the restart strategy gave up, when it did
         self.finished: set[str] = set()
-        self.epoch = 0
+        self.finishing = False  # the final checkpoint of a finished job is running
         self.collector = JobCollector(job_id, self.clock.monotonic)
         self.collector.rescale_timeout_s = config.rescale_timeout_s
         # counters start at 0 for every operator, so increase()/changes() see the first one
@@ -95,6 +115,11 @@ class JobMaster:
         self.endpoint: MetricsEndpoint | None = None
         self.replicas = ReplicaKeeper(self)
         self.rescaler = Rescaler(self)
+        self.checkpointing = Checkpointing(self)
+        self.recovery = Recovery(self)
+        self.controllers = ControllerRunner(self)
+        self.logic = LogicChanger(self)
+        self.nodes: dict[str, str] = {}  # task name -> the Ray node it runs on, where known
         self.watch = Watch(self)
         self.health = self.watch.health
         self._changed = asyncio.Event()
@@ -107,6 +132,32 @@ class JobMaster:
         self._changed.set()
         self._changed = asyncio.Event()
 
+    def notify(self) -> None:
+        """Wake whoever waits on ``changed()``."""
+        self._notify()
+
+    def next_generation(self) -> int:
+        """The generation of the next set of task names (a rescale's or a restart's)."""
+        return self.dep.generation + 1
+
+    def create_task(self, name: str, spec: TaskSpec) -> None:
+        """A new task actor for ``spec`` (a deploy or a restart)."""
+        self._create(name, spec)
+
+    async def each(self, tasks: list[str], call: Any, deadline: float) -> None:
+        await self._each(tasks, call, deadline)
+
+    def kill_tasks(self) -> None:
+        """Kill every task actor (a restart: none may write on); standby actors stay."""
+        for name, h in list(self.handles.items()):
+            with contextlib.suppress(Exception):
+                ray.kill(h)
+            self.watch.forget(name)
+        self.handles.clear()
+        self._configuring.clear()
+        self.finished.clear()
+        self.finishing = False
+
     def vertex_lock(self, vertex: str) -> asyncio.Lock:
         return self._vertex_locks.setdefault(vertex, asyncio.Lock())
 
@@ -114,13 +165,17 @@ class JobMaster:
         """Set at the next change of the job (a report, a failure, a stop)."""
         return self._changed
 
-    async def create_task_actor(self, vertex: str, name: str, dep: Deployment) -> None:
+    async def create_task_actor(self, vertex: str, name: str, dep: Deployment,
+                                node: str | None = None, index: int | None = None) -> None:
         """Task ``name`` of ``vertex``: a warm standby actor that answers its ping (its
-        ``configure`` call is awaited before any other call reaches it), else a new one."""
-        spec = TaskSpec.of(dep, vertex, dep.tasks[vertex].index(name), name, self.config)
-        handle = await self.pool.take() if len(self.pool) else None
+        ``configure`` call is awaited before any other call reaches it), else a new one.
+        ``node``: a new actor on that Ray node (placement); ``index``: the task index its
+        spec carries (default: its position in ``dep``)."""
+        position = dep.tasks[vertex].index(name)
+        spec = TaskSpec.of(dep, vertex, position if index is None else index, name, self.config)
+        handle = await self.pool.take() if len(self.pool) and node is None else None
         if handle is None:
-            self._create(name, spec)
+            self._create(name, spec, node)
             return
         self._configuring[name] = handle.configure.remote(spec)
         self.handles[name] = handle
@@ -130,15 +185,13 @@ class JobMaster:
         """Task ``name`` was removed (its actor killed): no more metrics or health."""
         self.watch.forget(name)
         self.finished.discard(name)
+        self.nodes.pop(name, None)
 
     def refill_standby_later(self) -> None:
         self._refill_standby_later()
 
     async def maybe_finish(self) -> None:
         await self._maybe_finish()
-
-    async def fail(self, error: str) -> None:
-        await self._fail(error)
 
     async def call(self, task: str, msg: Any, introduce: Any = ()) -> Any:
         """Send a control message to ``task`` (after its configuration, for a standby
@@ -152,12 +205,16 @@ class JobMaster:
         return decode_message(await self.handles[task].control.remote(encode_message(msg),
                                                                        handles))
 
-    def _create(self, name: str, spec: TaskSpec) -> None:
-        """A new task actor for ``spec``."""
+    def _create(self, name: str, spec: TaskSpec, node: str | None = None) -> None:
+        """A new task actor for ``spec`` (on Ray node ``node`` when given)."""
         me = ray.get_runtime_context().current_actor
+        where: dict[str, Any] = {}
+        if node is not None:
+            where["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
+            self.nodes[name] = node
         self.handles[name] = RemoteTask.options(
             name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
-            max_concurrency=10_000,
+            max_concurrency=10_000, **where,
         ).remote(spec, me)
         self.health.created(name)
 
@@ -188,7 +245,17 @@ class JobMaster:
         down, and ``start`` raises why: the ``UserFunctionError`` of an ``open()`` that
         raised, else ``JobFailedError`` naming the tasks."""
         try:
-            await self._deploy()
+            if self.restore_from is not None:
+                plan = await self.recovery.plan_from(self.restore_from,
+                                                     self.allow_non_restored_state)
+                await self.recovery.deploy(plan.deployment, plan.tasks)
+                self.checkpointing.coord.restored(plan.checkpoint)
+                self.state = JobState.RUNNING
+            else:
+                await self._deploy()
+        except RestoreError:
+            await self._fail("restore refused")
+            raise
         except Exception as exc:
             if self.state == JobState.FAILED and self.failure is not None:
                 pass  # a task failed at once and reported it: wait() tells the driver
@@ -207,6 +274,8 @@ class JobMaster:
         loop = asyncio.get_running_loop()
         self._background = [loop.create_task(self.watch.loop()),
                             loop.create_task(self.replicas.loop())]
+        if self.config.checkpointing:
+            self._background.append(loop.create_task(self.checkpointing.loop()))
         self._fill_standby()
         return self.endpoint.url if self.endpoint else ""
 
@@ -256,14 +325,18 @@ class JobMaster:
     async def report(self, payload: bytes) -> None:
         """A task's report: job-level bookkeeping, then every running rescale sees it."""
         msg = decode_message(payload)
+        if getattr(msg, "task", None) not in self.handles:
+            return  # a task killed by a restart (or removed) said something late
         if isinstance(msg, TaskFinished):
             self.finished.add(msg.task)
-        elif isinstance(msg, TaskFailed) and self.state.active:
+        elif isinstance(msg, TaskFailed) and self.state == JobState.RUNNING:
+            error = (f"task {msg.task} of operator {msg.operator!r} failed: "
+                     f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
             self.failure = msg
-            self.error = (f"task {msg.task} of operator {msg.operator!r} failed: "
-                          f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
-            await self._fail()
+            await self.fail(error)
         self.rescaler.on_report(msg)
+        self.logic.on_report(msg)
+        await self.checkpointing.on_report(msg)
         if isinstance(msg, TaskFinished):
             await self._maybe_finish()
         self._notify()
@@ -273,13 +346,45 @@ class JobMaster:
         await self.replicas.set_policy(operator, policy, period_s, hot_fraction)
 
     async def _maybe_finish(self) -> None:
-        """The job is finished when every task is; a running rescale defers the teardown."""
-        if self.rescaling:
+        """The job is finished when every task is; a running rescale defers the teardown.
+        With checkpoints on, a final checkpoint commits the sinks' last output first
+        (Flink's final checkpoint); then the tasks close their writers."""
+        if self.rescaling or self.finishing:
             return
         if self.state == JobState.RUNNING and all(n in self.finished
                                                   for n in self.dep.task_names()):
+            if self.config.checkpointing:
+                self.finishing = True
+                try:
+                    if not await self.checkpointing.final():
+                        return
+                finally:
+                    self.finishing = False
+                await self._stop_tasks()
+                if self.state != JobState.RUNNING:
+                    return
             self.state = JobState.FINISHED
             await self._teardown()
+
+    async def fail(self, error: str) -> None:
+        """The job failed with ``error``: the restart strategy restarts it from the last
+        checkpoint (in the background: the job is ``restarting`` when this returns), or it
+        fails for good."""
+        if self.recovery.begin(error):
+            self.failure = None  # the job goes on: a later failure says its own
+            self._notify()
+            if self.state == JobState.RESTARTING and not self._restart_running():
+                self._restart_task = asyncio.ensure_future(self.recovery.run(error))
+            return
+        await self.fail_for_good(error)
+
+    def _restart_running(self) -> bool:
+        t = getattr(self, "_restart_task", None)
+        return t is not None and not t.done()
+
+    async def fail_for_good(self, error: str) -> None:
+        if self.state.active:
+            await self._fail(error + self.error_suffix)
 
     async def _fail(self, error: str | None = None) -> None:
         if error is not None:
@@ -297,12 +402,13 @@ class JobMaster:
 
     # -- driver API
     def status(self) -> bytes:
-        f = self.failure
+        f = self.failure if self.state == JobState.FAILED else None
         return encode_message(JobStatus(
             self.job_id, str(self.state), self.error,
             f.operator if f else "", f.task_index if f else -1, f.record if f else "",
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
-            len(self.pool), self.watch.unresponsive(),
+            len(self.pool), self.watch.unresponsive(), self.recovery.restarts,
+            self.recovery.last_failure, self.checkpointing.coord.stats(),
         ))
 
     def rescale_ticks(self) -> int:
@@ -333,22 +439,51 @@ class JobMaster:
             [encode_message(r) for r in self.collector.rescales.values()],
             self.endpoint.url if self.endpoint else "",
             [list(e) for e in self.watch.unresponsive()],
+            self.clock.monotonic(),
         ])
 
+    async def savepoint(self, location: str | None, stop: bool = False) -> str:
+        """Take a savepoint into ``location`` (None: ``savepoint-<n>`` in the job's
+        checkpoint directory) and return where it is; with ``stop``, sources read nothing
+        after it and the job stops once it is complete (its sinks committed). Raises
+        ``CheckpointFailed`` (the job goes on: with ``stop``, its sources resume)."""
+        from engine.checkpoints.store import join
+
+        if self.state != JobState.RUNNING:
+            raise CheckpointFailed(f"job {self.job_id} is {self.state}; a savepoint needs a "
+                                   "running job", reason=f"job {self.state}")
+        loc = location or join(self.checkpointing.root,
+                               f"savepoint-{self.checkpointing.coord.next_id}")
+        try:
+            meta = await self.checkpointing.take(CheckpointKind.SAVEPOINT, loc, stop)
+        except CheckpointFailed:
+            if stop and self.state == JobState.RUNNING:  # go on as before
+                await self._each(list(self.handles), lambda t: self.call(t, Resume()),
+                                 self.clock.monotonic() + self.deadlines.control_s)
+            raise
+        if stop:
+            await self.stop()
+        return meta.location
+
+    async def _stop_tasks(self) -> None:
+        """Ask each task to stop (flushing and closing its sinks), one at a time in
+        deployment order, each within ``control_timeout_s`` and all within
+        ``Deadlines.stop_budget_s`` (unresponsive tasks are not asked)."""
+        end = self.clock.monotonic() + self.deadlines.stop_budget_s
+        for n in list(self.handles):
+            left = min(self.deadlines.control_s, end - self.clock.monotonic())
+            if left <= 0:
+                break
+            if self.health.is_silent(n):
+                continue
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.call(n, StopTask()), left)
+
     async def stop(self) -> None:
-        """Ask each task to stop (flushing its sinks), one at a time in deployment order,
-        each within ``control_timeout_s`` and all within ``Deadlines.stop_budget_s``
-        (unresponsive tasks are not asked); then kill every actor."""
+        """Ask each task to stop (flushing its sinks, see ``_stop_tasks``); then kill every
+        actor."""
         if self.state.active:
-            end = self.clock.monotonic() + self.deadlines.stop_budget_s
-            for n in list(self.handles):
-                left = min(self.deadlines.control_s, end - self.clock.monotonic())
-                if left <= 0:
-                    break
-                if self.health.is_silent(n):
-                    continue
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(self.call(n, StopTask()), left)
+            await self._stop_tasks()
             self.state = JobState.STOPPED
         await self._teardown()
         if self.endpoint is not None:
@@ -365,6 +500,61 @@ class JobMaster:
     @property
     def rescaling(self) -> bool:
         return self.rescaler.running
+
+    # -- controllers (``engine.runtime.controller_runner``)
+    async def add_controller(self, controller: Any) -> str:
+        """Run ``controller`` on this job; returns the name it runs under."""
+        if not self.state.active:
+            raise JobNotRunningError(f"job {self.job_id} is {self.state}; controllers run "
+                                     "only while it runs")
+        return self.controllers.add(controller)
+
+    async def remove_controller(self, name: str) -> None:
+        self.controllers.remove(name)
+
+    def decisions(self, controller: str | None) -> bytes:
+        return pack_exact([encode_message(r) for r in self.controllers.decisions(controller)])
+
+    def rescale_history(self) -> bytes:
+        return pack_exact([encode_message(r) for r in self.controllers.records])
+
+    def alive_nodes(self) -> list[str]:
+        """The ids of the Ray nodes alive now."""
+        return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+    # -- change of logic (``engine.runtime.logic``)
+    async def change_logic(self, operator: str, fn: Any) -> bytes:
+        return encode_message(await self.logic.change(operator, fn))
+
+    # -- placement
+    async def placement(self, operator: str) -> list[str]:
+        """The Ray node of each task of ``operator`` (a vertex), by task index; "" for a
+        task that did not say within ``Deadlines.task_poll_s``. Asked once per task."""
+        if operator not in self.dep.tasks:
+            raise RescaleRefused(f"job {self.job_id} has no operator (vertex) {operator!r}; "
+                                 f"vertices: {', '.join(self.dep.tasks)}")
+        tasks = self.dep.tasks[operator]
+        unknown = [t for t in tasks if t not in self.nodes and t in self.handles]
+        if unknown:
+            asks = [asyncio.ensure_future(self._node_of(t)) for t in unknown]
+            await asyncio.wait(asks, timeout=self.deadlines.task_poll_s)
+            for t, f in zip(unknown, asks, strict=True):
+                if f.done() and not f.cancelled() and f.exception() is None:
+                    self.nodes[t] = f.result()
+                else:
+                    f.cancel()
+        return [self.nodes.get(t, "") for t in tasks]
+
+    async def _node_of(self, task: str) -> str:
+        pending = self._configuring.get(task)
+        if pending is not None:
+            await pending
+        return str(await self.handles[task].node_id.remote())
+
+    async def place(self, operator: str, task_index: int, node: str, protocol: str = "drrs",
+                    by: str = "handle") -> bytes:
+        return encode_message(await self.rescaler.place(operator, task_index, node, protocol,
+                                                        by))
 
 
 RemoteJobMaster = ray.remote(max_restarts=0, max_task_retries=0)(JobMaster)

@@ -35,6 +35,7 @@ import ray
 
 from engine.config import JobConfig
 from engine.errors import JobNotFound
+from engine.runtime import local_ray
 from engine.runtime.job_master import NAMESPACE
 
 MASTER_SUFFIX = "/master"
@@ -157,7 +158,7 @@ def resolve(job: str, address: str | None = None) -> tuple[str, str]:
     when exactly one running job has it), this process connected to that cluster.
     ``address`` (else ``RAY_ADDRESS``): look among that cluster's jobs; otherwise among the
     address files. ``JobNotFound`` otherwise."""
-    address = address or os.environ.get("RAY_ADDRESS") or None
+    address = address or local_ray.address_from_env()
     if address is None:
         known = recorded()
         hits = [a for a in known if a.matches(job)]

@@ -171,6 +171,14 @@ class ReplicaKeeper:
         for kg in [kg for kg, (h, _) in held.items() if h in set(gone)]:
             del held[kg]
 
+    def reset(self) -> None:
+        """Every task was replaced (a restart, a stop-restart): no replica exists any more
+        (the policies stay: the next period refreshes from the new owners)."""
+        self.held.clear()
+        self._to_drop.clear()
+        for vertex in self.master.collector.replicas:
+            self.master.collector.replicas[vertex] = 0
+
     def __repr__(self) -> str:  # pragma: no cover - debugging aid
         return f"ReplicaKeeper({sorted(self.policies)})"
 

@@ -23,32 +23,50 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
 import ray
 
 from engine import graph as g
+from engine.checkpoints.metadata import CheckpointKind
+from engine.checkpoints.restore import plan_restore
 from engine.config import check_count
-from engine.errors import JobFailedError, ReflowError, RescaleRefused, RescaleTimeout
+from engine.errors import (
+    CheckpointFailed,
+    JobFailedError,
+    ReflowError,
+    RescaleRefused,
+    RescaleTimeout,
+)
 from engine.keygroups import validate_assignment
-from engine.messages import DescribeTask, TaskState, decode_message, encode_message
+from engine.messages import (
+    DescribeTask,
+    TaskState,
+    decode_message,
+    encode_message,
+)
 from engine.names import JobState
-from engine.runtime.failures import reflow_error_in
+from engine.runtime.failures import reflow_error_in, unwrap
 from engine.runtime.headroom import CpuHeadroom
+from engine.runtime.recovery import JobRestarted
 from migration.coordinator import (
     AwaitReports,
     Command,
     CreateTasks,
+    DataflowChanges,
     EnableReplication,
     ReleaseReplicas,
     RemoveTasks,
     RescaleContext,
     RescaleCoordinator,
     RescaleRequest,
+    RestoreJob,
     SendControl,
     Sleep,
     SubscaleCompleted,
+    TakeSavepoint,
     UpdateVertex,
     coordinator_for,
 )
@@ -74,19 +92,63 @@ class Rescaler:
         self.m = master
         self._exclusive = asyncio.Lock()
         self._alone_running = False
+        self._alone_kind: RescaleProtocol | None = None  # stop-restart, or a source's
         self._live_running = 0
         self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
         self._headroom: dict[str, CpuHeadroom] = {}  # vertex -> its rescale's CPU meter
         self._inbox: dict[str, deque[Command]] = {}
         self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
         self.ticks = 0  # commands run, over all rescales of the job
+        # checkpoints and rescales exclude each other (engine.runtime.checkpointing)
+        self._changes: dict[str, DataflowChanges] = {}  # vertex -> what it has in flight
+        self._gated: set[str] = set()  # vertices whose rescale waits for a checkpoint
+        self._epochs: dict[str, int] = {}  # vertex -> the restart epoch its rescale began in
 
     @property
     def running(self) -> bool:
         return self._alone_running or self._live_running > 0
 
+    def quiescent(self) -> bool:
+        """No rescale has a change of the dataflow in flight (a subscale injected and not
+        done, tasks being added or removed, a stop-restart): a checkpoint may start."""
+        if self._alone_running and self._alone_kind == RescaleProtocol.STOP_RESTART:
+            return False  # a source's rescale says when it changes the dataflow (its phases)
+        for vertex, coord in self._coordinators.items():
+            changes = self._changes.get(vertex)
+            if vertex in self._gated or changes is None:
+                continue
+            if not changes.quiet(coord.phase):
+                return False
+        return True
+
+    def restarted(self) -> None:
+        """The job restarts (its tasks were killed): every running rescale gives up what it
+        was doing and tries again once the job runs (``JobRestarted``)."""
+        for vertex in self._coordinators:
+            self._broken[vertex] = JobRestarted(f"the job restarted during the rescale of "
+                                                f"{vertex!r}")
+        self._changes.clear()
+
+    def _still(self, vertex: str) -> None:
+        """Raise when the rescale of ``vertex`` must give up: the job restarted under it
+        (``JobRestarted``) or is no longer running."""
+        m = self.m
+        if m.recovery.epoch != self._epochs.get(vertex, m.recovery.epoch):
+            raise JobRestarted(f"the job restarted during the rescale of {vertex!r}")
+        if m.state == JobState.RESTARTING:
+            raise JobRestarted(f"the job restarts during the rescale of {vertex!r}")
+        if not m.state.active:
+            raise JobFailedError(m.error or f"job {m.job_id} is {m.state}")
+
+    @property
+    def running_operators(self) -> frozenset[str]:
+        """The vertices with a rescale running now."""
+        return frozenset(self._coordinators)
+
     def on_report(self, msg: Any) -> None:
         """Every running coordinator sees every task report."""
+        for changes in self._changes.values():
+            changes.on_report(msg)
         for vertex, coord in list(self._coordinators.items()):
             try:
                 self._inbox[vertex].extend(coord.on_report(msg))
@@ -100,10 +162,9 @@ class Rescaler:
         m = self.m
         if m.state != JobState.RUNNING:
             raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
-        if m.finished:
-            raise RescaleRefused(
-                f"job {m.job_id} is finishing (some of its tasks have reached the end of "
-                "their input); rescaling a finishing job is not supported")
+        if m.finishing:
+            raise RescaleRefused(f"job {m.job_id} is finishing (its input ended everywhere); "
+                                 "there is nothing left to rescale")
         try:
             proto = RescaleProtocol.parse(protocol, "protocol")
         except ValueError as exc:
@@ -165,7 +226,36 @@ class Rescaler:
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int, protocol: str,
-                      assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
+                      assignment: tuple[int, ...] | None, planning: Any,
+                      by: str = "handle") -> RescaleReport:
+        """Run the rescale (see the module doc); ``by``: who asked, for the records of what
+        rescales cost (``engine.runtime.controller_runner``)."""
+        started = self.m.clock.monotonic()
+        report = await self._rescale_retried(operator, parallelism, protocol, assignment,
+                                             planning)
+        self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
+        return report
+
+    async def _rescale_retried(self, operator: str, parallelism: int, protocol: str,
+                               assignment: tuple[int, ...] | None,
+                               planning: Any) -> RescaleReport:
+        """Run the request; when the job restarts from a checkpoint during it (a task
+        died), what it did is gone with the tasks, so it runs again, planned from the
+        restored assignment, once the job runs: it returns when the operator runs as asked
+        (or raises the job's failure when the restart strategy gave up)."""
+        m = self.m
+        while True:
+            if m.state == JobState.RESTARTING:
+                await m.recovery.wait_running(m.recovery.epoch)
+            epoch = m.recovery.epoch
+            try:
+                return await self._rescale(operator, parallelism, protocol, assignment,
+                                           planning)
+            except JobRestarted:
+                await m.recovery.wait_running(epoch)
+
+    async def _rescale(self, operator: str, parallelism: int, protocol: str,
+                       assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
         m = self.m
         req = self.validate(operator, parallelism, protocol, assignment, planning)
         if PROTOCOLS[req.protocol].live and not m.dep.plan.vertex(req.operator).is_source:
@@ -191,12 +281,72 @@ class Rescaler:
             self._alone_running = True
             try:
                 req = self.validate(operator, parallelism, protocol, assignment, planning)
-                m.epoch += 1
+                self._alone_kind = req.protocol
                 return await self._execute(req)
             finally:
                 self._alone_running = False
+                self._alone_kind = None
                 m.refill_standby_later()
                 await m.maybe_finish()
+
+    @contextlib.asynccontextmanager
+    async def excluding_stop_restart(self) -> Any:
+        """While in it, no stop-restart runs (``RescaleRefused`` now if one does): a change
+        that needs the tasks to stay (a change of logic) counts as a live rescale."""
+        if self._alone_running:
+            raise RescaleRefused("a stop-restart or source rescale is running; try again "
+                                 "after it")
+        self._live_running += 1
+        try:
+            yield
+        finally:
+            self._live_running -= 1
+
+    async def place(self, operator: str, task_index: int, node: str, protocol: str,
+                    by: str = "handle") -> RescaleReport:
+        """Move task ``task_index`` of keyed ``operator`` to Ray node ``node`` live
+        (``migration.coordinator.Placement``). Refused (job untouched) when the operator is
+        not keyed, the task or node does not exist, the task runs there already, or a
+        rescale of the operator runs (a placement never supersedes one)."""
+        m = self.m
+        started = m.clock.monotonic()
+        req = await self._placement(operator, task_index, node, protocol)
+        async with m.vertex_lock(req.operator), self.excluding_stop_restart():
+            req = await self._placement(operator, task_index, node, protocol)  # still valid
+            try:
+                report = await self._execute(req)
+            finally:
+                await m.maybe_finish()
+        m.controllers.rescale_finished(report, started, m.clock.monotonic(), by)
+        return report
+
+    async def _placement(self, operator: str, task_index: int, node: str,
+                         protocol: str) -> RescaleRequest:
+        m = self.m
+        p = len(m.dep.tasks.get(operator, ())) or 1  # validate names what is wrong
+        req = self.validate(operator, p, protocol, None, None)
+        v = m.dep.plan.vertex(req.operator)
+        if not v.keyed or not PROTOCOLS[req.protocol].live:
+            raise RescaleRefused(f"operator {operator!r} is not keyed: placement moves a task "
+                                 "with its key groups, live (a stateless operator can be "
+                                 "rescaled with stop-restart instead)", operator=operator)
+        index = check_count(f"placement of {operator!r}: task_index", task_index, 0,
+                            error=RescaleRefused)
+        if index >= p:
+            raise RescaleRefused(f"operator {operator!r} has no task {index}; its tasks are "
+                                 f"0..{p - 1}", operator=operator)
+        if not isinstance(node, str) or node not in m.alive_nodes():
+            raise RescaleRefused(f"no alive Ray node {node!r}; alive: "
+                                 f"{', '.join(m.alive_nodes())}", operator=operator)
+        if operator in self._coordinators:
+            raise RescaleRefused(f"a rescale of {operator!r} is running; a placement does not "
+                                 "supersede it: try again after it", operator=operator)
+        where = (await m.placement(operator))[index]
+        if where == node:
+            raise RescaleRefused(f"task {index} of {operator!r} runs on node {node} already",
+                                 operator=operator)
+        return dataclasses.replace(req, place=(index, node),
+                                   reason=f"place task {index} on node {node}")
 
     def _max_subscales(self) -> int:
         """Subscales of one operator at once: the configured number, else as many as the
@@ -210,10 +360,11 @@ class Rescaler:
         m, vertex = self.m, req.operator
         ctx = RescaleContext(
             m.job_id, m.dep, m.config, m.ids, m.subscale_ids, m.replicas.of(vertex),
-            vertex in m.replicas.policies, self._max_subscales(), m.epoch,
-            frozenset(m.finished))
+            vertex in m.replicas.policies, self._max_subscales(), frozenset(m.finished))
         coord = coordinator_for(req, ctx, m.clock)
         self._coordinators[vertex] = coord
+        self._epochs[vertex] = m.recovery.epoch
+        changes = self._changes[vertex] = DataflowChanges()
         self._headroom[vertex] = CpuHeadroom()
         m.collector.rescale_started[vertex] = m.clock.monotonic()
         inbox: deque[Command] = deque()
@@ -231,9 +382,16 @@ class Rescaler:
                 self._pace(coord)
                 if isinstance(cmd, AwaitReports):
                     await self._await_reports(coord, cmd)
-                else:
-                    inbox.extend(coord.on_result(cmd, await self._run(cmd)))
-        except RescaleRefused:
+                    continue
+                if changes.starts(cmd):  # not while a checkpoint is pending or due
+                    self._gated.add(vertex)
+                    try:
+                        await m.checkpointing.gate(lambda: self._still(vertex))
+                    finally:
+                        self._gated.discard(vertex)
+                changes.on_command(cmd)
+                inbox.extend(coord.on_result(cmd, await self._run(cmd)))
+        except (RescaleRefused, JobRestarted):
             raise
         except Exception as exc:
             await self._failed(coord, exc)
@@ -242,6 +400,8 @@ class Rescaler:
             self._headroom.pop(vertex, None)
             self._inbox.pop(vertex, None)
             self._broken.pop(vertex, None)
+            self._changes.pop(vertex, None)
+            self._epochs.pop(vertex, None)
         m.collector.rescales[vertex] = coord.progress()
         m.collector.rescales_total[vertex] = m.collector.rescales_total.get(vertex, 0) + 1
         return coord.report()
@@ -263,8 +423,7 @@ class Rescaler:
             broken = self._broken.pop(coord.vertex, None)
             if broken is not None:
                 raise broken
-            if m.state == JobState.FAILED:
-                raise JobFailedError(m.error)
+            self._still(coord.vertex)
             left = deadline - m.clock.monotonic()
             if left <= 0:
                 coord.on_timeout()
@@ -298,9 +457,11 @@ class Rescaler:
                     if mine is not None:
                         raise mine from exc
                 return [f.result() for f in futs]
-            case CreateTasks(vertex=vertex, names=names, deployment=dep):
+            case CreateTasks(vertex=vertex, names=names, deployment=dep, nodes=nodes,
+                             indices=indices):
+                at, index = dict(nodes), dict(indices)
                 for name in names:
-                    await m.create_task_actor(vertex, name, dep)
+                    await m.create_task_actor(vertex, name, dep, at.get(name), index.get(name))
             case RemoveTasks(names=names):
                 for n in names:
                     h = m.handles.pop(n, None)
@@ -319,6 +480,21 @@ class Rescaler:
                 await m.replicas.release(vertex, gone, clear)
             case EnableReplication(vertex=vertex, policy=policy, hot_fraction=frac):
                 m.replicas.enable(vertex, policy, frac)
+            case TakeSavepoint(stop=stop):
+                return await m.checkpointing.take(CheckpointKind.CHECKPOINT, stop=stop,
+                                                  exclusive=True)
+            case RestoreJob(checkpoint=meta, parallelism=parallelism, assignments=assignments):
+                plan = m.graph_plan
+                for v in plan.vertices:
+                    p = parallelism.get(v.name) or meta.vertex(v.name).parallelism
+                    if p != v.parallelism:
+                        plan = plan.rescaled(v.name, p)
+                restore = plan_restore(meta, plan, m.job_id, m.next_generation(),
+                                       assignments=assignments, partitions=m.dep.partitions)
+                m.kill_tasks()
+                m.replicas.reset()
+                await m.recovery.deploy(restore.deployment, restore.tasks)
+                return restore.deployment
             case _:
                 raise TypeError(f"unknown coordinator command {cmd!r}")
         return None
@@ -327,6 +503,12 @@ class Rescaler:
         """Refuse the rescale when nothing changed yet (the job goes on); otherwise fail the
         job naming the rescale and its phase. Always raises."""
         m, req = self.m, coord.request
+        if _died(exc) and m.state == JobState.RUNNING:  # a task died: the strategy decides
+            await m.fail(f"a task died during the rescale of {req.operator!r}: "
+                         f"{type(unwrap(exc)).__name__}: {unwrap(exc)}")
+        if (m.state == JobState.RESTARTING
+                or m.recovery.epoch != self._epochs.get(req.operator, m.recovery.epoch)):
+            raise JobRestarted(f"the job restarted during the rescale of {req.operator!r}")
         what = f"rescale of {req.operator!r} to parallelism {req.parallelism} ({req.protocol})"
         tasks: tuple[str, ...] = ()
         if isinstance(exc, RescaleTimeout) and exc.tasks:
@@ -377,3 +559,12 @@ class Rescaler:
                 out.append(f"{n} [{st.status}{', input ended' if st.input_ended else ''}] "
                            f"{st.detail}")
         return " | ".join(out)
+
+
+def _died(exc: BaseException) -> bool:
+    """Whether a rescale step failed because a task actor died (or a savepoint failed for
+    the job's failure)."""
+    from ray.exceptions import RayActorError
+
+    inner = unwrap(exc)
+    return isinstance(inner, RayActorError) or isinstance(exc, CheckpointFailed)

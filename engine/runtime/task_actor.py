@@ -29,6 +29,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from engine.channel import CreditGate
+from engine.checkpoints.snapshot import TaskSnapshot, persist, restore_messages
 from engine.clock import SystemClock
 from engine.errors import (
     DataChannelError,
@@ -38,13 +39,15 @@ from engine.errors import (
     ReflowError,
 )
 from engine.messages import (
-    PauseSource,
+    Ack,
     PriorityBatch,
     RefreshReplicas,
     ReleaseSource,
     RemoveOutputChannels,
+    ReplaceOutputChannel,
     ReplicasRefreshed,
     ReplicaUpdate,
+    RestoreState,
     Start,
     StopTask,
     TaskFailed,
@@ -132,6 +135,17 @@ class TaskActor(DataConnections):
     async def ping(self) -> None:
         """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
 
+    async def stage_logic(self, version: int, operator: str, fn: Any) -> None:
+        """Keep ``fn`` (deserialised here by Ray, opened on this task's state) to replace
+        ``operator``'s function at logic barrier ``version``; raises when it cannot."""
+        if self._broken is not None:
+            raise self._broken
+        self.core.stage_logic(version, operator, fn)
+
+    async def node_id(self) -> str:
+        """The id of the Ray node this task runs on (placement)."""
+        return str(ray.get_runtime_context().get_node_id())
+
     async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
         if self._broken is not None:
             raise self._broken
@@ -139,6 +153,11 @@ class TaskActor(DataConnections):
         wake = self._event()
         if handles:
             self._new_handles(handles)
+        if isinstance(msg, RestoreState):  # read the groups here, in a thread; the core installs
+            for inner in await asyncio.to_thread(restore_messages, msg):
+                self.core.handle(inner)
+            self._send_reports()
+            return encode_message(Ack())
         try:
             reply = self.core.handle(msg)
         except Exception as exc:  # a source's open() runs at Start: name its operator
@@ -157,17 +176,40 @@ class TaskActor(DataConnections):
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
         blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, PauseSource,
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel,
                                         ReleaseSource)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
+        if isinstance(msg, ReplaceOutputChannel):  # the retired task took all it was sent
+            await self._settle_in_flight({msg.retired})
         if isinstance(msg, (StopTask, ReleaseSource)):
             await self._settle_in_flight()
+        self._persist_snapshots()
         self._send_reports()
         self._ack_consumed()
         wake.set()
         return encode_message(reply)
+
+    def _persist_snapshots(self) -> None:
+        """Write the core's checkpoint parts to the store in a thread (the task goes on
+        processing meanwhile: the snapshot is already taken) and report each when written."""
+        snaps = self.core.snapshots
+        while snaps:
+            snap = snaps.pop(0)
+            if not snap.groups:  # nothing to write: say so at once
+                self._report_snapshot(snap)
+                continue
+            fut = asyncio.get_running_loop().run_in_executor(None, persist, snap, self.clock)
+            fut.add_done_callback(lambda f, s=snap: self._written(s, f))
+
+    def _report_snapshot(self, snap: TaskSnapshot) -> None:
+        self.core.reports.append(persist(snap, self.clock))
+        self._send_reports()
+
+    def _written(self, snap: TaskSnapshot, fut: asyncio.Future[Any]) -> None:
+        self.core.reports.append(fut.result())  # persist never raises
+        self._send_reports()
 
     async def _send_replicas(self, reply: ReplicasRefreshed) -> ReplicasRefreshed:
         """Send the replica refreshes and wait for the holders: a refresh is complete (and
@@ -307,6 +349,7 @@ class TaskActor(DataConnections):
         strategy = core.wm_strategy
         wm_every = None if strategy is None else strategy.interval_ms / 1000.0
         next_wm = clock.monotonic()
+        outbox = core.router.outbox
         wake = self._event()
         try:
             while core.status == RUNNING:
@@ -322,9 +365,14 @@ class TaskActor(DataConnections):
                 if core.keyed is not None and t0 >= next_timer_check:
                     did = core.fire_timers() or did
                     next_timer_check = t0 + timer_every
+                # useful time (DS2): operator work with its decoding and the encoding of
+                # its output, lingering frames included; waits for input (idle) and for
+                # credits (backpressured) are counted apart. Two clock reads per pass.
+                framed = len(outbox)
+                core.flush_due()
                 t1 = clock.monotonic()
-                if did:
-                    core.busy_s += t1 - t0
+                if did or len(outbox) != framed:
+                    core.useful_s += t1 - t0
                 self._ack_consumed()
                 if core.priority_out:
                     self._send_priority()
@@ -334,8 +382,9 @@ class TaskActor(DataConnections):
                 if wm_every is not None and t1 >= next_wm:
                     core.emit_watermark()
                     next_wm = t1 + wm_every
-                core.flush_due()
                 await self._send_outbox()
+                if core.snapshots:
+                    self._persist_snapshots()
                 self._send_reports()
                 if did:
                     await asyncio.sleep(0)
@@ -361,6 +410,7 @@ class TaskActor(DataConnections):
                                            f"internal error {type(exc).__name__}: {exc}"))
         finally:
             self._ack_consumed()
+            self._persist_snapshots()
             self._send_reports()
             if core.status != RUNNING:
                 self._release_all_acks()

@@ -17,6 +17,7 @@ dropped at the next poll and the pool topped up ``warm_standby_refill_s`` later.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayActorError
@@ -48,14 +49,16 @@ class Watch:
 
     async def loop(self) -> None:
         """Every ``metrics_poll_interval_s``: poll the tasks (a task that died fails the
-        job) and check the standby pool (a dead actor is dropped and replaced)."""
+        job: the restart strategy may restart it) and check the standby pool (a dead actor
+        is dropped and replaced)."""
         m = self.m
         while m.state.active:
             await asyncio.sleep(m.config.metrics_poll_interval_s)
             for n, exc in await self.poll():
                 if m.state == JobState.RUNNING:
                     await m.fail(f"task {n} died: {type(exc).__name__}: {exc}")
-                    return
+                    break
+            m.controllers.observe()  # the controllers' metrics history
             if len(m.pool) and await m.pool.check() and not m.rescaling:
                 m.refill_standby_later()
 
@@ -72,6 +75,7 @@ class Watch:
             futs[n] = self._polls[n]
         if futs:
             await asyncio.wait([f for _, f in futs.values()], timeout=m.deadlines.task_poll_s)
+        where = {t: (v, i) for v, ts in m.dep.tasks.items() for i, t in enumerate(ts)}
         died: list[tuple[str, BaseException]] = []
         for n, (h, f) in futs.items():
             if not f.done():
@@ -86,8 +90,12 @@ class Watch:
                 died.append((n, exc))
             elif exc is None:
                 self.health.answered(n)
-                m.collector.tasks[n] = f.result()
-        where = {t: (v, i) for v, ts in m.dep.tasks.items() for i, t in enumerate(ts)}
+                snap = f.result()
+                if n in where and snap.task_index != where[n][1]:
+                    # labelled by its place in the deployment: a task replacing another
+                    # (placement) carries the other's index in its spec meanwhile
+                    snap = dataclasses.replace(snap, task_index=where[n][1])
+                m.collector.tasks[n] = snap
         m.collector.tasks = {k: v for k, v in m.collector.tasks.items() if k in where}
         m.collector.unresponsive = {t: (*where[t], self.health.since(t))
                                     for t, _ in self.health.unresponsive() if t in where}

@@ -297,8 +297,11 @@ def build_q7(job: StreamJob, source: NexmarkSource, sink: Sink | Sequence[Sink],
              size_ms: int = DEFAULT_WINDOW_MS, slide_ms: int | None = None,
              buckets: int = Q7_BUCKETS, parallelism: int | None = None,
              source_parallelism: int | None = None,
-             watermarks: WatermarkStrategy | None = DEFAULT_WATERMARKS) -> None:
-    """Highest bid per tumbling window (``slide_ms``: per sliding window)."""
+             watermarks: WatermarkStrategy | None = DEFAULT_WATERMARKS,
+             partial: AggregateFunction | None = None) -> None:
+    """Highest bid per tumbling window (``slide_ms``: per sliding window). ``partial``: the
+    first stage's aggregate (default ``MaxBids()``; the autoscaling benchmark gives it a
+    service time)."""
     n = prefix or "q7"
     if buckets < 1:
         raise ValueError("buckets must be >= 1")
@@ -309,7 +312,8 @@ def build_q7(job: StreamJob, source: NexmarkSource, sink: Sink | Sequence[Sink],
     partial = (bids.map(q7_project, name=f"{n}-project")
                .key_by(key)
                .window(_assigner(size_ms, slide_ms))
-               .aggregate(MaxBids(), window_fn=q7_partial_result, name=f"{n}-partial-max",
+               .aggregate(partial or MaxBids(), window_fn=q7_partial_result,
+                          name=f"{n}-partial-max",
                           parallelism=p))
     highest = (partial.key_by(first_field)
                .window(tumbling_event_time(1))

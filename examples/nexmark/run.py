@@ -57,17 +57,16 @@ def init_ray() -> None:
     under ``ray job submit --working-dir .`` the working directory already is on it."""
     import ray
 
-    from engine.runtime import NAMESPACE
+    from engine.runtime import NAMESPACE, local_ray
 
     if ray.is_initialized():
         return
-    submitted = os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    if submitted:
-        ray.init(namespace=NAMESPACE, log_to_driver=True, configure_logging=False)
+    if local_ray.submitted():
+        local_ray.connect(namespace=NAMESPACE, log_to_driver=True, configure_logging=False)
     else:
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
-        ray.init(namespace=NAMESPACE, log_to_driver=True, configure_logging=False,
-                 runtime_env={"env_vars": {"PYTHONPATH": path}})
+        local_ray.connect(namespace=NAMESPACE, log_to_driver=True, configure_logging=False,
+                          runtime_env={"env_vars": {"PYTHONPATH": path}})
 
 
 def window_params(args: argparse.Namespace) -> dict[str, int]:

@@ -337,6 +337,14 @@ class NexmarkReader(SourceReader):
         due_ms = self._start_ms + self._schedule.time_of(self._pos)
         return max(0.0, (due_ms - now_ms_float(self._clock)) / 1000.0)
 
+    def backlog(self) -> int | None:
+        """Events of this task due by the schedule and not read yet (about 1/p of the
+        job's events due past this task's position; None at full speed)."""
+        if self._schedule is None:
+            return None
+        due = self._due() if self._end is None else min(self._due(), self._end)
+        return max(0, due - self._pos) // self._p
+
 
 def now_ms_float(clock: Clock) -> float:
     return clock.now() * 1000.0

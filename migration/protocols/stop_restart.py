@@ -1,6 +1,7 @@
-"""Stop-restart rescaling (Flink's default), the baseline every other protocol is measured
-against: pause sources at a recorded offset, drain, snapshot every key group of the operator,
-stop its tasks, start the new set, install key groups by the new assignment, reconnect, resume.
+"""Stop-restart rescaling (Flink's), the baseline every other protocol is measured against:
+stop the job with a savepoint, then deploy every task again from it with the operator at its
+new parallelism (key groups re-assigned by the new assignment, sources at the savepoint's
+positions): the snapshot and restore path of checkpoints and recovery, nothing of its own.
 
 The plan is a ``MigrationPlan`` like every other (one step, by pair, for inspection: every
 group is restored since every task restarts); the coordinator runs the ``PHASES``.
@@ -16,14 +17,11 @@ from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 
 
 class StopRestartPhase(NameEnum):
-    PAUSE = "pause"
-    DRAIN = "drain"
-    SNAPSHOT = "snapshot"
-    STOP = "stop"
-    DEPLOY = "deploy"
-    INSTALL = "install"
-    CONNECT = "connect"
-    RESUME = "resume"
+    """``savepoint``: sources stop at its barrier, every task snapshots, the savepoint is
+    written; ``restore``: every task is replaced by a new one restored from it, started."""
+
+    SAVEPOINT = "savepoint"
+    RESTORE = "restore"
 
 
 PHASES = tuple(StopRestartPhase)

@@ -110,3 +110,17 @@ def test_spark_bridge_quick_end_to_end(tmp_path) -> None:
     assert res["reflow_to_spark"]["spark_read_records_per_s"] > 0
     assert res["latency"]["generator"]["engine"]["count"] > 0
     assert os.path.getsize(tmp_path / "spark_bridge.png") > 10_000
+
+
+@pytest.mark.slow
+def test_recovery_benchmark_end_to_end(tmp_path) -> None:
+    res = bench("recovery", str(tmp_path), "--records", "60000", "--keys", "2000",
+                "--state-mb", "1", "2", "--rate", "4000", "--interval", "1")
+    assert set(res["overhead"]["median_throughput"]) == {"off", "10 s", "1 s"}
+    assert all(r["checkpoints"] >= 0 for rs in res["overhead"]["runs"].values() for r in rs)
+    assert [r["state_mb"] for r in res["duration_by_size"]] == [1, 2]
+    assert all(r["bytes"] > 0 and r["duration_s"] > 0 for r in res["duration_by_size"])
+    rec = res["recovery"]
+    assert rec["restarts"] == 1 and 0 < rec["to_noticed_s"] <= rec["to_running_s"] \
+        <= rec["to_output_s"]
+    assert os.path.isfile(os.path.join(str(tmp_path), "recovery.png"))

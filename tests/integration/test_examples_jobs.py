@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from engine import JobConfig
-from engine.testing import TestingSink
+from engine.testing import SourceGate, TestingSink
 from examples import fraud_detection as fd
 from examples import stock_exchange as se
 from examples import twitch as tw
@@ -172,6 +172,26 @@ def test_fraud_detection_matches_reference(ray_cluster):
     fired = Counter(a[4] for seq in expected["alerts"].values() for a in seq)
     assert set(fired) == {"velocity", "amount_spike", "small_then_large"}
     assert all(a[5] == "v2-test" for seq in got["alerts"].values() for a in seq)
+
+
+def test_fraud_rules_swapped_live_judge_each_transaction_once(ray_cluster):
+    txs = fd.generate_transactions(4000, seed=5, fraud_rate=0.03, num_cards=150)
+    sink = TestingSink()
+    hold = SourceGate(2000)
+    handle = fd.build(txs, sink, parallelism=2, rules=fd.DEFAULT_RULES, rate=3000,
+                      key_groups=32, config=CFG, watermark_interval_ms=10, gate=hold).run()
+    try:
+        hold.wait_reached()
+        report = handle.change_logic("detect", fd.FraudDetector(RULES_V2))
+        hold.open()
+        handle.wait(120)
+    finally:
+        hold.open()
+        handle.stop()
+    assert report.operator == "detect" and report.tasks == 2
+    assert fd.check_swap(txs, sink.results(), fd.DEFAULT_RULES, RULES_V2) == []
+    versions = Counter(a[5] for a in sink.results() if a[0] == "alert")
+    assert versions["v1"] > 0 and versions["v2-test"] > 0, versions
 
 
 def test_fraud_rules_and_generator_shape():

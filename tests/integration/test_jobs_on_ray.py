@@ -311,7 +311,7 @@ def test_metrics_endpoint_serves_prometheus_text(ray_cluster):
         by_op.setdefault(s.labels["operator"], []).append(s.value)
     assert set(by_op) == {"src", "sum"}
     assert len(by_op["sum"]) == 3 and sum(by_op["sum"]) > 0
-    for name in ("reflow_bytes_in", "reflow_busy_seconds", "reflow_idle_seconds",
+    for name in ("reflow_bytes_in", "reflow_useful_seconds", "reflow_idle_seconds",
                  "reflow_backpressured_seconds", "reflow_queued_frames", "reflow_state_bytes",
                  "reflow_key_groups", "reflow_end_to_end_latency_seconds",
                  "reflow_rescale_key_groups_moved", "reflow_rescales"):

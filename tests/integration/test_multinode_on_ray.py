@@ -1,5 +1,6 @@
 """The TCP data transport across the nodes of a multi-node Ray cluster
-(``ray.cluster_utils.Cluster``, real raylets on this machine), in a subprocess."""
+(``ray.cluster_utils.Cluster``, real raylets on this machine), and live placement of tasks
+on another node, in a subprocess."""
 
 from __future__ import annotations
 
@@ -20,5 +21,13 @@ def test_tasks_on_two_nodes_exchange_frames_and_rescale_live(data_host):
     env = dict(os.environ, RAY_ADDRESS="")
     proc = subprocess.run([sys.executable, SCRIPT, data_host], capture_output=True, text=True,
                           timeout=240, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "OK" in proc.stdout
+
+
+def test_a_task_moves_to_another_node_live_by_the_handle_and_by_a_controller():
+    env = dict(os.environ, RAY_ADDRESS="")
+    proc = subprocess.run([sys.executable, SCRIPT, "127.0.0.1", "place"], capture_output=True,
+                          text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "OK" in proc.stdout

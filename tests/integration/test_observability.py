@@ -133,7 +133,8 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(ray_cluster, 
         evaluated = {r["name"]: (r["health"], r.get("lastError", "")) for g in rules
                      for r in g["rules"]}
         assert set(evaluated) == {"ReflowJobDown", "ReflowTaskUnresponsive",
-                                  "ReflowRescaleOverrunning", "ReflowBackpressured"}
+                                  "ReflowRescaleOverrunning", "ReflowBackpressured",
+                                  "ReflowCheckpointsFailing"}
         wait_until(lambda: all(r["health"] == "ok" for g in api(prom.url, "/api/v1/rules", {})
                                ["groups"] for r in g["rules"]),
                    f"every alert rule to evaluate without error: {evaluated}", h)

@@ -10,7 +10,7 @@ import pytest
 from engine.channel import CreditGate, InputChannel, KeyFunctionError, OutputRouter
 from engine.keygroups import key_group_of
 from engine.messages import (
-    DrainBarrier,
+    CheckpointBarrier,
     EndOfStream,
     Frame,
     LatencyMarker,
@@ -340,10 +340,10 @@ def test_broadcast_puts_event_on_the_last_frame_of_a_big_buffer():
     r = router([OutputEdge(0, "forward", (chan(1),))], batch_size=100)
     r.emit(list(range(5)), [0] * 5)
     r.batch_size = 2  # a buffer larger than the batch size is split on flush
-    r.broadcast(DrainBarrier(3))
+    r.broadcast(CheckpointBarrier(3))
     frames = drain(r)
     assert [(fr.values, fr.event) for _, _, fr in frames] == [
-        ((0, 1), None), ((2, 3), None), ((4,), DrainBarrier(3))]
+        ((0, 1), None), ((2, 3), None), ((4,), CheckpointBarrier(3))]
     assert [s for _, s, _ in frames] == [0, 1, 2]
 
 

@@ -12,6 +12,9 @@ from typing import Any
 import pytest
 
 from engine.api import StreamJob
+from engine.checkpoints.coordinator import vertices_of
+from engine.checkpoints.metadata import CheckpointMetadata
+from engine.checkpoints.metadata import TaskState as PartState
 from engine.clock import ManualClock
 from engine.config import JobConfig
 from engine.deployment import ChannelIds, initial_deployment
@@ -19,17 +22,14 @@ from engine.errors import RescaleRefused, RescaleTimeout
 from engine.keygroups import moved_key_groups, uniform_assignment
 from engine.messages import (
     Ack,
-    Drained,
     ExpectIncoming,
     ExpectOutgoing,
     GroupStats,
     GroupStatsRequest,
     HoldFinish,
     InjectSubscale,
-    KeyGroupSnapshot,
-    PauseSource,
-    SnapshotKeyGroups,
-    SourcePaused,
+    RemoveOutputChannels,
+    StopTask,
     SubscaleDone,
     TaskFinished,
     TaskState,
@@ -38,17 +38,21 @@ from engine.physical import plan_physical
 from engine.testing import TestingSink, TestingSource
 from migration.coordinator import (
     AwaitReports,
+    Call,
     CreateTasks,
+    DataflowChanges,
     LiveRescale,
     Phase,
     ReleaseReplicas,
     RemoveTasks,
     RescaleContext,
     RescaleRequest,
+    RestoreJob,
     SendControl,
     StopRestartRescale,
     SubscaleCompleted,
     SubscaleIds,
+    TakeSavepoint,
     UpdateVertex,
     coordinator_for,
 )
@@ -59,14 +63,14 @@ N = 16
 CFG = JobConfig(metrics_port=None, drrs_subscale_bytes=None, drrs_subscale_size=4)
 
 
-def context(sum_p: int = 2, config: JobConfig = CFG, finished: frozenset[str] = frozenset(),
-            epoch: int = 1) -> RescaleContext:
+def context(sum_p: int = 2, config: JobConfig = CFG,
+            finished: frozenset[str] = frozenset()) -> RescaleContext:
     job = StreamJob("j", num_key_groups=N, config=config)
     (job.source(TestingSource([(1, 1)]), name="src", parallelism=1)
         .key_by(lambda r: r[0]).reduce(lambda a, b: a, name="sum", parallelism=sum_p)
         .sink(TestingSink(), name="out"))
     dep = initial_deployment(plan_physical(job.graph()), "j")
-    return RescaleContext("j", dep, config, ChannelIds(), SubscaleIds(), {}, False, 2, epoch,
+    return RescaleContext("j", dep, config, ChannelIds(), SubscaleIds(), {}, False, 2,
                           finished)
 
 
@@ -76,8 +80,6 @@ def reply(msg: Any, task: str, ended: bool = False) -> Any:
             return TaskState(task, "running", ended)
         case GroupStatsRequest():
             return GroupStats(task, tuple((kg, 10, 100) for kg in range(N)), 1.0)
-        case SnapshotKeyGroups():
-            return KeyGroupSnapshot(((0, b"x"),) if task.endswith("sum/0/g0") else ())
         case _:
             return Ack()
 
@@ -178,7 +180,7 @@ def test_scale_in_removes_the_tasks_left_without_groups():
 def test_nothing_is_changed_before_the_plan_and_an_ended_input_refuses():
     coord = LiveRescale(RescaleRequest("sum", 3, "drrs"), context(), ManualClock())
     d = Driver(coord, finish_running, ended=True)
-    with pytest.raises(RescaleRefused, match="finishing"):
+    with pytest.raises(RescaleRefused, match="input of operator 'sum' has ended"):
         d.run()
     assert not coord.committed
     assert [m for _, m in d.sent(HoldFinish)][-2:] == [HoldFinish(False)] * 2
@@ -218,13 +220,28 @@ def test_a_superseded_rescale_finishes_what_runs_and_says_so():
     assert report.new_parallelism == 4
 
 
-def test_a_task_whose_input_ends_meanwhile_stops_further_subscales():
+def test_a_predecessor_that_finishes_meanwhile_does_not_stop_the_rescale():
+    # FLIP-147: a finished task elsewhere (a bounded source) leaves the rescale to finish
     ctx = context()
     ctx.max_subscales = 1
     coord = LiveRescale(RescaleRequest("sum", 4, "batched"), ctx, ManualClock())
 
     def end_then_finish(driver: Driver, cmd: AwaitReports) -> list[Any]:
         return [TaskFinished("j/src/0/g0"), *finish_running(driver, cmd)]
+
+    Driver(coord, end_then_finish).run()
+    report = coord.report()
+    assert not report.superseded and report.steps > 1
+    assert report.key_groups_moved == report.key_groups_planned
+
+
+def test_a_task_of_the_operator_that_finished_stops_further_subscales():
+    ctx = context()
+    ctx.max_subscales = 1
+    coord = LiveRescale(RescaleRequest("sum", 4, "batched"), ctx, ManualClock())
+
+    def end_then_finish(driver: Driver, cmd: AwaitReports) -> list[Any]:
+        return [TaskFinished("j/sum/0/g0"), *finish_running(driver, cmd)]
 
     Driver(coord, end_then_finish).run()
     assert coord.report().superseded and coord.report().steps > 1
@@ -251,27 +268,46 @@ def test_a_result_for_another_command_is_an_error():
     assert isinstance(first, SendControl)
 
 
-def test_stop_restart_runs_its_phases_in_order_and_waits_for_its_own_drain():
-    ctx = context(epoch=7)
-    names = ctx.deployment.task_names()
-
-    def drain(driver: Driver, cmd: AwaitReports) -> list[Any]:
-        assert cmd.phase == Phase.DRAIN and set(cmd.tasks) == set(names)
-        stale = [Drained(n, 6) for n in names]  # an earlier epoch does not count
-        return [SourcePaused("j/src/0/g0", {"0-of-1": 42}), *stale, *(Drained(n, 7) for n in names)]
-
+def test_stop_restart_takes_a_stopping_savepoint_then_restores_the_job_from_it():
+    ctx = context()
     coord = coordinator_for(RescaleRequest("sum", 3, RescaleProtocol.STOP_RESTART), ctx,
                             ManualClock())
     assert isinstance(coord, StopRestartRescale)
-    d = Driver(coord, drain)
-    d.run()
+    first = coord.start()
+    assert first == [TakeSavepoint(stop=True)] and coord.committed
+    assert coord.phase == Phase.SAVEPOINT
+    meta = CheckpointMetadata(
+        4, "checkpoint", "j", "j", 0.0, N, vertices_of(ctx.deployment),
+        (PartState("j/src/0/g0", "src", 0, source_state={"0-of-1": 42}),
+         PartState("j/sum/0/g0", "sum", 0, "f", ((0, 0, 1, 0),)),
+         PartState("j/sum/1/g0", "sum", 1)))
+    [restore] = coord.on_result(first[0], meta)
+    assert isinstance(restore, RestoreJob) and coord.phase == Phase.RESTORE
+    assert restore.checkpoint is meta and restore.parallelism == {"sum": 3}
+    assert restore.assignments == {"sum": uniform_assignment(N, 3)}
+    new_dep = ctx.deployment.with_vertex("sum", ("a", "b", "c"), uniform_assignment(N, 3), 1)
+    assert coord.on_result(restore, new_dep) == [] and coord.done
     report = coord.report()
     assert [p for p, _ in report.phases] == [str(p) for p in PHASES]
     assert report.source_offsets == (("j/src/0/g0", {"0-of-1": 42}),)
-    assert d.sent(PauseSource) == [("j/src/0/g0", PauseSource(7))]
     assert report.bytes_moved == 1 and report.new_parallelism == 3
-    assert [c.names for c in d.log if isinstance(c, RemoveTasks)] == [
-        ("j/sum/0/g0", "j/sum/1/g0")]
+    assert report.key_groups_moved == len(moved_key_groups(uniform_assignment(N, 2),
+                                                            uniform_assignment(N, 3)))
+
+
+def test_dataflow_changes_follow_subscales_until_both_owners_report():
+    changes = DataflowChanges()
+    expect = SendControl((Call("d", ExpectIncoming(5, (1,), (), 0)),), Phase.SUBSCALES)
+    assert changes.starts(expect) and changes.starts(CreateTasks("sum", ("x",), None))
+    assert changes.starts(SendControl((Call("u", RemoveOutputChannels((3,))),), Phase.REMOVE))
+    assert not changes.starts(SendControl((Call("s", StopTask(True)),), Phase.REMOVE))
+    assert not changes.starts(SendControl((Call("u", HoldFinish(True)),), Phase.HOLD))
+    changes.on_command(expect)
+    assert changes.subscales == {5} and not changes.quiet(Phase.SUBSCALES)
+    changes.on_report(SubscaleDone("s", 5, "old", 0, 0, 0.0, 0.0))
+    assert changes.subscales == {5}
+    changes.on_report(SubscaleDone("d", 5, "new", 0, 0, 0.0, 0.0))
+    assert changes.quiet(Phase.SUBSCALES) and not changes.quiet(Phase.DEPLOY)
 
 
 def test_the_request_is_validated():

@@ -11,6 +11,7 @@ from engine.codec import pack_exact, pack_fast
 from engine.errors import CodecError
 from engine.latency import LatencyHistogram
 from engine.metrics import RescaleProgress, TaskMetrics
+from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
 from migration.report import RescaleReport
 
 _H = LatencyHistogram()
@@ -42,12 +43,13 @@ CHANNEL_EVENTS = [
     m.Watermark(1_700_000_000_123),
     m.Watermark(-1),
     m.CheckpointBarrier(7),
-    m.DrainBarrier(2),
+    m.CheckpointBarrier(8, "s3://bucket/chk/j/chk-8", True),
     m.LatencyMarker(1_700_000_000.25, 3),
     m.EndOfStream(),
     m.ChannelIdle(),
     m.ConfirmBarrier(3, 17),
     m.PauseBarrier(3),
+    m.LogicBarrier(3),
 ]
 
 # Messages whose fields are plain values.
@@ -57,23 +59,39 @@ FLAT_CONTROL_MESSAGES = [
     m.Connect((), ()),
     m.Start(),
     m.Start((("0-of-2", None), ("a.parquet", 10), ("lane-1", {"batch": (3, 4)}))),
-    m.PauseSource(5),
     m.Resume(),
-    m.SnapshotKeyGroups(),
     m.InstallKeyGroups(((0, b"\x00\x01"), (127, b""))),
     m.InstallKeyGroups(()),
     m.StopTask(),
-    m.KeyGroupSnapshot(((5, pack_exact({"a": (1, 2)})),)),
-    m.SourcePaused("src/0", {"0-of-2": 7, "a.parquet#3": (1, "x")}),
-    m.SourcePaused("src/1", {}),
+    m.TriggerCheckpoint(3, "/tmp/chk/j/chk-3"),
+    m.TriggerCheckpoint(4, "/tmp/sp", stop=True),
+    m.CheckpointComplete(3),
+    m.CheckpointAborted(4),
+    m.RestoreState(((5, "/tmp/chk/j/chk-3/sum-0.state", 0, 10, 123),), (("out", ("a", 1)),)),
+    m.RestoreState(),
+    m.CommitTransactions((("out", (pack_exact({"a": (1, 2)}), None)),)),
+    m.CheckpointAck("j/sum/0/g0", 3, "sum-0.state", ((5, 0, 10, 123),), None,
+                    (("out", "txn-1"),), 10, 0.5, 0.01, 0.02),
+    m.CheckpointAck("j/src/0/g0", 3, "", (), {"0-of-2": 7}, (), 0, 0.0, 0.0, 0.0),
+    m.CheckpointDeclined("j/sum/0/g0", 3, "OSError: read-only"),
+    m.CheckpointStats(),
+    m.AdoptTransactions((("out", "a.bin"), ("out", {"file": "b"}))),
+    m.HandOver("j/sum/2/g0", (("out", "c.bin"),)),
     m.ReleaseSource(),
-    m.Drained("map/2", 9),
+    m.SourceReleased("src/0", {"0-of-2": 7, "a.parquet#3": (1, "x")}),
+    m.SourceReleased("src/1", {}, (("out", "c.bin"),)),
     m.TaskFinished("sink/0"),
     m.TaskFailed("map/1", "map", 1, "{'a': 1}", "ZeroDivisionError('division by zero')"),
     m.Ack(),
     m.JobStatus("wordcount", "running"),
     m.StopTask(True),
     m.RemoveOutputChannels((4, 5)),
+    m.ReplaceOutputChannel(4, 9),
+    m.InjectLogicBarrier(3, (4, 5)),
+    m.SwitchLogic(3),
+    m.DiscardLogic(3),
+    m.LogicChanged("j/sum/0/g0", "sum", 3, 0.125),
+    LogicChangeReport("sum", 3, 2, 10.0, 11.5, 0.125),
     m.AddInputs(((7, 0), (8, -1))),
     m.AddInputs(((9, 0),), (3, 4)),
     m.InjectSubscale(2, 0, (5, 6, 7), 3),
@@ -103,11 +121,18 @@ FLAT_CONTROL_MESSAGES = [
         "wordcount", "failed", "user function raised", "count", 2, "('a', 1)", "KeyError('a')",
         "http://127.0.0.1:9000/metrics",
     ),
+    DecisionRecord(1.5, "ds2", "scale", "sum", "scale 'sum' to 4 (drrs)", "load 1.9",
+                   "executed", "drrs rescale of 'sum' 2 -> 4 done", 1.25, 3, 9.5),
+    RescaleRecord("sum", "drrs", 2, 4, 10.0, 11.5, 16, 2048, False, 900.0, 120, 12.5, 80.0,
+                  0.13, "controller ds2"),
 ]
 
 # Messages that nest other wire messages (OutputEdge holds OutputChannels, Connect holds
 # OutputEdges).
 NESTED_CONTROL_MESSAGES = [
+    m.JobStatus("wordcount", "restarting", restarts=2, last_failure="task t died",
+                checkpoints=m.CheckpointStats(3, 1, 7, "/tmp/chk/j/chk-7", 0.5, 4096,
+                                              (("j/sum/0/g0", 0.01),), "timeout", "/tmp/sp")),
     m.OutputEdge(0, "forward", (CH0,)),
     m.OutputEdge(1, "rebalance", (CH0, CH1)),
     m.OutputEdge(2, "keyed", (CH0, CH1), (0, 1, 1, 0)),
@@ -154,7 +179,7 @@ def test_priority_batch_keeps_each_message_and_its_order():
 
 def test_tags_are_class_names():
     assert m.encode_message(m.Watermark(5)) == pack_exact(["Watermark", 5])
-    assert m.decode_message(pack_exact(["Drained", "t", 3])) == m.Drained("t", 3)
+    assert m.decode_message(pack_exact(["TaskFinished", "t"])) == m.TaskFinished("t")
 
 
 def test_tuples_stay_tuples_in_control_messages():

@@ -18,7 +18,7 @@ from engine.api import StreamJob
 from engine.clock import ManualClock
 from engine.config import JobConfig
 from engine.deployment import start_messages
-from engine.messages import AddInputs, ReleaseSource, SourcePaused
+from engine.messages import AddInputs, ReleaseSource, SourceReleased
 from engine.testing import TestingSink, TestingSource
 from engine.time import WatermarkStrategy, tumbling_event_time
 from migration.coordinator import HANDOVER, RescaleRequest, SourceRescale
@@ -154,7 +154,7 @@ def test_the_handover_holds_new_channels_until_the_old_ones_end(tmp_path):
     assert sum0.handle(AddInputs(((999, 0),), (old,))) is not None
     assert 999 in sum0._step_blocked
     reply = src0.handle(ReleaseSource())
-    assert isinstance(reply, SourcePaused) and reply.task == src0.name
+    assert isinstance(reply, SourceReleased) and reply.task == src0.name
     assert set(reply.offsets) == {"0-of-6", "2-of-6", "4-of-6"}
     assert sum(reply.offsets.values()) == 4, "where it stopped: 4 records read"
     assert src0.status == "stopped" and not src0.poll_source(5)

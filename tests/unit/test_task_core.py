@@ -15,6 +15,7 @@ import pytest
 
 from engine import graph as g
 from engine.api import StreamJob
+from engine.checkpoints.metadata import CheckpointKind
 from engine.clock import ManualClock, now_ms
 from engine.config import JobConfig
 from engine.deployment import (
@@ -32,20 +33,16 @@ from engine.keygroups import key_group_of, uniform_assignment
 from engine.messages import (
     Ack,
     ChannelIdle,
-    DrainBarrier,
-    Drained,
+    CheckpointBarrier,
     EndOfStream,
     Frame,
     InstallKeyGroups,
-    KeyGroupSnapshot,
-    PauseSource,
     Resume,
-    SnapshotKeyGroups,
-    SourcePaused,
     Start,
     StopTask,
     TaskFailed,
     TaskFinished,
+    TriggerCheckpoint,
     Watermark,
     decode_frame,
     decode_message,
@@ -61,7 +58,7 @@ from engine.operators import (
 )
 from engine.physical import plan_physical
 from engine.sinks import SinkWriter
-from engine.state import KeyedStateBackend
+from engine.state import KeyedStateBackend, decode_snapshot
 from engine.task import TaskCore
 from engine.testing import TestingSink, TestingSource
 from engine.time import MAX_WATERMARK, MIN_WATERMARK
@@ -81,8 +78,7 @@ class Net:
     def __init__(self, job: StreamJob, clock: ManualClock, start: bool = True) -> None:
         self.clock = clock
         self.config = job.config
-        self.plan = plan_physical(job.graph())
-        self.dep = initial_deployment(self.plan, "j")
+        self.dep = initial_deployment(plan_physical(job.graph()), "j")
         self.ids = ChannelIds()
         self.cores: dict[str, TaskCore] = {}
         for v in self.plan.vertices:
@@ -138,13 +134,16 @@ class Net:
     def new_core(self, dep: Deployment, vertex: str, index: int, name: str) -> TaskCore:
         return TaskCore(make_spec(dep, vertex, index, name, self.config), self.clock)
 
-    def rescale(self, vertex: str, parallelism: int, epoch: int) -> RescaleReport:
-        """Stop-restart by the engine's coordinator: pause sources, drain, snapshot, stop,
-        deploy a new generation, install, reconnect everything, start, resume."""
+    def rescale(self, vertex: str, parallelism: int) -> RescaleReport:
+        """Stop-restart by the engine's coordinator: stop with a savepoint, deploy a new
+        generation of every task from it, the vertex at ``parallelism``."""
         request = RescaleRequest(vertex, parallelism, "stop-restart")
-        _, report, _ = harness.rescale(self, request, self.pump, epoch=epoch)
-        self.plan = self.dep.plan
+        _, report, _ = harness.rescale(self, request, self.pump)
         return report
+
+    @property
+    def plan(self) -> Any:
+        return self.dep.plan
 
     def reports(self, cls: type) -> list[Any]:
         return [r for c in self.cores.values() for r in c.reports if isinstance(r, cls)]
@@ -278,7 +277,7 @@ def input_channel_from(net: Net, src: str, dst: str) -> int:
     return cid
 
 
-def test_drain_waits_for_the_barrier_on_every_live_input(clock, sink):
+def test_a_checkpoint_barrier_waits_on_every_live_input(clock, sink):
     # src/0 gets records 0, 2, 4, 6; src/1 gets 1, 3, 5, 7
     records = [("a", 0), ("b", 1), ("a", 2), ("b", 3), ("a", 4), ("b", 5), ("a", 6), ("b", 7)]
     net = Net(two_source_job(records, sink), clock)
@@ -290,41 +289,47 @@ def test_drain_waits_for_the_barrier_on_every_live_input(clock, sink):
     net["src/1"].poll_source(2)
     net.pump()
     assert len(sink.results()) == 4
-
-    # pause src/0 only: its barrier blocks channel c0
+    # every task learns of the checkpoint; only the sources act on it at once
+    trigger = TriggerCheckpoint(7, "/nowhere")
+    assert cnt.handle(wire(trigger)) == Ack() and cnt.snapshots == []
     src0 = net["src/0"]
-    assert src0.handle(wire(PauseSource(7))) == Ack()
-    assert src0.reports == [SourcePaused(src0.name, {"0-of-2": 2}), Drained(src0.name, 7)]
-    assert not src0.poll_source(10)  # paused: reads nothing
+    assert src0.handle(wire(trigger)) == Ack()
+    [snap] = src0.snapshots
+    assert (snap.checkpoint_id, snap.source_state, snap.groups) == (7, {"0-of-2": 2}, ())
     barrier = [decode_frame(f.payload).event for f in src0.router.outbox]
-    assert barrier == [DrainBarrier(7)]
+    assert barrier == [CheckpointBarrier(7, "/nowhere")]
     net.pump()
-    assert cnt.reports == []
+    assert cnt.snapshots == []
     # a later frame on the blocked channel waits for alignment
     late = Frame([("late", 99)], [T0_MS], [("late")], [key_group_of("late", N)])
     cnt.receive(c0, cnt.inputs[c0].next_seq, encode_frame(late))
     assert not cnt.has_work() and not cnt.step()
-    # the other channel still flows
+    # the other channel still flows, into the checkpoint
     net["src/1"].poll_source(1)
     net.pump()
     assert sorted(r for r in sink.results()) == sorted(
         [("a", 0, 1), ("b", 1, 1), ("a", 2, 2), ("b", 3, 2), ("b", 5, 3)])
-    assert len(cnt.inputs[c0].queue) == 1 and cnt.reports == []
-
-    # the barrier on the last live input aligns: Drained, then the late frame runs
-    net["src/1"].handle(PauseSource(7))
+    assert len(cnt.inputs[c0].queue) == 1 and cnt.snapshots == []
+    # the barrier on the last live input aligns: the snapshot, then the late frame runs
+    net["src/1"].handle(wire(trigger))
     net.deliver()
     assert cnt.inputs[c1].queue
-    while cnt.reports == [] and cnt.step():
+    while not cnt.snapshots and cnt.step():
         pass
-    assert cnt.reports == [Drained(cnt.name, 7)]
+    [snap] = cnt.snapshots
+    state = {kg: decode_snapshot(data)[0] for kg, data in snap.groups}
+    assert {k: v for t in state.values() for k, v in t.get("count", {}).items()} == {
+        "a": 2, "b": 3}
     assert ("late", 99, 1) not in sink.results()
     net.pump()
     assert ("late", 99, 1) in sink.results()
-    assert cnt.reports == [Drained(cnt.name, 7)]  # reported once
+    assert len(cnt.snapshots) == 1  # taken once
+    # a trigger of the same checkpoint after it aligned is stale: nothing happens
+    cnt.handle(wire(trigger))
+    assert len(cnt.snapshots) == 1
 
 
-def test_drained_task_fires_no_timers_until_resume(clock, sink):
+def test_a_stop_with_savepoint_keeps_every_task_quiet_until_resume(clock, sink):
     records = [("a", 0), ("b", 1)]
     net = Net(two_source_job(records, sink), clock)
     cnt = net["cnt/0"]
@@ -333,9 +338,9 @@ def test_drained_task_fires_no_timers_until_resume(clock, sink):
     net.pump()
     assert cnt.next_timer_ms() == T0_MS + 1000
     for s in ("src/0", "src/1"):
-        net[s].handle(PauseSource(1))
+        net[s].handle(wire(TriggerCheckpoint(1, "/nowhere", stop=True)))
     net.pump()
-    assert cnt.reports == [Drained(cnt.name, 1)]
+    assert [sn.checkpoint_id for sn in cnt.snapshots] == [1]
     clock.advance(5.0)
     assert not cnt.fire_timers()
     assert [r for r in sink.results() if r[0] == "timer"] == []
@@ -349,29 +354,40 @@ def test_drained_task_fires_no_timers_until_resume(clock, sink):
     assert all(net[s].status == "running" and not net[s].paused for s in ("src/0", "src/1"))
 
 
-def test_drain_barrier_travels_through_every_stage(clock, sink):
+def test_a_checkpoint_barrier_travels_through_every_stage(clock, sink, tmp_path):
     records = records_for(40)
     net = Net(running_sum_job(records, sink), clock)
-    src, s0, s1, out = net["src/0"], net["sum/0"], net["sum/1"], net["out/0"]
+    src = net["src/0"]
     src.poll_source(20)
     net.pump()
-    src.handle(PauseSource(3))
-    assert src.reports == [SourcePaused(src.name, {"0-of-1": 20}), Drained(src.name, 3)]
-    net.deliver()
-    while s0.step():
-        pass
-    assert s0.reports == [Drained(s0.name, 3)]
-    net.deliver()  # sum/0's barrier (and its flushed records) reach the sink
-    while out.step():
-        pass
-    assert out.reports == []  # one of two inputs aligned
-    while s1.step():
-        pass
-    assert s1.reports == [Drained(s1.name, 3)]
-    net.pump()
-    assert out.reports == [Drained(out.name, 3)]
-    # nothing was lost: every record before the pause reached the sink
+    cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
+    meta = cps.take()
+    assert [t.task for t in meta.tasks] == net.dep.task_names()
+    assert [t.source_state for t in meta.tasks if t.vertex == "src"] == [{"0-of-1": 20}]
+    # the sums' key groups hold the running sums of exactly the first 20 records
+    groups = {kg for t in meta.tasks if t.vertex == "sum" for kg, *_ in t.groups}
+    assert groups == set(range(N))
+    assert (tmp_path / "chk" / "chk-1" / "_metadata").is_file()
+    # nothing was lost: every record before the barrier reached the sink
     assert per_key(sink.results()) == per_key(running_sum_reference(records[:20]))
+
+
+def test_a_finished_task_takes_part_in_checkpoints(clock, sink, tmp_path):
+    records = records_for(30)
+    net = Net(running_sum_job(records, sink, src_p=2), clock)
+    src0 = net["src/0"]
+    while src0.status == "running":
+        src0.poll_source(100)
+    net.pump()
+    assert src0.status == "finished" and net["src/1"].status == "running"
+    cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
+    meta = cps.take()
+    states = {t.task: t.source_state for t in meta.tasks if t.vertex == "src"}
+    assert states == {src0.name: {"0-of-2": 15}, net["src/1"].name: {"1-of-2": 0}}
+    net.run_sources()
+    meta = cps.take()  # the job's final checkpoint: every task has finished
+    assert meta.checkpoint_id == 2
+    assert all(net.cores[t.task].status == "finished" for t in meta.tasks)
 
 
 # ---------------------------------------------------------------- end of stream
@@ -481,46 +497,27 @@ def test_idle_channel_does_not_hold_the_watermark_back(clock, sink):
 # ---------------------------------------------------------------- state moves
 
 
-def test_stop_restart_by_hand_moves_state_and_results_continue(clock, sink):
+def test_a_savepoint_restored_at_another_parallelism_continues_exactly(clock, sink, tmp_path):
     records = records_for(300, keys=25, seed=5)
     net = Net(running_sum_job(records, sink, sum_p=2), clock)
     src = net["src/0"]
     for _ in range(20):
         src.poll_source(7)
         net.pump(random.Random(1))
-    # pause and drain
-    src.handle(PauseSource(1))
-    net.pump()
-    assert {r.task for r in net.reports(Drained)} == set(net.cores)
-    offset = src.reports[0].offsets
-    assert offset == {"0-of-1": 140} == src.source_offsets()
-    # snapshot every key group of the old sum tasks
-    old = [net["sum/0"], net["sum/1"]]
-    snaps = [wire(c.handle(wire(SnapshotKeyGroups()))) for c in old]
-    assert all(isinstance(s, KeyGroupSnapshot) for s in snaps)
-    groups = {kg: data for s in snaps for kg, data in s.groups}
-    assert sorted(groups) == list(range(N))
-    assert sorted(kg for kg, _ in snaps[0].groups) == list(range(N // 2))
-    for c in old:
-        assert c.handle(StopTask()) == Ack() and c.status == "stopped"
-    # deploy sum at parallelism 3 with a new generation of tasks
-    plan = net.plan.rescaled("sum", 3)
-    tasks = dict(net.dep.tasks, sum=tuple(task_name("j", "sum", i, 1) for i in range(3)))
-    dep = Deployment(plan, "j", tasks, {"sum": uniform_assignment(N, 3)}, 1,
-                     net.dep.partitions)
-    for name in net.dep.tasks["sum"]:
-        del net.cores[name]
-    net.dep, net.plan = dep, plan
-    for i, name in enumerate(tasks["sum"]):
-        core = net.cores[name] = TaskCore(make_spec(dep, "sum", i, name, CFG), clock)
-        assert core.spec.key_groups == dep.key_groups_of("sum", i)
-        mine = tuple((kg, groups[kg]) for kg in core.spec.key_groups)
-        assert core.handle(wire(InstallKeyGroups(mine))) == Ack()
-    net.connect()
-    for name in tasks["sum"]:
-        net.cores[name].handle(Start())
-    for c in net.cores.values():
-        c.handle(Resume())
+    cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
+    meta = cps.take(CheckpointKind.SAVEPOINT, str(tmp_path / "sp"), stop=True)
+    assert [t.source_state for t in meta.tasks if t.vertex == "src"] == [{"0-of-1": 140}]
+    held = {t.index: sorted(kg for kg, *_ in t.groups) for t in meta.tasks if t.vertex == "sum"}
+    assert held == {0: list(range(N // 2)), 1: list(range(N // 2, N))}
+    assert not src.poll_source(10)  # stopped at the barrier: reads nothing
+    # a new generation of every task, sum at parallelism 3
+    restored = cps.restore(meta, {"sum": 3})
+    assert net.dep.tasks["sum"] == tuple(task_name("j", "sum", i, 1) for i in range(3))
+    assert net.dep.assignments["sum"] == uniform_assignment(N, 3)
+    for i in range(3):
+        core = net[f"sum/{i}"]
+        assert core.backend.owned() == list(net.dep.key_groups_of("sum", i))
+        assert len(restored.tasks[core.name].groups) == len(core.backend.owned())
     # continue: the results continue exactly
     net.run_sources(random.Random(2))
     out = sink.results()
@@ -543,13 +540,13 @@ def test_repeated_rescales_of_keyed_and_stateless_vertices(clock, sink):
     assert [[op.name for op in v.operators] for v in net.plan.vertices] == [
         ["src", "one"], ["keep"], ["count", "out"]]
     rng = random.Random(4)
-    src = net["src/0"]
     plan = [("count", 3), ("keep", 1), ("count", 1), ("keep", 3), ("count", 4)]
-    for epoch, (vertex, p) in enumerate(plan, 1):
+    for vertex, p in plan:
+        src = net["src/0"]  # every stop-restart deploys new tasks
         for _ in range(8):
             src.poll_source(7)
             net.pump(rng)
-        net.rescale(vertex, p, epoch)
+        net.rescale(vertex, p)
         assert len(net.dep.tasks[vertex]) == p
     net.run_sources(rng)
     # a rebalance edge may reorder a key's records, but counting is exact whatever the
@@ -569,7 +566,7 @@ def test_rescale_after_one_source_finished_still_finishes(clock, sink):
     src1.poll_source(5)
     net.pump()
     assert src0.status == "finished"
-    net.rescale("sum", 3, 1)
+    net.rescale("sum", 3)
     net.run_sources()
     assert sorted(r[1] for r in per_key(sink.results())[records[0][0]])[-1] == sum(
         v for k, v in records if k == records[0][0])
@@ -625,7 +622,7 @@ def test_timers_travel_with_the_key_group_snapshot(clock, sink):
     net.pump()
     clock.advance(0.5)
     old = [net["timed/0"], net["timed/1"]]
-    groups = [g for c in old for g in c.handle(SnapshotKeyGroups()).groups]
+    groups = [(kg, c.backend.snapshot(kg)) for c in old for kg in c.backend.owned()]
     for c in old:
         c.handle(StopTask())
     # one new task owning every key group (a different spec: parallelism 1)
@@ -649,7 +646,6 @@ def test_install_into_a_non_keyed_task_is_refused(clock, sink):
     net = Net(running_sum_job([], sink), clock)
     with pytest.raises(ValueError, match="not keyed"):
         net["src/0"].handle(InstallKeyGroups(((0, b""),)))
-    assert net["src/0"].handle(SnapshotKeyGroups()) == KeyGroupSnapshot(())
 
 
 # ---------------------------------------------------------------- failures

@@ -5,8 +5,9 @@ pipeline (a generator, ``key_by``, a keyed count with padded state, a latency si
 skewed scenarios must predict the generator's keys exactly; a second copy of either would
 drift from the first.
 
+* ``ServiceTime``: a per-record cost paid by sleeping, load-robust (see its docstring).
 * ``PaddedCount``: per key a count and ``record[2]`` bytes of padding; optionally a
-  per-record service time (see its docstring). ``key_of``: a record's key (``record[0]``).
+  per-record service time. ``key_of``: a record's key (``record[0]``).
 * ``keyed_count_job``: ``GeneratorSource -> key_by -> PaddedCount ("agg") -> sink``.
 * ``generator_keys``: the first ``n`` keys of a ``GeneratorSource`` task 0 of 1, read from
   the source itself (its sequence depends only on the seed and the task).
@@ -38,11 +39,8 @@ from examples.bench.harness import analysis
 SEED = 0
 
 
-class PaddedCount(KeyedProcessFunction):
-    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record);
-    emits ``(key, count)``.
-
-    ``service_us``: each record also costs this much time, spent sleeping (one sleep once a
+class ServiceTime:
+    """A per-record cost of ``service_us`` microseconds, spent sleeping (one sleep once a
     millisecond is owed), so a task serves 1e6 / ``service_us`` records/s at most without
     using a core: the papers' one core per task, on a machine whose two cores all the
     tasks share. A sleep that overruns (the process woke late: 0.15-0.5 ms per 1 ms sleep
@@ -54,23 +52,40 @@ class PaddedCount(KeyedProcessFunction):
 
     def __init__(self, service_us: float = 0.0) -> None:
         self.service_s = service_us / 1e6
+        self.owed = 0.0  # seconds of service not slept yet (< 0: credit from an overrun)
+
+    def spend(self) -> None:
+        """One record's service."""
+        if not self.service_s:
+            return
+        self.owed += self.service_s
+        if self.owed >= 0.001:
+            t0 = time.monotonic()
+            time.sleep(self.owed)
+            self.owed = max(-self.MAX_CREDIT_S, self.owed - (time.monotonic() - t0))
+
+
+class PaddedCount(KeyedProcessFunction):
+    """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record);
+    emits ``(key, count)``. ``service_us``: each record also costs this much time
+    (``ServiceTime``)."""
+
+    MAX_CREDIT_S = ServiceTime.MAX_CREDIT_S
+
+    def __init__(self, service_us: float = 0.0) -> None:
+        self.service_us = service_us
 
     def open(self, ctx: Any) -> None:
         self.pad = ctx.value_state("pad", None)
         self.n = ctx.value_state("n", 0)
-        self.owed = 0.0  # seconds of service not slept yet (< 0: credit from an overrun)
+        self.service = ServiceTime(self.service_us)
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         if self.pad.value() is None:
             self.pad.update(bytes(value[2]))
         n = self.n.value() + 1
         self.n.update(n)
-        if self.service_s:
-            self.owed += self.service_s
-            if self.owed >= 0.001:
-                t0 = time.monotonic()
-                time.sleep(self.owed)
-                self.owed = max(-self.MAX_CREDIT_S, self.owed - (time.monotonic() - t0))
+        self.service.spend()
         yield (ctx.key, n)
 
 

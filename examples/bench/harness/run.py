@@ -48,16 +48,15 @@ def init_ray(*, log_to_driver: bool = True, **kwargs: Any) -> None:
     ``ray job submit --working-dir .`` the working directory already is on it."""
     import ray
 
-    from engine.runtime import NAMESPACE
+    from engine.runtime import NAMESPACE, local_ray
 
     if ray.is_initialized():
         return
-    submitted = os.environ.get("RAY_ADDRESS") or os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
-    if not submitted:
+    if not local_ray.submitted():
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
-    ray.init(namespace=NAMESPACE, log_to_driver=log_to_driver, configure_logging=False,
-             **kwargs)
+    local_ray.connect(namespace=NAMESPACE, log_to_driver=log_to_driver,
+                      configure_logging=False, **kwargs)
 
 
 def shutdown_ray() -> None:

@@ -1,0 +1,279 @@
+"""DS2: one decision from the true rates to the parallelism every operator needs.
+
+The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safeguards):
+
+1. **Target rates, propagated.** A source's target rate is what it read plus how fast its
+   backlog grew (the demand it could not emit: ``SourceReader.backlog``; a source that
+   cannot tell counts its read rate over the time it was not backpressured). Walking the
+   graph in topological order, an operator's target input rate is the sum of its inputs'
+   target output rates; its target output rate is its target input rate times its output
+   ratio (records out / records in). The sources' backlog is propagated the same way as a
+   catch-up rate: the backlog divided by ``catch_up_s``.
+2. **True rates, MAX across tasks.** An operator's capacity at its current parallelism is
+   its observed input rate over the MAX utilisation (useful time / window) of its tasks:
+   under skew the busiest task saturates first, and the average would overestimate it.
+3. **Utilisation band.** Nothing moves while every operator's load (target + catch-up
+   rate, over its capacity) lies within ``band`` (Flink's 0.4 .. 1.0 around a 0.7 target).
+4. **All at once.** Otherwise every operator gets ``ceil(p * needed / capacity)`` tasks,
+   ``needed = target / target_utilisation + catch_up + target * disruption_s / catch_up_s``;
+   ``disruption_s`` is Flink's fixed ``restart.time`` here (``restart_time_s``, 0 by
+   default: a live rescale barely stops the job; ``controllers.cost_aware`` measures it).
+5. **Even key-group splits.** For a keyed operator, the smallest parallelism whose busiest
+   task (by key groups, uniform ranges) holds at most ``1 + key_group_tolerance`` times the
+   groups the exact parallelism would give it; then clamped to ``[min, max]`` (max: the
+   job's key groups for keyed operators).
+6. **No flapping.** No decision while a rescale runs, nor within ``stabilisation_s`` after
+   one ends (and the metrics window never spans a rescale); a scale-up is carried out at
+   once, a scale-down only after it was recommended continuously for
+   ``scale_down_delay_s``, and then to the highest parallelism recommended meanwhile.
+
+``estimate`` is the pure computation (one ``Estimate`` per operator); ``decide`` adds the
+band, the delays and the decisions. Subclasses change ``disruption_s`` (what an action
+costs) and ``finish`` (what becomes of the recommended actions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from controllers.base import Controller, JobView, MetricsWindow, NoChange, Scale, rescalable
+from engine.errors import ControllerError
+from engine.rates import OperatorRates
+from engine.reconfiguration import Decision, OperatorView
+
+_MIN_SOURCE_SHARE = 0.05  # a source backpressured 95% of the time counts as 20x its rate
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """DS2's numbers for one operator: ``target_rate`` (records/s it must take), ``catch_up``
+    (records/s more to drain the sources' backlog), ``capacity`` (records/s at the current
+    parallelism, busiest task saturated; None: not measured), ``load`` ((target + catch-up)
+    / capacity), ``optimal`` (the parallelism DS2 recommends) and ``reason``."""
+
+    operator: str
+    parallelism: int
+    target_rate: float
+    catch_up: float
+    capacity: float | None
+    load: float | None
+    optimal: int
+    reason: str
+
+    @property
+    def measured(self) -> bool:
+        return self.load is not None
+
+
+def even_split(parallelism: int, num_key_groups: int, tolerance: float) -> int:
+    """The smallest parallelism whose busiest task holds at most ``1 + tolerance`` times
+    the key groups ``parallelism`` exact tasks would each hold (uniform ranges give the
+    busiest task ``ceil(groups / p)``)."""
+    if parallelism >= num_key_groups:
+        return num_key_groups
+    allowed = math.floor(num_key_groups / parallelism * (1 + tolerance) + 1e-9)
+    return max(1, math.ceil(num_key_groups / max(1, allowed)))
+
+
+class DS2(Controller):
+    """DS2 autoscaling (see the module doc). ``operators``: the vertices it may rescale
+    (default: all but sources); ``limits``: per operator ``(min, max)`` overriding
+    ``min_parallelism``/``max_parallelism``; ``protocol``: how its rescales run."""
+
+    default_name = "ds2"
+
+    def __init__(self, *, target_utilisation: float = 0.7,
+                 band: tuple[float, float] = (0.4, 1.0), catch_up_s: float = 30.0,
+                 restart_time_s: float = 0.0, stabilisation_s: float = 10.0,
+                 scale_down_delay_s: float = 30.0, min_parallelism: int = 1,
+                 max_parallelism: int | None = None,
+                 limits: Mapping[str, tuple[int, int]] | None = None,
+                 key_group_tolerance: float = 0.15, protocol: str = "drrs",
+                 operators: Sequence[str] | None = None, interval_s: float = 5.0,
+                 window_s: float = 10.0, min_window_s: float | None = None,
+                 name: str = "") -> None:
+        lo, hi = band
+        checks = [
+            ("target_utilisation", 0 < target_utilisation <= 1, "in (0, 1]"),
+            ("band", 0 <= lo <= target_utilisation <= hi, "(low, high) around the target"),
+            ("catch_up_s", catch_up_s > 0, "> 0"),
+            ("restart_time_s", restart_time_s >= 0, ">= 0"),
+            ("stabilisation_s", stabilisation_s >= 0, ">= 0"),
+            ("scale_down_delay_s", scale_down_delay_s >= 0, ">= 0"),
+            ("min_parallelism", min_parallelism >= 1, ">= 1"),
+            ("max_parallelism", max_parallelism is None or max_parallelism >= min_parallelism,
+             ">= min_parallelism or None"),
+            ("key_group_tolerance", key_group_tolerance >= 0, ">= 0"),
+            ("interval_s", interval_s > 0, "> 0"),
+            ("window_s", window_s > 0, "> 0"),
+        ]
+        for what, ok, expected in checks:
+            if not ok:
+                raise ControllerError(f"{type(self).__name__}: {what} must be {expected}; got "
+                                      f"{locals()[what]!r}")
+        self.target_utilisation = target_utilisation
+        self.band = (lo, hi)
+        self.catch_up_s = catch_up_s
+        self.restart_time_s = restart_time_s
+        self.stabilisation_s = stabilisation_s
+        self.scale_down_delay_s = scale_down_delay_s
+        self.min_parallelism = min_parallelism
+        self.max_parallelism = max_parallelism
+        self.limits = dict(limits or {})
+        self.key_group_tolerance = key_group_tolerance
+        self.protocol = protocol
+        self.operators = None if operators is None else tuple(operators)
+        self.interval_s = interval_s
+        self.window_s = window_s
+        self.min_window_s = window_s / 2 if min_window_s is None else min_window_s
+        self.name = name or self.default_name
+        # operator -> (first recommended at, highest parallelism recommended since)
+        self.pending_down: dict[str, tuple[float, int]] = {}
+
+    # ------------------------------------------------------------------ the computation
+    def bounds(self, op: OperatorView) -> tuple[int, int]:
+        lo, hi = self.limits.get(op.name, (self.min_parallelism, self.max_parallelism))
+        top = op.max_parallelism if hi is None else min(hi, op.max_parallelism)
+        return max(1, lo), max(1, top)
+
+    def disruption_s(self, op: OperatorView, target_rate: float, view: JobView,
+                     metrics: MetricsWindow) -> float:
+        """Seconds of input an action on ``op`` holds up, whose backlog the new capacity
+        must drain within ``catch_up_s``: Flink's fixed ``restart.time``."""
+        return self.restart_time_s
+
+    def _source_rates(self, r: OperatorRates | None) -> tuple[float, float]:
+        """(demand, catch-up) in records read per second at a source."""
+        if r is None:
+            return 0.0, 0.0
+        read = r.observed_input_rate
+        backlog, growth = r.source_backlog, r.backlog_growth
+        if backlog is None:
+            demand = read / max(_MIN_SOURCE_SHARE, 1.0 - r.backpressured_fraction)
+            return demand, 0.0
+        return max(0.0, read + (growth or 0.0)), backlog / self.catch_up_s
+
+    def estimate(self, metrics: MetricsWindow, view: JobView) -> dict[str, Estimate]:
+        """DS2's estimate for every vertex, in topological order (sources included, with
+        their own parallelism as ``optimal``)."""
+        out: dict[str, Estimate] = {}
+        edge_rate: dict[str, tuple[float, float]] = {}  # per output edge: (target, catch-up)
+        for name, op in view.operators.items():
+            r = metrics.operator(name)
+            ratio = 1.0 if r is None or r.output_ratio is None else r.output_ratio
+            per_edge = ratio / max(1, len(op.outputs))
+            if op.is_source:
+                demand, catch = self._source_rates(r)
+                edge_rate[name] = (demand * per_edge, catch * per_edge)
+                out[name] = Estimate(name, op.parallelism, demand, catch, None, None,
+                                     op.parallelism, "a source")
+                continue
+            target = sum(edge_rate.get(u, (0.0, 0.0))[0] for u in op.inputs)
+            catch = sum(edge_rate.get(u, (0.0, 0.0))[1] for u in op.inputs)
+            edge_rate[name] = (target * per_edge, catch * per_edge)
+            out[name] = self._estimate_one(op, r, target, catch, view, metrics)
+        return out
+
+    def _estimate_one(self, op: OperatorView, r: OperatorRates | None, target: float,
+                      catch: float, view: JobView, metrics: MetricsWindow) -> Estimate:
+        p = op.parallelism
+        lo, hi = self.bounds(op)
+        capacity = None if r is None else r.capacity
+        if capacity is None:
+            if target + catch <= 0:  # idle: nothing to process, nothing measured
+                best = self._align(op, lo, lo, hi)
+                return Estimate(op.name, p, target, catch, None, 0.0, best,
+                                "no input in the window")
+            return Estimate(op.name, p, target, catch, None, None, p,
+                            "not measured (input expected, none processed)")
+        load = (target + catch) / capacity
+        needed = (target / self.target_utilisation + catch
+                  + target * self.disruption_s(op, target, view, metrics) / self.catch_up_s)
+        exact = max(1, math.ceil(p * needed / capacity - 1e-9))
+        best = self._align(op, exact, lo, hi)
+        assert r is not None
+        tpr = r.true_processing_rate or 0.0
+        reason = (f"needs {needed:,.0f} rec/s of capacity for {target:,.0f} rec/s"
+                  f"{f' + {catch:,.0f} catch-up' if catch else ''}; has {capacity:,.0f} at "
+                  f"p={p} (true {tpr:,.0f}/s per task, busiest {r.max_utilisation:.0%} busy): "
+                  f"load {load:.2f}")
+        return Estimate(op.name, p, target, catch, capacity, load, best, reason)
+
+    def _align(self, op: OperatorView, parallelism: int, lo: int, hi: int) -> int:
+        p = max(lo, min(hi, parallelism))
+        if op.keyed and op.assignment:
+            p = even_split(p, len(op.assignment), self.key_group_tolerance)
+        return max(lo, min(hi, p))
+
+    # ------------------------------------------------------------------ the decision
+    def decide(self, metrics: MetricsWindow, view: JobView) -> list[Decision]:
+        wait = self._wait_reason(metrics, view)
+        if wait:
+            return [NoChange(wait)]
+        estimates = self.estimate(metrics, view)
+        ops = {o.name: o for o in rescalable(view, self.operators)}
+        mine = [estimates[n] for n in ops if estimates[n].measured]
+        lo, hi = self.band
+        # out of the band and able to move (one at its limit stays where it is)
+        outside = [e for e in mine if e.load is not None and not lo <= e.load <= hi
+                   and e.optimal != e.parallelism]
+        if not outside:
+            self.pending_down.clear()
+            loads = ", ".join(f"{e.operator} {e.load:.2f}" + (
+                "" if e.load is not None and lo <= e.load <= hi else " (at its limit)")
+                for e in mine)
+            return [NoChange(f"every operator within the utilisation band {lo}..{hi}"
+                             f"{': ' + loads if loads else ''}")]
+        decisions: list[Decision] = []
+        waiting: list[str] = []
+        for e in mine:
+            if e.optimal > e.parallelism:
+                self.pending_down.pop(e.operator, None)
+                decisions.append(Scale(e.operator, e.optimal, protocol=self.protocol,
+                                       reason=f"{self.name}: up {e.parallelism} -> {e.optimal}: "
+                                              f"{e.reason}"))
+            elif e.optimal < e.parallelism:
+                first, highest = self.pending_down.get(e.operator, (view.now, e.optimal))
+                highest = max(highest, e.optimal)
+                if view.now - first >= self.scale_down_delay_s:
+                    self.pending_down.pop(e.operator, None)
+                    decisions.append(Scale(
+                        e.operator, highest, protocol=self.protocol,
+                        reason=f"{self.name}: down {e.parallelism} -> {highest} (the highest "
+                               f"recommended over {view.now - first:.0f} s): {e.reason}"))
+                else:
+                    self.pending_down[e.operator] = (first, highest)
+                    waiting.append(f"{e.operator} {e.parallelism} -> {highest} in "
+                                   f"{self.scale_down_delay_s - (view.now - first):.0f} s")
+            else:
+                self.pending_down.pop(e.operator, None)
+        decisions = self.finish(decisions, estimates, metrics, view)
+        if not any(isinstance(d, Scale) for d in decisions):
+            why = "scale-down delayed: " + "; ".join(waiting)
+            decisions = [d for d in decisions if isinstance(d, NoChange)] or [NoChange(why)]
+        return decisions
+
+    def _wait_reason(self, metrics: MetricsWindow, view: JobView) -> str:
+        if view.finishing:
+            return "the input is ending: rescales are refused now"
+        if view.rescaling:
+            return f"a rescale is running ({', '.join(sorted(view.rescaling))})"
+        if view.last_rescale_end is not None:
+            since = view.now - view.last_rescale_end
+            if since < self.stabilisation_s:
+                return (f"stabilising: {since:.1f} of {self.stabilisation_s:g} s since the "
+                        "last rescale")
+        if metrics.seconds < self.min_window_s:
+            return (f"metrics window of {metrics.seconds:.1f} s is shorter than "
+                    f"{self.min_window_s:g} s")
+        return ""
+
+    def finish(self, decisions: list[Decision], estimates: Mapping[str, Estimate],
+               metrics: MetricsWindow, view: JobView) -> list[Decision]:
+        """What becomes of the recommended scale decisions (DS2 carries them all out)."""
+        return decisions
+
+
+__all__ = ["DS2", "Estimate", "even_split"]

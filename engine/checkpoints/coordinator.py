@@ -1,0 +1,308 @@
+"""The checkpoint coordinator as a sans-IO state machine: trigger, complete, fail, retain.
+
+Why apart from the JobMaster: when a checkpoint is complete, when it has failed, which
+checkpoints to keep and when failures fail the job are decisions, and decisions are tested
+by stepping them by hand. The JobMaster (``engine.runtime.checkpointing``) only executes
+the commands returned here (control calls, writing the metadata, deleting directories) and
+feeds back the tasks' reports; the unit harness executes the same commands on task cores.
+
+Protocol (Flink's aligned checkpoints): ``trigger`` sends ``TriggerCheckpoint`` to every
+task (sources start the barrier; a task with live inputs only learns the checkpoint exists,
+which blocks nothing; a task whose inputs all ended snapshots at once). Each task aligns,
+snapshots, writes its part and acknowledges (``CheckpointAck``); once every task of the
+deployment at the trigger acknowledged, the metadata is written (``WriteMetadata``), and
+once written (``on_written``) the checkpoint is complete: the tasks are told
+(``NotifyComplete``: sinks commit), older checkpoints beyond ``checkpoints_retained`` are
+discarded. A decline, a failed metadata write, a timeout (``check``) or an abort fails it:
+the tasks are told (``NotifyAborted``), its directory is discarded, and more than
+``tolerable_checkpoint_failures`` failed checkpoints in a row return ``FailJob``.
+
+Guarantees: at most one checkpoint is pending; ids grow (also across restarts and
+restores); only a complete checkpoint is ever ``latest`` (the one recovery uses); acks of
+another checkpoint or of a task not expected are ignored; savepoints are never discarded
+and their failures do not count towards the job's failure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.checkpoints.metadata import (
+    CheckpointKind,
+    CheckpointMetadata,
+    TaskState,
+    VertexState,
+)
+from engine.checkpoints.store import join
+from engine.clock import Clock
+from engine.config import JobConfig
+from engine.deployment import Deployment
+from engine.messages import CheckpointAck, CheckpointDeclined, CheckpointStats
+
+# ---------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True)
+class TriggerTasks:
+    """Send ``TriggerCheckpoint(checkpoint_id, location, stop)`` to each of ``tasks``."""
+
+    checkpoint_id: int
+    location: str
+    stop: bool
+    tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WriteMetadata:
+    """Write ``metadata`` (its ``_metadata`` file, last); report with ``on_written``."""
+
+    metadata: CheckpointMetadata
+
+
+@dataclass(frozen=True)
+class NotifyComplete:
+    """Send ``CheckpointComplete(checkpoint_id)`` to ``tasks`` (sinks commit)."""
+
+    checkpoint_id: int
+    tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NotifyAborted:
+    """Send ``CheckpointAborted(checkpoint_id)`` to ``tasks`` (stop aligning it)."""
+
+    checkpoint_id: int
+    tasks: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Discard:
+    """Delete these checkpoint directories."""
+
+    locations: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FailJob:
+    """Too many checkpoints failed in a row: fail the job with ``reason``."""
+
+    reason: str
+
+
+Command = TriggerTasks | WriteMetadata | NotifyComplete | NotifyAborted | Discard | FailJob
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How checkpoint ``checkpoint_id`` ended: ``metadata`` when complete, else ``reason``
+    (and the ``task`` that declined it, if one did)."""
+
+    checkpoint_id: int
+    kind: CheckpointKind
+    metadata: CheckpointMetadata | None = None
+    reason: str = ""
+    task: str = ""
+
+    @property
+    def completed(self) -> bool:
+        return self.metadata is not None
+
+
+@dataclass
+class _Pending:
+    checkpoint_id: int
+    kind: CheckpointKind
+    location: str
+    stop: bool
+    started: float  # monotonic
+    created_at: float  # wall clock
+    vertices: tuple[VertexState, ...]
+    expected: dict[str, tuple[str, int]]  # task -> (vertex, index)
+    acks: dict[str, CheckpointAck] = field(default_factory=dict)
+    writing: bool = False
+
+
+def vertices_of(dep: Deployment) -> tuple[VertexState, ...]:
+    """The deployment's vertices as a checkpoint records them."""
+    return tuple(VertexState(v.name, tuple(op.name for op in v.operators), v.parallelism,
+                             v.keyed, v.is_source, dep.assignments.get(v.name, ()),
+                             dep.partitions.get(v.name, ()))
+                 for v in dep.plan.vertices)
+
+
+class CheckpointCoordinator:
+    """One job's checkpoints (see the module doc). ``root``: the job's checkpoint directory
+    (``<checkpoint_dir>/<job id>``)."""
+
+    def __init__(self, job_id: str, job_name: str, num_key_groups: int, config: JobConfig,
+                 clock: Clock, root: str) -> None:
+        self.job_id, self.job_name = job_id, job_name
+        self.num_key_groups = num_key_groups
+        self.config = config
+        self.clock = clock
+        self.root = root
+        self.pending: _Pending | None = None
+        self.next_id = 1
+        self.retained: list[CheckpointMetadata] = []  # complete checkpoints, oldest first
+        self.latest: CheckpointMetadata | None = None  # the one recovery uses
+        self.consecutive_failures = 0
+        self.completed = 0
+        self.failed = 0
+        self.last_failure = ""
+        self.restored_from = ""
+        self.outcomes: list[Outcome] = []  # for whoever waits on a checkpoint
+        self._last_trigger: float | None = None
+
+    # -- when
+    def due(self) -> bool:
+        """A periodic checkpoint is due: checkpoints are on, none is pending, and the
+        interval passed since the last one was triggered (or since the first ask)."""
+        interval = self.config.checkpoint_interval_s
+        if interval is None or self.pending is not None:
+            return False
+        now = self.clock.monotonic()
+        if self._last_trigger is None:
+            self._last_trigger = now
+        return now - self._last_trigger >= interval
+
+    # -- trigger
+    def trigger(self, dep: Deployment, kind: CheckpointKind = CheckpointKind.CHECKPOINT,
+                location: str | None = None, stop: bool = False) -> list[Command]:
+        """Start checkpoint ``next_id`` of ``dep``'s tasks (written to ``location``; by
+        default ``<root>/chk-<id>``). ``stop``: a stop-with-savepoint."""
+        if self.pending is not None:
+            raise RuntimeError(f"checkpoint {self.pending.checkpoint_id} is still pending")
+        cid = self.next_id
+        self.next_id += 1
+        loc = location if location is not None else join(self.root, f"chk-{cid}")
+        self._last_trigger = self.clock.monotonic()
+        expected = {t: (v.name, i) for v in dep.plan.vertices
+                    for i, t in enumerate(dep.tasks[v.name])}
+        self.pending = _Pending(cid, CheckpointKind.parse(kind, "checkpoint kind"), loc, stop,
+                                self._last_trigger, self.clock.now(), vertices_of(dep),
+                                expected)
+        return [TriggerTasks(cid, loc, stop, tuple(expected))]
+
+    # -- what tasks say
+    def on_report(self, msg: Any) -> list[Command]:
+        """A task's ``CheckpointAck`` or ``CheckpointDeclined`` (anything else: nothing)."""
+        p = self.pending
+        if p is None or p.writing:
+            return []
+        if isinstance(msg, CheckpointAck):
+            if msg.checkpoint_id != p.checkpoint_id or msg.task not in p.expected:
+                return []
+            p.acks[msg.task] = msg
+            if len(p.acks) < len(p.expected):
+                return []
+            p.writing = True
+            return [WriteMetadata(self._metadata(p))]
+        if isinstance(msg, CheckpointDeclined) and msg.checkpoint_id == p.checkpoint_id:
+            return self._fail(f"task {msg.task} declined it: {msg.reason}", msg.task)
+        return []
+
+    def _metadata(self, p: _Pending) -> CheckpointMetadata:
+        order = {t: i for i, t in enumerate(p.expected)}  # the deployment's order
+        tasks = tuple(TaskState(a.task, *p.expected[a.task], a.file, a.groups, a.source_state,
+                                a.transactions, a.bytes, a.alignment_s, a.sync_s, a.async_s)
+                      for a in sorted(p.acks.values(), key=lambda a: order[a.task]))
+        return CheckpointMetadata(
+            p.checkpoint_id, p.kind, self.job_id, self.job_name, p.created_at,
+            self.num_key_groups, p.vertices, tasks,
+            self.clock.monotonic() - p.started, p.location)
+
+    def on_written(self, checkpoint_id: int, error: str | None = None) -> list[Command]:
+        """The metadata of ``checkpoint_id`` was written (``error`` None) or not."""
+        p = self.pending
+        if p is None or p.checkpoint_id != checkpoint_id:
+            return []
+        if error is not None:
+            p.writing = False
+            return self._fail(f"its metadata could not be written: {error}")
+        meta = self._metadata(p)
+        self.pending = None
+        self.latest = meta
+        self.completed += 1
+        self.outcomes.append(Outcome(meta.checkpoint_id, meta.kind, meta))
+        tasks = tuple(p.expected)
+        out: list[Command] = [NotifyComplete(checkpoint_id, tasks)]
+        if p.kind == CheckpointKind.CHECKPOINT:
+            self.consecutive_failures = 0
+            self.retained.append(meta)
+            old = self.retained[:-self.config.checkpoints_retained]
+            self.retained = self.retained[-self.config.checkpoints_retained:]
+            if old:
+                out.append(Discard(tuple(m.location for m in old)))
+        return out
+
+    # -- failures
+    def check(self) -> list[Command]:
+        """Fail the pending checkpoint when it ran longer than ``checkpoint_timeout_s``."""
+        p = self.pending
+        if p is None or p.writing:
+            return []
+        limit = self.config.checkpoint_timeout_s
+        if self.clock.monotonic() - p.started < limit:
+            return []
+        missing = sorted(t for t in p.expected if t not in p.acks)
+        return self._fail(f"it did not complete within checkpoint_timeout_s={limit:g} s; "
+                          f"no acknowledgement from {', '.join(missing[:5])}"
+                          f"{' and more' if len(missing) > 5 else ''}")
+
+    def abort(self, reason: str) -> list[Command]:
+        """Give up the pending checkpoint (the job restarts or stops): it fails without
+        counting towards ``tolerable_checkpoint_failures``; no task is told (they go)."""
+        p = self.pending
+        if p is None:
+            return []
+        self.pending = None
+        self.failed += 1
+        self.last_failure = f"checkpoint {p.checkpoint_id} aborted: {reason}"
+        self.outcomes.append(Outcome(p.checkpoint_id, p.kind, reason=reason))
+        return [Discard((p.location,))] if p.kind == CheckpointKind.CHECKPOINT else []
+
+    def _fail(self, reason: str, task: str = "") -> list[Command]:
+        p = self.pending
+        assert p is not None
+        self.pending = None
+        self.failed += 1
+        self.last_failure = f"{p.kind} {p.checkpoint_id} failed: {reason}"
+        self.outcomes.append(Outcome(p.checkpoint_id, p.kind, reason=reason, task=task))
+        out: list[Command] = [NotifyAborted(p.checkpoint_id, tuple(p.expected))]
+        if p.kind == CheckpointKind.CHECKPOINT:
+            out.append(Discard((p.location,)))
+            self.consecutive_failures += 1
+            limit = self.config.tolerable_checkpoint_failures
+            if self.consecutive_failures > limit:
+                out.append(FailJob(
+                    f"{self.consecutive_failures} checkpoints failed in a row (more than "
+                    f"tolerable_checkpoint_failures={limit}); the last: {self.last_failure}"))
+        return out
+
+    # -- restores
+    def restored(self, meta: CheckpointMetadata) -> None:
+        """The job now runs from ``meta``: it is the checkpoint a failure goes back to until
+        a newer one completes, and ids continue after it."""
+        self.latest = meta
+        self.next_id = max(self.next_id, meta.checkpoint_id + 1)
+        self.restored_from = meta.location
+
+    # -- what it says
+    def take_outcomes(self) -> list[Outcome]:
+        out, self.outcomes = self.outcomes, []
+        return out
+
+    def stats(self) -> CheckpointStats:
+        m = self.latest
+        if m is None:
+            return CheckpointStats(self.completed, self.failed, last_failure=self.last_failure,
+                                   restored_from=self.restored_from)
+        return CheckpointStats(
+            self.completed, self.failed, m.checkpoint_id, m.location, m.duration_s, m.bytes,
+            tuple((t.task, t.alignment_s) for t in m.tasks), self.last_failure,
+            self.restored_from)
+
+
+__all__ = ["CheckpointCoordinator", "Command", "Discard", "FailJob", "NotifyAborted",
+           "NotifyComplete", "Outcome", "TriggerTasks", "WriteMetadata", "vertices_of"]

@@ -1,0 +1,178 @@
+"""What a checkpoint or savepoint holds, as values, and its metadata file's format.
+
+Why a metadata file: a checkpoint is many files written by many tasks; it exists for
+recovery only once every part is written. The JobMaster writes ``_metadata`` last, so a
+directory without it (a task died halfway, the store failed) is never read as a checkpoint.
+
+Format of ``_metadata``: ``MAGIC`` (8 bytes), the format version (``!H``), the CRC-32 of
+the body (``!I``), then the body: the exact msgpack encoding (``engine.codec``) of
+``CheckpointMetadata.to_wire()``. A task's key groups are in one file of the checkpoint
+directory, concatenated, each located by ``(key_group, offset, length, crc32)``: a restore
+at another parallelism reads each group where it is, and checks it.
+
+Guarantees: ``decode`` returns a ``CheckpointMetadata`` or raises ``RestoreError`` saying
+whether the bytes are foreign (not a reflow checkpoint), of another format version, or
+corrupt (the checksum or the body does not hold).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from engine.codec import pack_exact, unpack_exact
+from engine.errors import CodecError, RestoreError
+from engine.names import NameEnum
+
+MAGIC = b"RFLWCHK\x00"
+FORMAT_VERSION = 2  # 2: a source vertex records its partition list; task states by partition
+METADATA_FILE = "_metadata"
+_HEADER = struct.Struct("!HI")
+
+
+class CheckpointKind(NameEnum):
+    """A periodic ``checkpoint`` (retained, discarded by reflow) or a ``savepoint`` (asked
+    for by the user, never discarded by reflow)."""
+
+    CHECKPOINT = "checkpoint"
+    SAVEPOINT = "savepoint"
+
+
+@dataclass(frozen=True)
+class VertexState:
+    """One vertex of the checkpointed job: its name (its first operator's), the operators
+    fused in it, its parallelism, whether it is keyed or a source, its assignment (key
+    group -> task index; keyed vertices only) and a source's partition list (fixed for the
+    job's life: a restore uses it, not a new one)."""
+
+    name: str
+    operators: tuple[str, ...]
+    parallelism: int
+    keyed: bool
+    source: bool
+    assignment: tuple[int, ...] = ()
+    partitions: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.parallelism < 1 or not self.operators:
+            raise ValueError(f"vertex {self.name!r}: parallelism >= 1 and operators needed")
+        if self.keyed and (not self.assignment or max(self.assignment) >= self.parallelism):
+            raise ValueError(f"keyed vertex {self.name!r} needs an assignment within its "
+                             f"{self.parallelism} tasks")
+
+
+@dataclass(frozen=True)
+class TaskState:
+    """One task's part: key groups in ``file`` (relative to the checkpoint's location; ''
+    when it holds none) as ``(key_group, offset, length, crc32)``, its source's resume
+    states ``{partition: state}`` (None: not a source task), its sinks' transactions
+    ``(writer, transaction)``, and what it cost."""
+
+    task: str
+    vertex: str
+    index: int
+    file: str = ""
+    groups: tuple[tuple[int, int, int, int], ...] = ()
+    source_state: Any = None
+    transactions: tuple[tuple[str, Any], ...] = ()
+    bytes: int = 0
+    alignment_s: float = 0.0
+    sync_s: float = 0.0
+    async_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class CheckpointMetadata:
+    """A complete checkpoint or savepoint. ``location``: where it was read from or written
+    to (not stored: a savepoint may be moved). ``duration_s``: trigger to complete."""
+
+    checkpoint_id: int
+    kind: CheckpointKind
+    job_id: str
+    job_name: str
+    created_at: float
+    num_key_groups: int
+    vertices: tuple[VertexState, ...]
+    tasks: tuple[TaskState, ...]
+    duration_s: float = 0.0
+    location: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CheckpointKind.parse(self.kind, "checkpoint kind"))
+        names = [v.name for v in self.vertices]
+        if len(set(names)) != len(names):
+            raise ValueError("a checkpoint's vertices have unique names")
+        known = set(names)
+        if any(t.vertex not in known for t in self.tasks):
+            raise ValueError("every task of a checkpoint belongs to one of its vertices")
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.tasks)
+
+    def vertex(self, name: str) -> VertexState | None:
+        return next((v for v in self.vertices if v.name == name), None)
+
+    def tasks_of(self, vertex: str) -> list[TaskState]:
+        """The tasks of ``vertex``, by index."""
+        return sorted((t for t in self.tasks if t.vertex == vertex), key=lambda t: t.index)
+
+    # -- the file
+    def to_wire(self) -> list[Any]:
+        return [self.checkpoint_id, str(self.kind), self.job_id, self.job_name, self.created_at,
+                self.num_key_groups,
+                [[v.name, list(v.operators), v.parallelism, v.keyed, v.source,
+                  list(v.assignment), list(v.partitions)] for v in self.vertices],
+                [[t.task, t.vertex, t.index, t.file, [list(g) for g in t.groups],
+                  t.source_state, [list(x) for x in t.transactions], t.bytes, t.alignment_s,
+                  t.sync_s, t.async_s] for t in self.tasks],
+                self.duration_s]
+
+    @classmethod
+    def from_wire(cls, body: list[Any], location: str) -> CheckpointMetadata:
+        cid, kind, job_id, job_name, created, nkg, vertices, tasks, duration = body
+        return cls(
+            cid, kind, job_id, job_name, created, nkg,
+            tuple(VertexState(n, tuple(ops), p, k, s, tuple(a), tuple(parts))
+                  for n, ops, p, k, s, a, parts in vertices),
+            tuple(TaskState(task, v, i, f, tuple(tuple(g) for g in groups), src,
+                            tuple((w, txn) for w, txn in txns), b, al, sy, asy)
+                  for task, v, i, f, groups, src, txns, b, al, sy, asy in tasks),
+            duration, location)
+
+    def encode(self) -> bytes:
+        body = pack_exact(self.to_wire())
+        return MAGIC + _HEADER.pack(FORMAT_VERSION, zlib.crc32(body)) + body
+
+    @classmethod
+    def decode(cls, data: bytes, location: str) -> CheckpointMetadata:
+        """The metadata in ``data`` (read from ``location``), or ``RestoreError``."""
+        if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _HEADER.size:
+            raise RestoreError(
+                f"{location} is not a reflow checkpoint or savepoint (its {METADATA_FILE} "
+                "does not start with reflow's marker); give the directory reflow wrote",
+                path=location, reason="foreign")
+        version, crc = _HEADER.unpack_from(data, len(MAGIC))
+        if version != FORMAT_VERSION:
+            raise RestoreError(
+                f"{location} was written in checkpoint format version {version}; this reflow "
+                f"reads version {FORMAT_VERSION}: restore it with the reflow that wrote it",
+                path=location, reason="version")
+        body = data[len(MAGIC) + _HEADER.size:]
+        if zlib.crc32(body) != crc:
+            raise RestoreError(
+                f"{location} is corrupt: the checksum of its {METADATA_FILE} does not match "
+                "(a truncated or altered file); restore an earlier checkpoint",
+                path=location, reason="corrupt")
+        try:
+            return cls.from_wire(unpack_exact(body), location)
+        except (CodecError, ValueError, TypeError) as exc:
+            raise RestoreError(f"{location} is corrupt: its {METADATA_FILE} does not hold a "
+                               f"checkpoint ({exc}); restore an earlier checkpoint",
+                               path=location, reason="corrupt") from exc
+
+
+__all__ = ["FORMAT_VERSION", "METADATA_FILE", "CheckpointKind", "CheckpointMetadata",
+           "TaskState", "VertexState"]

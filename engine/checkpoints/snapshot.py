@@ -1,0 +1,78 @@
+"""A task's part of a checkpoint, between its core and the store (the shell's I/O, pure of Ray).
+
+Why apart from the task core: the core (``engine.task``) takes the snapshot synchronously
+at the barrier (state is encoded while nothing else runs: that is the consistent cut) and
+hands it over as a ``TaskSnapshot``; writing it is I/O, which the task actor does in a
+thread while the task goes on processing (Flink's asynchronous part), and the unit harness
+does inline. Both call ``persist`` and send what it returns to the JobMaster; both turn a
+``RestoreState`` into the core's messages with ``restore_messages``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine.checkpoints.store import part_file_name, read_groups, write_task_part
+from engine.clock import Clock
+from engine.messages import (
+    CheckpointAck,
+    CheckpointDeclined,
+    CommitTransactions,
+    InstallKeyGroups,
+    RestoreState,
+)
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    """What a task took at checkpoint ``checkpoint_id``: its key groups (encoded), its
+    source's resume state, its sinks' transactions, and how long it aligned and took the
+    snapshot. ``declined``: why it could not take part ('' when it could)."""
+
+    task: str
+    vertex: str
+    index: int
+    checkpoint_id: int
+    location: str
+    groups: tuple[tuple[int, bytes], ...] = ()
+    source_state: Any = None
+    transactions: tuple[tuple[str, Any], ...] = ()
+    alignment_s: float = 0.0
+    sync_s: float = 0.0
+    declined: str = ""
+
+
+def persist(snap: TaskSnapshot, clock: Clock) -> CheckpointAck | CheckpointDeclined:
+    """Write the snapshot's key groups to the store and say so; a store that refuses
+    declines the checkpoint (naming the error), it never raises."""
+    if snap.declined:
+        return CheckpointDeclined(snap.task, snap.checkpoint_id, snap.declined)
+    start = clock.monotonic()
+    file, index = "", ()
+    if snap.groups:
+        file = part_file_name(snap.vertex, snap.index)
+        try:
+            index = write_task_part(snap.location, file, snap.groups)
+        except (OSError, ValueError) as exc:
+            return CheckpointDeclined(snap.task, snap.checkpoint_id,
+                                      f"its state could not be written to {snap.location}: "
+                                      f"{type(exc).__name__}: {exc}")
+    written = sum(length for _, _, length, _ in index)
+    return CheckpointAck(snap.task, snap.checkpoint_id, file, index, snap.source_state,
+                         snap.transactions, written, snap.alignment_s, snap.sync_s,
+                         clock.monotonic() - start)
+
+
+def restore_messages(msg: RestoreState) -> list[Any]:
+    """The core's messages for a ``RestoreState``: its key groups read from the store and
+    checked (``RestoreError`` when one is missing or corrupt), then its transactions."""
+    out: list[Any] = []
+    if msg.groups:
+        out.append(InstallKeyGroups(tuple(read_groups(msg.groups))))
+    if msg.transactions:
+        out.append(CommitTransactions(msg.transactions))
+    return out
+
+
+__all__ = ["TaskSnapshot", "persist", "restore_messages"]

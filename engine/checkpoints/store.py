@@ -1,0 +1,191 @@
+"""The checkpoint store: checkpoints and savepoints on any ``pyarrow.fs`` filesystem.
+
+Why pyarrow.fs: a local directory needs nothing running, and the same code writes to
+``s3://``, ``gs://`` or ``hdfs://`` on a cluster. Tasks write their own parts (a task's
+state never goes through the JobMaster); the JobMaster writes the metadata.
+
+Layout of a checkpoint directory (``<checkpoint_dir>/<job id>/chk-<n>``, or a savepoint's
+directory)::
+
+    <name>-<crc of the vertex name>-<task index>.state   one task's key groups, concatenated
+    _metadata                                            written last (engine.checkpoints.metadata)
+
+Guarantees: ``_metadata`` is written to a temporary name and moved into place, so it is
+either absent or whole; a directory without it is not a checkpoint (``latest`` skips it,
+``read_metadata`` refuses it); a key group read back is checked against its CRC-32. Errors
+of the filesystem are raised as ``OSError`` from writes (the caller fails the checkpoint)
+and as ``RestoreError`` from reads, naming the path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import zlib
+from collections.abc import Iterable, Sequence
+
+from engine.checkpoints.metadata import METADATA_FILE, CheckpointMetadata
+from engine.errors import RestoreError
+
+_CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
+
+
+def default_root() -> str:
+    """Where checkpoints go when ``JobConfig.checkpoint_dir`` is None (one machine only)."""
+    return os.path.join(tempfile.gettempdir(), "reflow-checkpoints")
+
+
+def join(location: str, *names: str) -> str:
+    """``location`` (a path or URI) with ``names`` below it."""
+    return "/".join([location.rstrip("/"), *names])
+
+
+def _fs(uri: str):  # -> tuple[pyarrow.fs.FileSystem, str]
+    import pyarrow.fs as pafs
+
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    return pafs.FileSystem.from_uri(uri)
+
+
+def part_file_name(vertex: str, index: int) -> str:
+    """A task's part file: readable, and unique per vertex whatever its name holds."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", vertex)[:40] or "v"
+    return f"{slug}-{zlib.crc32(vertex.encode()):08x}-{index}.state"
+
+
+def write_task_part(location: str, file: str,
+                    groups: Sequence[tuple[int, bytes]]) -> tuple[tuple[int, int, int, int], ...]:
+    """Write one task's key groups into ``location``/``file``; returns each group's
+    ``(key_group, offset, length, crc32)``. Raises ``OSError`` when the store refuses."""
+    fs, path = _fs(join(location, file))
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    index = []
+    offset = 0
+    with fs.open_output_stream(path) as out:
+        for kg, data in groups:
+            out.write(data)
+            index.append((kg, offset, len(data), zlib.crc32(data)))
+            offset += len(data)
+    return tuple(index)
+
+
+def write_metadata(meta: CheckpointMetadata) -> None:
+    """Write ``_metadata`` into ``meta.location``, last and whole: the checkpoint becomes
+    visible at once. Raises ``OSError`` when the store refuses."""
+    fs, path = _fs(meta.location)
+    fs.create_dir(path, recursive=True)
+    final = f"{path}/{METADATA_FILE}"
+    tmp = f"{path}/.{METADATA_FILE}.inprogress"
+    with fs.open_output_stream(tmp) as out:
+        out.write(meta.encode())
+    fs.move(tmp, final)
+
+
+def _read(uri: str) -> bytes:
+    fs, path = _fs(uri)
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def _has_metadata(location: str) -> bool:
+    """Whether ``location`` holds ``_metadata`` (``RestoreError`` when it cannot be read)."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = _fs(location)
+        info = fs.get_file_info(f"{path}/{METADATA_FILE}")
+    except (OSError, ValueError) as exc:
+        raise RestoreError(f"cannot read {location}: {exc}", path=location,
+                           reason="unreadable") from exc
+    return bool(info.type == pafs.FileType.File)
+
+
+def read_metadata(location: str) -> CheckpointMetadata:
+    """The checkpoint or savepoint at ``location``; ``RestoreError`` when there is none
+    (no such directory, or no ``_metadata``: it never completed), or it is foreign or
+    corrupt."""
+    if not _has_metadata(location):
+        raise RestoreError(
+            f"{location} holds no complete checkpoint or savepoint (no {METADATA_FILE}: it "
+            "never completed, or it is not a checkpoint directory); give a checkpoint "
+            "directory (chk-<n>), a savepoint, or the job's checkpoint directory",
+            path=location, reason="incomplete")
+    try:
+        data = _read(f"{location.rstrip('/')}/{METADATA_FILE}")
+    except OSError as exc:
+        raise RestoreError(f"cannot read {location}: {exc}", path=location,
+                           reason="unreadable") from exc
+    return CheckpointMetadata.decode(data, location.rstrip("/"))
+
+
+def complete_checkpoints(job_dir: str) -> list[str]:
+    """The complete checkpoints (``chk-<n>`` with ``_metadata``) in a job's checkpoint
+    directory, oldest first; [] when there is none (or no such directory)."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, path = _fs(job_dir)
+        infos = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except (OSError, ValueError):
+        return []
+    found = []
+    for info in infos:
+        m = _CHECKPOINT_DIR.match(info.base_name)
+        if m is None or info.type != pafs.FileType.Directory:
+            continue
+        meta = fs.get_file_info(f"{info.path}/{METADATA_FILE}")
+        if meta.type == pafs.FileType.File:
+            found.append((int(m.group(1)), join(job_dir, info.base_name)))
+    return [loc for _, loc in sorted(found)]
+
+
+def resolve(location: str) -> str:
+    """The checkpoint to restore for ``location``: itself when it holds ``_metadata``,
+    else the latest complete ``chk-<n>`` inside it (a job's checkpoint directory).
+    ``RestoreError`` when there is neither."""
+    if _has_metadata(location):
+        return location.rstrip("/")
+    found = complete_checkpoints(location)
+    if not found:
+        read_metadata(location)  # raises, saying why
+    return found[-1]
+
+
+def read_groups(refs: Iterable[tuple[int, str, int, int, int]]) -> list[tuple[int, bytes]]:
+    """Key groups ``(key_group, file URI, offset, length, crc32)`` read back and checked;
+    ``RestoreError`` naming the file when one is missing, short or corrupt."""
+    by_file: dict[str, list[tuple[int, int, int, int]]] = {}
+    for kg, uri, offset, length, crc in refs:
+        by_file.setdefault(uri, []).append((kg, offset, length, crc))
+    out = []
+    for uri, wanted in by_file.items():
+        try:
+            fs, path = _fs(uri)
+            with fs.open_input_file(path) as f:
+                for kg, offset, length, crc in sorted(wanted, key=lambda w: w[1]):
+                    data = f.read_at(length, offset)
+                    if len(data) != length or zlib.crc32(data) != crc:
+                        raise RestoreError(
+                            f"{uri} is corrupt: key group {kg} does not match its checksum "
+                            "(a truncated or altered file); restore an earlier checkpoint",
+                            path=uri, reason="corrupt")
+                    out.append((kg, data))
+        except OSError as exc:
+            raise RestoreError(f"cannot read {uri}: {exc}; restore an earlier checkpoint",
+                               path=uri, reason="unreadable") from exc
+    return out
+
+
+def discard(location: str) -> None:
+    """Delete a checkpoint directory (retention, or a failed checkpoint's parts); a
+    directory already gone is not an error."""
+    fs, path = _fs(location)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_dir(path)
+
+
+__all__ = ["complete_checkpoints", "default_root", "discard", "join", "part_file_name",
+           "read_groups", "read_metadata", "resolve", "write_metadata", "write_task_part"]

@@ -1,0 +1,320 @@
+"""The JobMaster's controller runner: calls each controller every ``interval_s`` and
+carries out its decisions through the same validated paths as the ``JobHandle`` calls.
+
+Why in the JobMaster: decisions act on the job (a rescale, a change of logic, a
+placement), and the JobMaster is where those run and where the metrics arrive; a controller
+is user code (``controllers.base.Controller``), shipped here with the call that added it,
+like an operator's function. The policy is the controller's (sans-IO: metrics and view
+in, decisions out); this module only feeds it and executes what it returns.
+
+What it keeps: a bounded history of the tasks' metrics snapshots (one per metrics poll,
+``engine.rates.MetricsHistory``) from which each controller gets its window; the measured
+cost of every finished rescale, whoever asked for it (``RescaleRecord``, measured
+``settle`` seconds after the rescale ended, from the same history); and the decisions
+(``DecisionLog``: the latest 1000, folded, counted for Prometheus).
+
+Guarantees: a controller that raises, or returns something that is no decision, is
+recorded as an error and skipped; a decision the job refuses is recorded as refused and
+the job runs on unchanged; a controller's decisions for different operators run at once,
+those for one operator one after another, and a decision for an operator that is already
+rescaling is refused (a controller never supersedes a rescale someone asked for). Nothing
+here fails the job; only a decision that fails after changing it does (as the same call
+from the handle would). The runner stops with the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import ControllerError, JobFailedError, ReflowError, RescaleRefused
+from engine.messages import GroupStatsRequest
+from engine.names import JobState
+from engine.rates import MetricsHistory, MetricsWindow
+from engine.reconfiguration import (
+    DECISION_TYPES,
+    ChangeLogic,
+    DecisionLog,
+    DecisionOutcome,
+    DecisionRecord,
+    JobView,
+    NoChange,
+    OperatorView,
+    Place,
+    Rebalance,
+    RescaleRecord,
+    Scale,
+    as_decisions,
+    check_controller,
+    measure_rescale,
+    record_of,
+)
+
+if TYPE_CHECKING:
+    from engine.runtime.job_master import JobMaster
+
+log = logging.getLogger("reflow.controllers")
+
+HISTORY_MIN_S = 120.0   # metrics snapshots kept at least this long
+RESCALE_RECORDS = 100   # measured rescales kept for the controllers' views
+SETTLE_POLLS = 3        # metrics polls after a rescale before its cost is measured
+
+
+@dataclass
+class _Entry:
+    name: str
+    controller: Any
+    next_at: float
+
+
+@dataclass
+class _Finished:
+    report: Any
+    started: float
+    ended: float
+    by: str
+
+
+class ControllerRunner:
+    """Runs one job's controllers inside its JobMaster (see the module doc)."""
+
+    def __init__(self, master: JobMaster) -> None:
+        self.m = master
+        poll = master.config.metrics_poll_interval_s
+        self.settle_s = SETTLE_POLLS * poll
+        self.history = MetricsHistory(HISTORY_MIN_S)
+        self.records: deque[RescaleRecord] = deque(maxlen=RESCALE_RECORDS)
+        self.decision_log = DecisionLog()
+        self.last_rescale_end: float | None = None
+        self._entries: dict[str, _Entry] = {}
+        self._finished: list[_Finished] = []
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        master.collector.decisions = self.decision_log.counts
+
+    # ------------------------------------------------------------------ controllers
+    def add(self, controller: Any) -> str:
+        """Run ``controller`` from now on (its first call after ``interval_s``); returns its
+        name. ``ControllerError`` when it is no controller or its name is taken."""
+        name = check_controller(controller, tuple(self._entries))
+        now = self.m.clock.monotonic()
+        self._entries[name] = _Entry(name, controller, now + float(controller.interval_s))
+        keep = max(HISTORY_MIN_S, 3 * max(float(e.controller.window_s)
+                                          for e in self._entries.values()))
+        self.history.keep_s = max(self.history.keep_s, keep)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+        return name
+
+    def remove(self, name: str) -> None:
+        if self._entries.pop(name, None) is None:
+            raise ControllerError(f"no controller named {name!r} runs on this job; running: "
+                                  f"{', '.join(self._entries) or 'none'}")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def decisions(self, controller: str | None = None) -> tuple[DecisionRecord, ...]:
+        return self.decision_log.records(controller)
+
+    # ------------------------------------------------------------------ observations
+    def observe(self) -> None:
+        """After each metrics poll: keep the snapshot; measure rescales that settled."""
+        now = self.m.clock.monotonic()
+        self.history.add(now, self.m.collector.tasks)
+        done = [f for f in self._finished if now >= f.ended + self.settle_s]
+        for f in done:
+            self._finished.remove(f)
+            r = f.report
+            self.records.append(measure_rescale(
+                self.history, operator=r.operator, protocol=r.protocol,
+                old_parallelism=r.old_parallelism, new_parallelism=r.new_parallelism,
+                requested_at=f.started, completed_at=f.ended,
+                key_groups_moved=r.key_groups_moved, bytes_moved=r.bytes_moved,
+                cut_short=r.cut_short, by=f.by))
+
+    def rescale_finished(self, report: Any, started: float, ended: float, by: str) -> None:
+        """A rescale ended (``report``: its ``RescaleReport``); measure it once settled."""
+        self.last_rescale_end = ended
+        self._finished.append(_Finished(report, started, ended, by))
+
+    # ------------------------------------------------------------------ the loop
+    async def _loop(self) -> None:
+        m = self.m
+        while m.state.active:
+            if not self._entries:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            now = m.clock.monotonic()
+            due = [e for e in self._entries.values() if e.next_at <= now]
+            if not due:
+                wait = min(e.next_at for e in self._entries.values()) - now
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+                continue
+            for e in due:
+                if e.name not in self._entries or not m.state.active:
+                    continue
+                e.next_at = m.clock.monotonic() + float(e.controller.interval_s)
+                try:
+                    await self._tick(e)
+                except Exception as exc:  # never let a controller's tick end the runner
+                    self._record(e.name, None, DecisionOutcome.ERROR,
+                                 f"the runner failed: {type(exc).__name__}: {exc}")
+
+    async def _tick(self, e: _Entry) -> None:
+        m = self.m
+        if m.state != JobState.RUNNING:
+            return
+        order = [v.name for v in m.dep.plan.vertices]
+        since = self.last_rescale_end if self.last_rescale_end is not None else -math.inf
+        window = self.history.window(float(e.controller.window_s), since, order)
+        if window is None:
+            return  # fewer than two snapshots since the last rescale: nothing to decide on
+        view = await self.view(bool(getattr(e.controller, "group_stats", False)))
+        try:
+            returned = e.controller.decide(window, view)
+        except Exception as exc:
+            self._record(e.name, None, DecisionOutcome.ERROR,
+                         f"decide raised {type(exc).__name__}: {exc}")
+            return
+        per_op: dict[str, list[Any]] = {}
+        for d in as_decisions(returned):
+            if not isinstance(d, DECISION_TYPES):
+                self._record(e.name, d, DecisionOutcome.ERROR,
+                             "not a decision: return Scale, Rebalance, ChangeLogic, Place or "
+                             "NoChange values")
+            elif isinstance(d, NoChange):
+                self._record(e.name, d, DecisionOutcome.NO_CHANGE)
+            else:
+                per_op.setdefault(d.operator, []).append(d)
+        await asyncio.gather(*(self._run_all(e.name, ds) for ds in per_op.values()))
+
+    async def _run_all(self, controller: str, decisions: Sequence[Any]) -> None:
+        for d in decisions:
+            await self.execute(controller, d)
+
+    async def execute(self, controller: str, d: Any) -> DecisionRecord:
+        """Carry out one decision and record what became of it."""
+        m = self.m
+        t0 = m.clock.monotonic()
+        try:
+            detail = await self._carry_out(controller, d)
+        except RescaleRefused as exc:
+            return self._record(controller, d, DecisionOutcome.REFUSED, str(exc),
+                                m.clock.monotonic() - t0)
+        except JobFailedError as exc:
+            return self._record(controller, d, DecisionOutcome.FAILED, str(exc),
+                                m.clock.monotonic() - t0)
+        except ReflowError as exc:
+            return self._record(controller, d, DecisionOutcome.REFUSED,
+                                f"{type(exc).__name__}: {exc}", m.clock.monotonic() - t0)
+        except Exception as exc:
+            outcome = (DecisionOutcome.FAILED if m.state == JobState.FAILED
+                       else DecisionOutcome.REFUSED)
+            return self._record(controller, d, outcome, f"{type(exc).__name__}: {exc}",
+                                m.clock.monotonic() - t0)
+        return self._record(controller, d, DecisionOutcome.EXECUTED, detail,
+                            m.clock.monotonic() - t0)
+
+    async def _carry_out(self, controller: str, d: Any) -> str:
+        m = self.m
+        if d.operator in m.rescaler.running_operators:
+            raise RescaleRefused(f"a rescale of {d.operator!r} is running; a controller does "
+                                 "not supersede it (decide again once it ended)")
+        by = f"controller {controller}"
+        if isinstance(d, Scale):
+            if d.assignment is None and d.operator in m.dep.tasks and \
+                    len(m.dep.tasks[d.operator]) == d.parallelism:
+                raise RescaleRefused(f"{d.operator!r} already runs {d.parallelism} tasks")
+            report = await m.rescaler.rescale(d.operator, d.parallelism, d.protocol,
+                                              d.assignment, d.planning, by=by)
+            return str(report)
+        if isinstance(d, Rebalance):
+            report = await m.rescaler.rescale(d.operator, d.parallelism, d.protocol,
+                                              d.assignment, d.planning, by=by)
+            return str(report)
+        if isinstance(d, Place):
+            report = await m.rescaler.place(d.operator, d.task_index, d.node, "drrs", by=by)
+            return str(report)
+        if isinstance(d, ChangeLogic):
+            return str(await m.logic.change(d.operator, d.fn))
+        raise ControllerError(f"unknown decision {d!r}")
+
+    def _record(self, controller: str, d: Any, outcome: DecisionOutcome, detail: str = "",
+                seconds: float = 0.0) -> DecisionRecord:
+        rec = self.decision_log.add(record_of(self.m.clock.now(), controller, d, outcome,
+                                              detail, seconds))
+        level = {DecisionOutcome.NO_CHANGE: logging.DEBUG, DecisionOutcome.EXECUTED: logging.INFO
+                 }.get(outcome, logging.WARNING)
+        log.log(level, "job %s: %s", self.m.job_id, rec)
+        return rec
+
+    # ------------------------------------------------------------------ the view
+    async def view(self, group_stats: bool = False) -> JobView:
+        """The job as a controller sees it now (per key group load and size when asked:
+        one ``GroupStatsRequest`` per keyed task, within ``Deadlines.task_poll_s``)."""
+        m = self.m
+        dep, plan = m.dep, m.dep.plan
+        nkg = plan.num_key_groups
+        ops: dict[str, OperatorView] = {}
+        for v in plan.vertices:  # asks each task's node once, later calls read the cache
+            await m.placement(v.name)
+        dep, plan = m.dep, m.dep.plan
+        for v in plan.vertices:
+            tasks = dep.tasks[v.name]
+            ops[v.name] = OperatorView(
+                v.name, tuple(o.name for o in v.operators), v.head.kind, v.keyed,
+                len(tasks), nkg, tuple(e.src for e in plan.inputs_of(v.name)),
+                tuple(e.dst for e in plan.outputs_of(v.name)), tuple(tasks),
+                tuple(dep.assignments.get(v.name, ())),
+                tuple(m.nodes.get(t, "") for t in tasks))
+        loads: dict[str, tuple[float, ...]] = {}
+        sizes: dict[str, tuple[int, ...]] = {}
+        if group_stats:
+            loads, sizes = await self._group_stats([v.name for v in plan.vertices if v.keyed])
+        return JobView(m.job_id, m.clock.monotonic(), nkg, ops,
+                       frozenset(m.rescaler.running_operators), bool(m.finished),
+                       self.last_rescale_end, tuple(self.records), loads, sizes,
+                       tuple(m.alive_nodes()))
+
+    async def _group_stats(self, vertices: list[str]
+                           ) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[int, ...]]]:
+        m = self.m
+        nkg = m.dep.plan.num_key_groups
+        calls = {(v, t): asyncio.ensure_future(m.call(t, GroupStatsRequest()))
+                 for v in vertices for t in m.dep.tasks[v] if t in m.handles}
+        if not calls:
+            return {}, {}
+        await asyncio.wait(calls.values(), timeout=m.deadlines.task_poll_s)
+        loads: dict[str, list[float]] = {v: [0.0] * nkg for v in vertices}
+        sizes: dict[str, list[int]] = {v: [0] * nkg for v in vertices}
+        complete = set(vertices)
+        for (v, _), f in calls.items():
+            if not f.done() or f.cancelled() or f.exception() is not None:
+                f.cancel()
+                complete.discard(v)
+                continue
+            reply = f.result()
+            for kg, records, size in reply.groups:
+                loads[v][kg] = records / reply.seconds if reply.seconds > 0 else 0.0
+                sizes[v][kg] = size
+        return ({v: tuple(loads[v]) for v in complete}, {v: tuple(sizes[v]) for v in complete})
+
+    # ------------------------------------------------------------------ the driver's view
+    def window(self, seconds: float) -> MetricsWindow | None:
+        order = [v.name for v in self.m.dep.plan.vertices]
+        return self.history.window(seconds, order=order)
+
+
+__all__ = ["ControllerRunner"]

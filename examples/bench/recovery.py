@@ -1,0 +1,251 @@
+"""Checkpoints and recovery: the cost of checkpoints in steady state, how long a checkpoint
+takes by state size, and how long a job takes from a killed task to output flowing again.
+
+    python examples/bench/recovery.py           # 3 x 1.5M records, 20 and 200 MB of state
+    python examples/bench/recovery.py --quick   # smoke run: 200k records, 2 and 20 MB
+
+Job: the benchmarks' keyed count (``harness.jobs.keyed_count_job``): GeneratorSource (one
+task, uniform keys) -> key_by -> PaddedCount (``--parallelism`` tasks; per key a count and
+``state_bytes`` of padding) -> a null sink chained into the count tasks.
+
+1. Overhead: the job at full speed over ``--records`` records (no padding), checkpoints off,
+   every 10 s and every 1 s, run in turn ``--repeats`` times. Throughput = records / (run()
+   returned -> the first status poll that sees the job finished); the median run per
+   setting is reported, and overhead = 1 - throughput(setting) / throughput(off). The
+   target is <= 5 % at 10 s.
+2. Duration by state size: for each ``--state-mb``, keys x padding of that size; once the
+   source emitted every key (``--keys`` records, at full speed, then it holds), a savepoint
+   is taken (``handle.savepoint``); reported: trigger-to-complete duration, bytes, the
+   slowest task's synchronous snapshot and its asynchronous write.
+3. Recovery: the largest state again, an open-loop source at ``--rate`` records/s and
+   checkpoints every ``--interval`` s; once a checkpoint holding the whole state completed,
+   one count task actor is killed. Reported: kill -> the job restarting (failure noticed),
+   -> running again (tasks restored), -> the first records processed by the new count tasks
+   (output flowing again). Compare with the 15-19 s a Flink stop-with-savepoint + restart
+   took on this machine kind.
+
+Writes ``examples/bench/out/recovery/results.json`` and ``recovery.png``; quotes the load
+average, since the machine is shared (ratios within one run only).
+"""
+
+# ruff: noqa: E402  (the repository root goes on sys.path before reflow's imports)
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+from engine import JobConfig
+from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
+from examples.bench.harness import analysis as an
+
+DEFAULTS = {"records": (1_500_000, 200_000), "repeats": (3, 1), "keys": (20_000, 5_000),
+            "rate": (20_000.0, 5_000.0), "interval": (10.0, 2.0)}
+STATE_MB = ([20, 200], [2, 20])
+POLL_S = 0.05
+
+
+def parse_args(argv: list[str] | None) -> Any:
+    ap = cli.parser(__doc__, "recovery")
+    ap.add_argument("--records", type=int, help="records of each overhead run")
+    ap.add_argument("--repeats", type=int, help="runs per checkpoint setting")
+    ap.add_argument("--keys", type=int, help="keys holding the state (sizes 2 and 3)")
+    ap.add_argument("--state-mb", type=int, nargs="+", help="state sizes of part 2, MB")
+    ap.add_argument("--rate", type=float, help="records/s of the recovery run")
+    ap.add_argument("--interval", type=float, help="checkpoint interval of the recovery run")
+    ap.add_argument("--parallelism", type=int, default=2, help="count tasks (2)")
+    args = ap.parse_args(argv)
+    cli.fill_defaults(args, DEFAULTS)
+    if args.state_mb is None:
+        args.state_mb = STATE_MB[1 if args.quick else 0]
+    args.out = cli.out_dir(args, "recovery")
+    return args
+
+
+def config(root: str, interval: float | None) -> JobConfig:
+    return JobConfig(metrics_port=None, checkpoint_interval_s=interval, checkpoint_dir=root,
+                     checkpoint_timeout_s=600.0, restart_delay_s=0.0)
+
+
+def _until(cond: Any, what: str, timeout: float = 900.0) -> float:
+    """Poll ``cond`` every ``POLL_S``; the monotonic time it first held."""
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise BenchRunError(f"timed out waiting for {what}")
+        time.sleep(POLL_S)
+    return time.monotonic()
+
+
+def overhead(args: Any, root: str) -> dict[str, Any]:
+    """Part 1: throughput with checkpoints off, every 10 s, every 1 s."""
+    settings = [("off", None), ("10 s", 10.0), ("1 s", 1.0)]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
+    for rep in range(args.repeats):
+        for name, interval in settings:
+            source = jobs.generator(rate=None, keys=args.keys, zipf=None,
+                                    num_records=args.records)
+            job = jobs.keyed_count_job("ckpt-overhead", source, jobs.NullSink(),
+                                       parallelism=args.parallelism, key_groups=128,
+                                       config=config(root, interval))
+            handle = job.run()
+            t0 = time.monotonic()
+            try:
+                t1 = _until(lambda h=handle: h.status().state != "running", "the job's end")
+                st = handle.status()
+            finally:
+                handle.stop()
+            if st.state != "finished":
+                raise BenchRunError(f"overhead run {name} ended {st.state}: {st.error}")
+            thr = args.records / (t1 - t0)
+            runs[name].append({"throughput": thr, "seconds": t1 - t0,
+                               "checkpoints": st.checkpoints.completed})
+            print(f"  overhead rep {rep + 1} {name:>4}: {thr:,.0f} records/s "
+                  f"({st.checkpoints.completed} checkpoints)")
+    med = {n: an.median(r["throughput"] for r in rs) for n, rs in runs.items()}
+    return {"runs": runs, "median_throughput": med,
+            "overhead": {n: 1 - med[n] / med["off"] for n in med if n != "off"}}
+
+
+def duration_by_size(args: Any, root: str) -> list[dict[str, Any]]:
+    """Part 2: a savepoint of each state size."""
+    out = []
+    for mb in args.state_mb:
+        state_bytes = max(1, mb * 1_000_000 // args.keys)
+        source = jobs.generator(rate=None, keys=args.keys, zipf=None,
+                                state_bytes=state_bytes, num_records=args.keys * 3)
+        job = jobs.keyed_count_job("ckpt-size", source, jobs.NullSink(),
+                                   parallelism=args.parallelism, key_groups=128,
+                                   config=config(root, None))
+        handle = job.run()
+        try:
+            _until(lambda h=handle: sum(t.records_in for t in h.metrics().operator("agg"))
+                   >= args.keys, "every key's state")
+            path = handle.savepoint(os.path.join(root, f"size-{mb}mb"))
+            cp = handle.status().checkpoints
+        finally:
+            handle.stop()
+        row = {"state_mb": mb, "bytes": cp.last_bytes, "duration_s": cp.last_duration_s,
+               "path": path}
+        out.append(row)
+        print(f"  state {mb} MB: savepoint of {cp.last_bytes / 1e6:,.1f} MB in "
+              f"{cp.last_duration_s:.2f} s")
+    return out
+
+
+def recovery_time(args: Any, root: str) -> dict[str, Any]:
+    """Part 3: kill a count task with the largest state; time to output flowing again."""
+    import ray
+
+    mb = max(args.state_mb)
+    state_bytes = max(1, mb * 1_000_000 // args.keys)
+    source = jobs.generator(rate=args.rate, keys=args.keys, zipf=None,
+                            state_bytes=state_bytes)
+    job = jobs.keyed_count_job("ckpt-recovery", source, jobs.NullSink(),
+                               parallelism=args.parallelism, key_groups=128,
+                               config=config(root, args.interval))
+    handle = job.run()
+    try:
+        # a checkpoint taken after every key was seen holds the whole state
+        _until(lambda: sum(t.records_in for t in handle.metrics().operator("agg"))
+               >= args.keys * 2, "every key's state")
+        done = handle.status().checkpoints.completed
+        _until(lambda: handle.status().checkpoints.completed > done, "a full checkpoint")
+        cp = handle.status().checkpoints
+        victim = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                      if isinstance(n, dict) and n["name"].startswith(f"{handle.job_id}/agg/"))
+        t_kill = time.monotonic()
+        ray.kill(ray.get_actor(victim, namespace="reflow"))
+        t_noticed = _until(lambda: handle.status().restarts >= 1
+                           or handle.status().state == "restarting", "the failure noticed")
+        t_running = _until(lambda: handle.status().state == "running"
+                           and handle.status().restarts >= 1, "the restart")
+        t_flowing = _until(lambda: sum(t.records_in for t in handle.metrics().operator("agg"))
+                           > 0 and handle.status().restarts >= 1, "output flowing again")
+        st = handle.status()
+    finally:
+        handle.stop()
+    res = {"state_mb": mb, "checkpoint_bytes": cp.last_bytes, "interval_s": args.interval,
+           "rate": args.rate, "to_noticed_s": t_noticed - t_kill,
+           "to_running_s": t_running - t_kill, "to_output_s": t_flowing - t_kill,
+           "restarts": st.restarts, "last_failure": st.last_failure}
+    print(f"  recovery with {cp.last_bytes / 1e6:,.1f} MB: noticed after "
+          f"{res['to_noticed_s']:.2f} s, running after {res['to_running_s']:.2f} s, output "
+          f"flowing after {res['to_output_s']:.2f} s")
+    return res
+
+
+def plot(results: dict[str, Any], path: str) -> None:
+    plt = render.pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    med = results["overhead"]["median_throughput"]
+    axes[0].bar(list(med), [med[k] for k in med], color=["#888", "#4a8", "#c84"])
+    axes[0].set_title("throughput by checkpoint interval")
+    axes[0].set_ylabel("records/s")
+    sizes = results["duration_by_size"]
+    axes[1].plot([r["bytes"] / 1e6 for r in sizes], [r["duration_s"] for r in sizes], "o-")
+    axes[1].set_title("savepoint duration by state size")
+    axes[1].set_xlabel("MB")
+    axes[1].set_ylabel("s")
+    rec = results["recovery"]
+    labels = ["noticed", "running", "output"]
+    axes[2].barh(labels, [rec["to_noticed_s"], rec["to_running_s"], rec["to_output_s"]])
+    axes[2].axvspan(15, 19, color="#ddd", label="Flink stop-with-savepoint + restart")
+    axes[2].set_title(f"from a killed task ({rec['checkpoint_bytes'] / 1e6:,.0f} MB)")
+    axes[2].set_xlabel("s after the kill")
+    axes[2].legend(fontsize=7)
+    fig.suptitle(render.load_title(results), fontsize=8)
+    fig.tight_layout()
+    render.save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = provenance.begin(__file__, argv)
+    results["machine"]["ray"] = run.ray_version()
+    results["config"] = {k: getattr(args, k) for k in
+                         ("records", "repeats", "keys", "state_mb", "rate", "interval",
+                          "parallelism", "quick")}
+    root = tempfile.mkdtemp(prefix="reflow-bench-recovery-")
+    run.init_ray()
+    try:
+        print("1. overhead of checkpoints in steady state")
+        results["overhead"] = overhead(args, root)
+        print("2. checkpoint duration by state size")
+        results["duration_by_size"] = duration_by_size(args, root)
+        print("3. recovery from a killed task")
+        results["recovery"] = recovery_time(args, root)
+    finally:
+        run.shutdown_ray()
+    provenance.finish(results)
+    o = results["overhead"]
+    rows = [[n, render.fmt(o["median_throughput"][n], ",.0f"),
+             "-" if n == "off" else f"{o['overhead'][n] * 100:.1f} %"]
+            for n in o["median_throughput"]]
+    rec = results["recovery"]
+    md = "\n".join([
+        *render.md_table(["checkpoints", "records/s (median)", "overhead"], rows),
+        "",
+        *render.md_table(["state", "savepoint bytes", "duration s"],
+                         [[f"{r['state_mb']} MB", f"{r['bytes']:,}", f"{r['duration_s']:.2f}"]
+                          for r in results["duration_by_size"]]),
+        "",
+        *render.md_table(["state", "noticed s", "running s", "output flowing s"],
+                         [[f"{rec['checkpoint_bytes'] / 1e6:,.0f} MB",
+                           f"{rec['to_noticed_s']:.2f}", f"{rec['to_running_s']:.2f}",
+                           f"{rec['to_output_s']:.2f}"]]),
+        "",
+        render.load_title(results),
+    ]) + "\n"
+    render.write_outputs(args.out, results, markdown=md, png="recovery.png", plot=plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

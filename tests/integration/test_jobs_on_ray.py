@@ -226,7 +226,7 @@ def test_stop_restart_rescale_out_and_in_keeps_results(ray_cluster):
         up = h.rescale("sum", 5, protocol="stop-restart")
         assert (up.old_parallelism, up.new_parallelism) == (2, 5)
         assert up.key_groups_moved > 0 and up.bytes_moved > 0 and up.duration_s > 0
-        assert [p for p, _ in up.phases][:2] == ["pause", "drain"]
+        assert [p for p, _ in up.phases][:2] == ["savepoint", "restore"]
         m = h.metrics()
         assert len(m.operator("sum")) == 5
         assert sum(t.key_groups for t in m.operator("sum")) == 32

@@ -35,6 +35,14 @@ Gates = Sequence[SourceGate] | None
 
 # ------------------------------------------------------------------------- acting on events
 
+def task_actors(handle: Any, vertex: str) -> list[str]:
+    """The job's live task actors of ``vertex`` (named ``<job>/<vertex>/<i>/g<n>``)."""
+    import ray
+
+    return sorted(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                  if isinstance(n, dict) and n["name"].startswith(f"{handle.job_id}/{vertex}/"))
+
+
 def wait_until(cond: Callable[[], bool], what: str, handle: Any = None,
                timeout: float = TIMEOUT_S) -> None:
     """Return once ``cond()`` holds. Fails (naming ``what``) when ``timeout`` passes, or,

@@ -163,6 +163,10 @@ class CostAwareDS2(DS2):
                  prior_live: tuple[float, float] = (0.5, 0.2),
                  prior_stop_restart: tuple[float, float] = (5.0, 0.2), memory: int = 10,
                  **ds2: object) -> None:
+        if "assignment" in ds2:
+            raise ControllerError("CostAwareDS2 chooses each rescale's assignment itself, "
+                                  "among assignments= (name -> function); it takes no "
+                                  "assignment=")
         super().__init__(**ds2)  # type: ignore[arg-type]
         if not protocols:
             raise ControllerError("CostAwareDS2: protocols must name at least one protocol")

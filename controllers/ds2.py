@@ -80,7 +80,10 @@ def even_split(parallelism: int, num_key_groups: int, tolerance: float) -> int:
 class DS2(Controller):
     """DS2 autoscaling (see the module doc). ``operators``: the vertices it may rescale
     (default: all but sources); ``limits``: per operator ``(min, max)`` overriding
-    ``min_parallelism``/``max_parallelism``; ``protocol``: how its rescales run."""
+    ``min_parallelism``/``max_parallelism``; ``protocol``: how its rescales run;
+    ``assignment``: how they choose the target (an assignment strategy name, e.g. ``"ssm"``
+    with ``balance`` θ: planned from the tasks' loads when the rescale runs; None: uniform
+    ranges)."""
 
     default_name = "ds2"
 
@@ -91,6 +94,7 @@ class DS2(Controller):
                  max_parallelism: int | None = None,
                  limits: Mapping[str, tuple[int, int]] | None = None,
                  key_group_tolerance: float = 0.15, protocol: str = "drrs",
+                 assignment: str | None = None, balance: float | None = None,
                  operators: Sequence[str] | None = None, interval_s: float = 5.0,
                  window_s: float = 10.0, min_window_s: float | None = None,
                  name: str = "") -> None:
@@ -124,6 +128,10 @@ class DS2(Controller):
         self.limits = dict(limits or {})
         self.key_group_tolerance = key_group_tolerance
         self.protocol = protocol
+        # a bad strategy or θ fails here, not at the first rescale
+        Scale("_", 1, assignment=assignment, balance=balance)
+        self.assignment = assignment
+        self.assignment_balance = balance  # CostAwareDS2's own balance is another knob
         self.operators = None if operators is None else tuple(operators)
         self.interval_s = interval_s
         self.window_s = window_s
@@ -232,6 +240,7 @@ class DS2(Controller):
             if e.optimal > e.parallelism:
                 self.pending_down.pop(e.operator, None)
                 decisions.append(Scale(e.operator, e.optimal, protocol=self.protocol,
+                                       assignment=self.assignment, balance=self.assignment_balance,
                                        reason=f"{self.name}: up {e.parallelism} -> {e.optimal}: "
                                               f"{e.reason}"))
             elif e.optimal < e.parallelism:
@@ -241,6 +250,7 @@ class DS2(Controller):
                     self.pending_down.pop(e.operator, None)
                     decisions.append(Scale(
                         e.operator, highest, protocol=self.protocol,
+                        assignment=self.assignment, balance=self.assignment_balance,
                         reason=f"{self.name}: down {e.parallelism} -> {highest} (the highest "
                                f"recommended over {view.now - first:.0f} s): {e.reason}"))
                 else:

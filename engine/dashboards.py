@@ -11,13 +11,15 @@ be read back out of the built objects, and this module must stay importable from
 installed package with reflow's own dependencies only (``reflow plot`` runs outside a
 checkout).
 
-Format: ``to_grafana(dashboard)`` returns Grafana's dashboard JSON model (schemaVersion
-39: timeseries and state-timeline panels, a ``job`` template variable over
+Format: a dashboard is rows of panels. ``to_grafana(dashboard)`` returns Grafana's
+dashboard JSON model (schemaVersion 39: a row panel heading each row's timeseries and
+state-timeline panels, two panels a line, a ``job`` template variable over
 ``label_values(reflow_job_running, job)``, a Prometheus data source variable, annotations
 from PromQL). Queries use Grafana's ``$job`` and ``$__rate_interval``; ``expand(expr, job,
 rate_interval)`` substitutes them for a plain Prometheus query.
 
-Guarantees: panel titles are unique within a dashboard; every panel has at least one query;
+Guarantees: panel titles are unique within a dashboard; every row has a panel and every
+panel at least one query;
 ``python -m engine.dashboards DIR`` writes ``DIR/<uid>.json`` for every dashboard (what
 ``deploy/grafana/dashboards/`` holds; a test fails when the checked-in files differ).
 """
@@ -67,6 +69,18 @@ class Panel:
 
 
 @dataclass(frozen=True)
+class Row:
+    """A titled group of panels (Grafana's row), drawn in order, two a line."""
+
+    title: str
+    panels: tuple[Panel, ...]
+
+    def __post_init__(self) -> None:
+        if not self.panels:
+            raise ValueError(f"row {self.title!r} has no panel")
+
+
+@dataclass(frozen=True)
 class Annotation:
     """Events drawn on every panel: a PromQL expression true at the events' times."""
 
@@ -80,8 +94,13 @@ class Dashboard:
     uid: str
     title: str
     description: str
-    panels: tuple[Panel, ...]
+    rows: tuple[Row, ...]
     annotations: tuple[Annotation, ...] = field(default=())
+
+    @property
+    def panels(self) -> tuple[Panel, ...]:
+        """Every panel, row after row."""
+        return tuple(p for r in self.rows for p in r.panels)
 
     def __post_init__(self) -> None:
         titles = [p.title for p in self.panels]
@@ -110,59 +129,121 @@ def _share(metric: str) -> str:
             f"count by (operator) ({metric}{{{J}}})")
 
 
-def _latency(q: float) -> Query:
-    return Query(f"histogram_quantile({q}, sum by (le) "
-                 f"(rate(reflow_end_to_end_latency_seconds_bucket{{{J}}}[{RATE}])))",
-                 f"p{int(q * 100)}")
+def _quantile(q: float, metric: str, by: str = "le", window: str = RATE) -> str:
+    return (f"histogram_quantile({q}, sum by ({by}) "
+            f"(rate({metric}_bucket{{{J}}}[{window}])))")
 
+
+# checkpoints come every checkpoint_interval_s (often a minute or more): their rates are
+# taken over a window long enough to hold several
+CHECKPOINT_WINDOW = "5m"
 
 OVERVIEW = Dashboard(
     uid="reflow-overview",
     title="reflow: job overview",
-    description="Throughput, latency, time use, queues, watermarks and state of reflow jobs",
-    panels=(
-        Panel("Records in per second", (Query(_rate("reflow_records_in_total"), "{{operator}}"),),
-              "ops", "Records taken in by each operator's tasks"),
-        Panel("Records out per second",
-              (Query(_rate("reflow_records_out_total"), "{{operator}}"),),
-              "ops", "Records sent by each operator's tasks"),
-        Panel("End-to-end latency", (_latency(0.5), _latency(0.95), _latency(0.99)), "s",
-              "Latency markers from the sources to the sinks (histogram percentiles)"),
-        Panel("Useful share", (Query(_share("reflow_useful_seconds_total"), "{{operator}}"),),
-              "percentunit", "Mean fraction of time the operator's tasks did operator work "
-              "(DS2's useful time)"),
-        Panel("True processing rate per task",
-              (Query(f"{_rate('reflow_records_in_total')} / "
-                     f"{_rate('reflow_useful_seconds_total')}", "{{operator}}"),),
-              "ops", "Records an operator's task takes per second of useful time: what it "
-              "could take if it never waited (DS2)"),
-        Panel("Backpressured share",
-              (Query(_share("reflow_backpressured_seconds_total"), "{{operator}}"),),
-              "percentunit", "Mean fraction of time the tasks waited for output credits"),
-        Panel("Idle share", (Query(_share("reflow_idle_seconds_total"), "{{operator}}"),),
-              "percentunit", "Mean fraction of time the tasks waited for input"),
-        Panel("Queued frames", (Query(f"sum by (operator) (reflow_queued_frames{{{J}}})",
-                                      "{{operator}}"),),
-              "short", "Frames waiting in the operator's input queues (bounded by credits)"),
-        Panel("Watermark lag",
-              (Query(f"time() - max by (operator) "
-                     f"(reflow_watermark_milliseconds{{{J}}} > 0) / 1000", "{{operator}}"),),
-              "s", "Wall-clock time minus the operator's event-time watermark "
-                   "(operators of jobs with event time)"),
-        Panel("State bytes per task",
-              (Query(f"reflow_state_bytes{{{J}}}", "{{operator}} {{task}}"),),
-              "bytes", "Estimated encoded size of each task's keyed state"),
-        Panel("Key groups per task",
-              (Query(f"reflow_key_groups{{{J}}}", "{{operator}} {{task}}"),),
-              "short", "Key groups each task holds (moves when an operator rescales)"),
-        Panel("Unresponsive tasks",
-              (Query(f"max by (operator) (reflow_task_unresponsive_seconds{{{J}}})",
-                     "{{operator}}"),),
-              "s", "Seconds since a task last answered the JobMaster (0 while it answers)"),
+    description="Throughput, latency, time use, queues, watermarks, state, checkpoints and "
+                "controllers of reflow jobs",
+    rows=(
+        Row("Throughput and latency", (
+            Panel("Records in per second",
+                  (Query(_rate("reflow_records_in_total"), "{{operator}}"),),
+                  "ops", "Records taken in by each operator's tasks"),
+            Panel("Records out per second",
+                  (Query(_rate("reflow_records_out_total"), "{{operator}}"),),
+                  "ops", "Records sent by each operator's tasks"),
+            Panel("End-to-end latency",
+                  tuple(Query(_quantile(q, "reflow_end_to_end_latency_seconds"),
+                              f"p{int(q * 100)}") for q in (0.5, 0.95, 0.99)),
+                  "s", "Latency markers from the sources to the sinks (histogram "
+                       "percentiles)"),
+        )),
+        Row("Time use", (
+            Panel("Useful share",
+                  (Query(_share("reflow_useful_seconds_total"), "{{operator}}"),),
+                  "percentunit", "Mean fraction of time the operator's tasks did operator "
+                  "work (DS2's useful time)"),
+            Panel("True processing rate per task",
+                  (Query(f"{_rate('reflow_records_in_total')} / "
+                         f"{_rate('reflow_useful_seconds_total')}", "{{operator}}"),),
+                  "ops", "Records an operator's task takes per second of useful time: what "
+                  "it could take if it never waited (DS2)"),
+            Panel("Backpressured share",
+                  (Query(_share("reflow_backpressured_seconds_total"), "{{operator}}"),),
+                  "percentunit", "Mean fraction of time the tasks waited for output credits"),
+            Panel("Idle share", (Query(_share("reflow_idle_seconds_total"), "{{operator}}"),),
+                  "percentunit", "Mean fraction of time the tasks waited for input"),
+        )),
+        Row("Queues, watermarks and state", (
+            Panel("Queued frames",
+                  (Query(f"sum by (operator) (reflow_queued_frames{{{J}}})",
+                         "{{operator}}"),),
+                  "short", "Frames waiting in the operator's input queues (bounded by "
+                           "credits)"),
+            Panel("Watermark lag",
+                  (Query(f"time() - max by (operator) "
+                         f"(reflow_watermark_milliseconds{{{J}}} > 0) / 1000", "{{operator}}"),),
+                  "s", "Wall-clock time minus the operator's event-time watermark "
+                       "(operators of jobs with event time)"),
+            Panel("State bytes per task",
+                  (Query(f"reflow_state_bytes{{{J}}}", "{{operator}} {{task}}"),),
+                  "bytes", "Estimated encoded size of each task's keyed state"),
+            Panel("Key groups per task",
+                  (Query(f"reflow_key_groups{{{J}}}", "{{operator}} {{task}}"),),
+                  "short", "Key groups each task holds (moves when an operator rescales)"),
+            Panel("Unresponsive tasks",
+                  (Query(f"max by (operator) (reflow_task_unresponsive_seconds{{{J}}})",
+                         "{{operator}}"),),
+                  "s", "Seconds since a task last answered the JobMaster (0 while it "
+                       "answers)"),
+        )),
+        Row("Checkpoints", (
+            Panel("Checkpoints by outcome",
+                  (Query(f"sum by (outcome) (reflow_checkpoints_total{{{J}}})",
+                         "{{outcome}}"),),
+                  "short", "Checkpoints completed and failed since the job started "
+                           "(JobConfig.checkpoint_interval_s)"),
+            Panel("Checkpoint duration",
+                  tuple(Query(_quantile(q, "reflow_checkpoint_duration_seconds",
+                                        window=CHECKPOINT_WINDOW), f"p{int(q * 100)}")
+                        for q in (0.5, 0.95)),
+                  "s", f"Time from a checkpoint's trigger to its completion, over the last "
+                       f"{CHECKPOINT_WINDOW}"),
+            Panel("Checkpoint size",
+                  (Query(f"max by (job) (reflow_checkpoint_size_bytes{{{J}}})", "{{job}}"),),
+                  "bytes", "Bytes of state in the latest complete checkpoint"),
+            Panel("Checkpoint alignment per task",
+                  (Query(f"reflow_checkpoint_alignment_seconds{{{J}}}",
+                         "{{operator}} {{task}}"),),
+                  "s", "How long each task aligned its inputs in the latest complete "
+                       "checkpoint (first barrier to last): long for a task behind "
+                       "backpressure"),
+            Panel("Job restarts",
+                  (Query(f"max by (job) (reflow_job_restarts_total{{{J}}})", "{{job}}"),),
+                  "short", "Restarts of the job from its latest checkpoint after a failure "
+                           "(JobConfig.restart_strategy)"),
+        )),
+        Row("Controllers", (
+            Panel("Controller decisions",
+                  (Query(f"sum by (controller, kind, outcome) "
+                         f"(reflow_controller_decisions_total{{{J}}})",
+                         "{{controller}} {{kind}}: {{outcome}}"),),
+                  "short", "Decisions of the job's controllers since it started, by kind "
+                           "(scale, rebalance, change-logic, place, no-change, invalid) and "
+                           "outcome (executed, no-change, refused, failed, error)"),
+            Panel("Controller decisions per minute",
+                  (Query(f"60 * sum by (controller, outcome) "
+                         f"(rate(reflow_controller_decisions_total{{{J}}}[{RATE}]))",
+                         "{{controller}}: {{outcome}}"),),
+                  "short", "How often each controller decided, by outcome: refused, failed "
+                           "or error decisions deserve a look (handle.decisions())"),
+        )),
     ),
     annotations=(
         Annotation("rescales", f"changes(reflow_rescales_total{{{J}}}[1m]) > 0",
                    "rescale of {{operator}} done"),
+        Annotation("checkpoint failures",
+                   f'changes(reflow_checkpoints_total{{{J}, outcome="failed"}}[1m]) > 0',
+                   "a checkpoint of {{job}} failed"),
     ),
 )
 
@@ -170,7 +251,7 @@ RESCALING = Dashboard(
     uid="reflow-rescaling",
     title="reflow: rescaling",
     description="What each rescale of a reflow job is doing and what it costs",
-    panels=(
+    rows=(Row("Progress", (
         Panel("Rescale phase",
               (Query(f"max by (operator, protocol, phase) (reflow_rescale_in_progress{{{J}}})",
                      "{{operator}} {{protocol}}: {{phase}}"),),
@@ -198,6 +279,7 @@ RESCALING = Dashboard(
                Query(f"histogram_quantile(0.95, sum by (le, operator) "
                      f"(reflow_rescale_subscale_seconds_bucket{{{J}}}))", "{{operator}} p95")),
               "s", "Duration of completed subscales (over the job's life)"),
+    )), Row("What it costs", (
         Panel("Re-routed records",
               (Query(f"max by (operator) (reflow_rescale_rerouted_records{{{J}}})",
                      "{{operator}}"),),
@@ -218,8 +300,8 @@ RESCALING = Dashboard(
         Panel("Rescales done",
               (Query(f"sum by (operator) (reflow_rescales_total{{{J}}})", "{{operator}}"),),
               "short", "Completed rescales per operator"),
-    ),
-    annotations=OVERVIEW.annotations,
+    ))),
+    annotations=OVERVIEW.annotations[:1],
 )
 
 DASHBOARDS: dict[str, Dashboard] = {"overview": OVERVIEW, "rescaling": RESCALING}
@@ -244,15 +326,14 @@ _DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 _WIDTH, _HEIGHT = 12, 8
 
 
-def _panel(p: Panel, pid: int) -> dict[str, Any]:
+def _panel(p: Panel, pid: int, x: int, y: int) -> dict[str, Any]:
     custom: dict[str, Any] = {"lineWidth": 1, "fillOpacity": 10}
     if p.kind == PanelKind.TIMESERIES and p.stacked:
         custom["stacking"] = {"mode": "normal", "group": "A"}
     return {
         "id": pid, "type": str(p.kind), "title": p.title, "description": p.description,
         "datasource": _DATASOURCE,
-        "gridPos": {"h": _HEIGHT, "w": _WIDTH, "x": (pid - 1) % 2 * _WIDTH,
-                    "y": (pid - 1) // 2 * _HEIGHT},
+        "gridPos": {"h": _HEIGHT, "w": _WIDTH, "x": x, "y": y},
         "fieldConfig": {"defaults": {"unit": p.unit, "custom": custom}, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                     "tooltip": {"mode": "multi", "sort": "none"}},
@@ -260,6 +341,21 @@ def _panel(p: Panel, pid: int) -> dict[str, Any]:
                      "legendFormat": q.legend, "range": True}
                     for i, q in enumerate(p.queries)],
     }
+
+
+def _layout(d: Dashboard) -> list[dict[str, Any]]:
+    """Grafana's flat panel list: each row's header (an expanded row panel, one unit high),
+    then its panels two a line; ids count up from 1 in that order."""
+    out: list[dict[str, Any]] = []
+    y = 0
+    for row in d.rows:
+        out.append({"id": len(out) + 1, "type": "row", "title": row.title, "collapsed": False,
+                    "panels": [], "gridPos": {"h": 1, "w": 2 * _WIDTH, "x": 0, "y": y}})
+        y += 1
+        for i, p in enumerate(row.panels):
+            out.append(_panel(p, len(out) + 1, i % 2 * _WIDTH, y + i // 2 * _HEIGHT))
+        y += -(-len(row.panels) // 2) * _HEIGHT
+    return out
 
 
 def to_grafana(d: Dashboard) -> dict[str, Any]:
@@ -287,7 +383,7 @@ def to_grafana(d: Dashboard) -> dict[str, Any]:
                "titleFormat": a.name, "textFormat": a.text, "useValueForTime": False}
               for a in d.annotations),
         ]},
-        "panels": [_panel(p, i + 1) for i, p in enumerate(d.panels)],
+        "panels": _layout(d),
     }
 
 

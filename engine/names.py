@@ -1,4 +1,5 @@
-"""``NameEnum``: the base of every ``str`` enum in reflow (protocols, job states, roles).
+"""``NameEnum``: the base of every ``str`` enum in reflow (protocols, job states, roles,
+assignment strategies).
 
 Why: protocol names, states and roles travel in msgpack messages and are typed by users
 (``handle.rescale(op, 4, protocol="drrs")``), so each member must *be* its string: it
@@ -54,3 +55,18 @@ class SubscaleRole(NameEnum):
 
     OLD = "old"
     NEW = "new"
+
+
+class AssignmentStrategy(NameEnum):
+    """How a rescale chooses its target assignment (``handle.rescale(assignment=...)``,
+    ``Scale(assignment=...)``; the planners are in ``migration.assignment``)."""
+
+    UNIFORM = "uniform"
+    CONSISTENT_HASHING = "consistent-hashing"
+    SSM = "ssm"
+    MTM = "mtm"
+
+    @property
+    def needs_workload(self) -> bool:
+        """Whether it reads per-group loads and sizes (asked from the tasks)."""
+        return self in (AssignmentStrategy.SSM, AssignmentStrategy.MTM)

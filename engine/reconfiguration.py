@@ -8,8 +8,10 @@ re-exports everything a controller author needs.
 
 * **Decisions** (frozen, validated on construction, each with a ``reason``): ``Scale(op, n)``,
   ``Rebalance(op, assignment)``, ``ChangeLogic(op, fn)``, ``Place(op, task_index, node)`` and
-  ``NoChange(reason)``. ``Scale`` and ``Rebalance`` take the protocol (and, for ``Scale``, an
-  optional explicit assignment and planning), as ``JobHandle.rescale``/``rebalance`` do.
+  ``NoChange(reason)``. ``Scale`` and ``Rebalance`` take the protocol, a planning and an
+  assignment (explicit, or a strategy such as ``"ssm"`` with its ``balance``: the target is
+  then planned from the tasks' loads when the rescale runs), as
+  ``JobHandle.rescale``/``rebalance`` do.
 * **The view** (``JobView``): the operators (vertices of the physical plan) in topological
   order with their parallelism, tasks, assignment, inputs and outputs; which are rescaling;
   the history of rescales with what they cost (``RescaleRecord``); per key group load and
@@ -34,7 +36,7 @@ from typing import Any, ClassVar
 
 from engine.errors import ControllerError
 from engine.messages import wire
-from engine.names import NameEnum
+from engine.names import AssignmentStrategy, NameEnum
 from engine.rates import MetricsHistory, metrics_window, sink_latency
 
 
@@ -96,19 +98,44 @@ def _assignment(value: object, what: str) -> tuple[int, ...]:
     return out
 
 
+def _target(value: object, what: str, balance: object,
+            projected_costs: object) -> tuple[int, ...] | AssignmentStrategy | None:
+    """A decision's ``assignment``: task indices, a strategy name, or None (uniform)."""
+    if isinstance(value, str):
+        try:
+            target: tuple[int, ...] | AssignmentStrategy | None = AssignmentStrategy.parse(
+                value, "assignment strategy")
+        except ValueError as exc:
+            raise ControllerError(f"{what}: {exc} (or a sequence of task indices)") from None
+    else:
+        target = None if value is None else _assignment(value, what)
+    if not isinstance(target, AssignmentStrategy) and (balance is not None
+                                                       or projected_costs is not None):
+        raise ControllerError(f"{what}: balance and projected_costs go with an assignment "
+                              "strategy (e.g. assignment='ssm', balance=0.2)")
+    if balance is not None and (isinstance(balance, bool) or not isinstance(balance, (int, float))
+                                or not balance >= 0):
+        raise ControllerError(f"{what}: balance must be a number >= 0; got {balance!r}")
+    return target
+
+
 @dataclass(frozen=True)
 class Scale:
     """Rescale ``operator`` to ``parallelism`` tasks, live with ``protocol`` (as
-    ``JobHandle.rescale``); ``assignment``: the key group -> task index target (None: the
-    uniform ranges); ``planning``: a ``migration.planning.Planning`` or None."""
+    ``JobHandle.rescale``); ``assignment``: the key group -> task index target, or a strategy
+    name (``"uniform"``, ``"consistent-hashing"``, ``"ssm"``, ``"mtm"``: planned from the
+    tasks' loads when the rescale runs, with ``balance`` θ and mtm's ``projected_costs``),
+    None: the uniform ranges; ``planning``: a ``migration.planning.Planning`` or None."""
 
     kind: ClassVar[DecisionKind] = DecisionKind.SCALE
     operator: str
     parallelism: int
     reason: str = ""
     protocol: str = "drrs"
-    assignment: tuple[int, ...] | None = None
+    assignment: tuple[int, ...] | AssignmentStrategy | None = None
     planning: Any = None
+    balance: float | None = None
+    projected_costs: Any = None
 
     def __post_init__(self) -> None:
         what = f"Scale({self.operator!r}, {self.parallelism!r})"
@@ -116,38 +143,62 @@ class Scale:
         object.__setattr__(self, "parallelism", _integer(self.parallelism, f"{what}: parallelism", 1))
         _reason(self.reason, what)
         _protocol(self.protocol, what)
-        if self.assignment is not None:
-            object.__setattr__(self, "assignment", _assignment(self.assignment, what))
+        object.__setattr__(self, "assignment", _target(self.assignment, what, self.balance,
+                                                       self.projected_costs))
+
+    @property
+    def strategy(self) -> AssignmentStrategy | None:
+        """The assignment strategy asked for, if any."""
+        return self.assignment if isinstance(self.assignment, AssignmentStrategy) else None
 
     def __str__(self) -> str:
-        how = "" if self.assignment is None else " with a chosen assignment"
+        how = ("" if self.assignment is None else
+               f", assignment {self.strategy}" if self.strategy is not None
+               else " with a chosen assignment")
         return f"scale {self.operator!r} to {self.parallelism} ({self.protocol}{how})"
 
 
 @dataclass(frozen=True)
 class Rebalance:
     """Move key groups of ``operator`` so that group ``kg`` is held by task
-    ``assignment[kg]`` (as ``JobHandle.rebalance``)."""
+    ``assignment[kg]`` (as ``JobHandle.rebalance``), or, with a strategy name (e.g.
+    ``"ssm"`` and ``balance``), to the target it plans at the current parallelism."""
 
     kind: ClassVar[DecisionKind] = DecisionKind.REBALANCE
     operator: str
-    assignment: tuple[int, ...]
+    assignment: tuple[int, ...] | AssignmentStrategy
     reason: str = ""
     protocol: str = "drrs"
     planning: Any = None
+    balance: float | None = None
+    projected_costs: Any = None
 
     def __post_init__(self) -> None:
         what = f"Rebalance({self.operator!r})"
         _operator(self.operator, what)
-        object.__setattr__(self, "assignment", _assignment(self.assignment, what))
+        target = _target(self.assignment, what, self.balance, self.projected_costs)
+        if target is None:
+            raise ControllerError(f"{what}: assignment must be a sequence of task indices or "
+                                  "an assignment strategy; got None")
+        object.__setattr__(self, "assignment", target)
         _reason(self.reason, what)
         _protocol(self.protocol, what)
 
     @property
-    def parallelism(self) -> int:
+    def strategy(self) -> AssignmentStrategy | None:
+        """The assignment strategy asked for, if any."""
+        return self.assignment if isinstance(self.assignment, AssignmentStrategy) else None
+
+    @property
+    def parallelism(self) -> int | None:
+        """The parallelism after it (None with a strategy: the current one)."""
+        if isinstance(self.assignment, AssignmentStrategy):
+            return None
         return max(self.assignment) + 1
 
     def __str__(self) -> str:
+        if self.strategy is not None:
+            return f"rebalance {self.operator!r} by {self.strategy} ({self.protocol})"
         return (f"rebalance {self.operator!r} over {self.parallelism} tasks ({self.protocol})")
 
 

@@ -141,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
                   trigger={"availableNow": True} if args.once
                   else {"processingTime": f"{args.trigger_ms} milliseconds"},
                   checkpoint=os.path.join(work, "checkpoint-in"), query_name="lines-to-reflow")
-        out_query = link.watch(
+        out_query = link.start(
             link.read_stream(log).writeStream.format("parquet").option("path", out_dir)
             .option("checkpointLocation", os.path.join(work, "checkpoint-out"))
             .trigger(processingTime=f"{args.trigger_ms} milliseconds")
-            .queryName("reflow-to-parquet").start())
+            .queryName("reflow-to-parquet"))
         total_lines = spark.read.text(inp).count() if args.rescale_to else 0
         rescaled = not args.rescale_to
         last_note = time.monotonic()

@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from engine.errors import ReflowError
+from engine.errors import ReflowError, RescaleRefused
 from engine.keygroups import uniform_assignment
-from engine.names import NameEnum
+from engine.names import AssignmentStrategy
 
 DEFAULT_BALANCE = 0.2
 DEFAULT_VIRTUAL_NODES = 64
@@ -75,20 +75,6 @@ class BalanceInfeasible(AssignmentError):
         self.parallelism = parallelism
         self.balance = balance
         self.smallest_balance = smallest_balance
-
-
-class AssignmentStrategy(NameEnum):
-    """How a rescale chooses its target assignment (``handle.rescale(assignment=...)``)."""
-
-    UNIFORM = "uniform"
-    CONSISTENT_HASHING = "consistent-hashing"
-    SSM = "ssm"
-    MTM = "mtm"
-
-    @property
-    def needs_workload(self) -> bool:
-        """Whether it reads per-group loads and sizes (asked from the tasks)."""
-        return self in (AssignmentStrategy.SSM, AssignmentStrategy.MTM)
 
 
 # ---------------------------------------------------------------------- values
@@ -723,6 +709,84 @@ def plan_assignment(strategy: str, old: Sequence[int], parallelism: int,
         raise AssignmentError("assignment 'mtm' needs the pre-computed projected costs "
                               "(migration.sequences.ProjectedCosts; see migration.pmc)")
     return mtm(old, parallelism, workload, projected, balance)
+
+
+@dataclass(frozen=True)
+class AssignmentSpec:
+    """How a rescale chooses its target (``handle.rescale(op, n, assignment=..., balance=...,
+    projected_costs=...)``): the ``strategy``, θ (``balance``: ssm and mtm enforce it;
+    None: ``DEFAULT_BALANCE`` for ssm, the table's for mtm), mtm's ``projected`` table
+    (a ``migration.sequences.ProjectedCosts``) and consistent hashing's ``virtual_nodes``."""
+
+    strategy: AssignmentStrategy
+    balance: float | None = None
+    projected: Any = None
+    virtual_nodes: int = DEFAULT_VIRTUAL_NODES
+
+    def __post_init__(self) -> None:
+        try:
+            s = AssignmentStrategy.parse(self.strategy, "assignment strategy")
+        except ValueError as exc:
+            raise AssignmentError(str(exc)) from None
+        object.__setattr__(self, "strategy", s)
+        if self.balance is not None:
+            object.__setattr__(self, "balance", _check_balance(self.balance))
+        if s == AssignmentStrategy.MTM and self.projected is None:
+            raise AssignmentError("assignment 'mtm' needs the pre-computed projected costs: "
+                                  "pass projected_costs= (a directory written by "
+                                  "python -m migration.pmc, or a ProjectedCosts)")
+        if self.projected is not None and s != AssignmentStrategy.MTM:
+            raise AssignmentError(f"projected costs are for assignment 'mtm', not {s!r}")
+        if isinstance(self.virtual_nodes, bool) or self.virtual_nodes < 1:
+            raise AssignmentError(f"virtual_nodes must be >= 1; got {self.virtual_nodes!r}")
+
+    @classmethod
+    def of(cls, strategy: str, balance: float | None = None,
+           projected_costs: Any = None) -> AssignmentSpec:
+        """The spec a request names (``handle.rescale``'s and ``Scale``'s ``assignment=``,
+        ``balance=``, ``projected_costs=``): ``projected_costs`` a directory written by
+        ``python -m migration.pmc`` (read here) or a ``ProjectedCosts``. ``AssignmentError``
+        for a bad name, θ or table."""
+        from migration.sequences import ProjectedCosts
+
+        table = projected_costs
+        if isinstance(table, str):
+            table = ProjectedCosts.load(table)
+        elif table is not None and not isinstance(table, ProjectedCosts):
+            raise AssignmentError(f"projected_costs must be a directory written by python -m "
+                                  f"migration.pmc or a ProjectedCosts; got "
+                                  f"{type(table).__name__}")
+        return cls(strategy, balance, table)  # type: ignore[arg-type]
+
+    def check(self, num_key_groups: int) -> None:
+        """``AssignmentError`` unless it fits an operator with ``num_key_groups`` groups."""
+        if self.projected is not None and self.projected.num_key_groups != num_key_groups:
+            raise AssignmentError(
+                f"the projected-cost table was computed for {self.projected.num_key_groups} key "
+                f"groups; this job has {num_key_groups}: pre-compute it with "
+                f"--key-groups {num_key_groups}")
+
+    def plan(self, old: Sequence[int], parallelism: int,
+             workload: GroupWorkload) -> AssignmentPlan:
+        """The target of a rescale from ``old`` to ``parallelism`` tasks."""
+        return plan_assignment(self.strategy, old, parallelism, workload, balance=self.balance,
+                               projected=self.projected, virtual_nodes=self.virtual_nodes)
+
+
+def requested_strategy(name: str | None, balance: float | None = None,
+                       projected_costs: Any = None) -> AssignmentSpec | None:
+    """The ``AssignmentSpec`` a request names (the handle's ``rescale``/``rebalance``, a
+    controller's ``Scale``/``Rebalance``); None without a name (uniform ranges).
+    ``RescaleRefused`` for a bad name, θ or table, before the job is asked anything."""
+    if name is None:
+        if balance is not None or projected_costs is not None:
+            raise RescaleRefused("balance and projected_costs need an assignment strategy: "
+                                 "assignment='ssm' or 'mtm'")
+        return None
+    try:
+        return AssignmentSpec.of(name, balance, projected_costs)
+    except AssignmentError as exc:
+        raise RescaleRefused(str(exc)) from None
 
 
 # ---------------------------------------------------------------------- balanced (heuristic)

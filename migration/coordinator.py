@@ -63,7 +63,13 @@ from engine.messages import (
 )
 from engine.metrics import RescaleProgress
 from engine.names import NameEnum, SubscaleRole
-from migration.assignment import rescale_target
+from migration.assignment import (
+    AssignmentError,
+    AssignmentPlan,
+    AssignmentSpec,
+    GroupWorkload,
+    rescale_target,
+)
 from migration.pacing import HeadroomPacer
 from migration.plan import MigrationPlan, Subscale
 from migration.planning import (
@@ -102,7 +108,8 @@ class RescaleRequest:
     ``planning``: a ``migration.planning.Planning`` or None for the protocol's default;
     ``reason``: who asked and why (a user call, a controller's decision); ``place``:
     ``(task index, node id)`` for a placement (``Placement``: the task moves to that Ray
-    node, ``parallelism`` stays)."""
+    node, ``parallelism`` stays); ``strategy``: how to choose the target assignment
+    (``migration.assignment.AssignmentSpec``; None with no ``assignment``: uniform ranges)."""
 
     operator: str
     parallelism: int
@@ -111,9 +118,13 @@ class RescaleRequest:
     planning: Planning | None = None
     reason: str = "requested"
     place: tuple[int, str] | None = None
+    strategy: AssignmentSpec | None = None
 
     def __post_init__(self) -> None:
         check_count(f"rescale of {self.operator!r}: parallelism", self.parallelism)
+        if self.assignment is not None and self.strategy is not None:
+            raise ValueError(f"rescale of {self.operator!r}: give an assignment or a strategy, "
+                             "not both")
         object.__setattr__(self, "protocol", RescaleProtocol.parse(self.protocol, "protocol"))
         if self.place is not None:
             check_count(f"placement of {self.operator!r}: task index", self.place[0], 0)
@@ -354,6 +365,7 @@ class RescaleCoordinator:
         self.finished_tasks: set[str] = set(ctx.finished) & set(self.dep.tasks[self.vertex])
         self.input_ended = bool(self.finished_tasks)
         self.plan: MigrationPlan | None = None
+        self.assignment_plan: AssignmentPlan | None = None
         self.requested_at = clock.now()
         self._report: RescaleReport | None = None
         self._gen: _Steps | None = None
@@ -464,10 +476,36 @@ class RescaleCoordinator:
         return self.dep.tasks[vertex or self.vertex]
 
 
-    def _target(self, old: tuple[int, ...]) -> tuple[int, ...]:
+    def _wants_workload(self) -> bool:
+        """Whether the target needs per-group loads and sizes from the tasks."""
+        return self.request.strategy is not None and bool(self.dep.assignments.get(self.vertex))
+
+    def _target(self, old: tuple[int, ...],
+                profiles: Mapping[int, Any] | None = None) -> tuple[int, ...]:
+        """The target assignment: the request's, its strategy's plan (from ``profiles``),
+        else uniform. ``RescaleRefused`` when the strategy finds none (e.g. θ cannot hold:
+        the message names the smallest θ that would)."""
         req = self.request
-        return rescale_target(old, self.dep.plan.num_key_groups, req.parallelism,
-                              req.assignment)
+        nkg = self.dep.plan.num_key_groups
+        if req.strategy is None or not old:
+            return rescale_target(old, nkg, req.parallelism, req.assignment)
+        try:
+            self.assignment_plan = req.strategy.plan(
+                old, req.parallelism, GroupWorkload.from_profiles(profiles or {}, nkg))
+        except AssignmentError as exc:
+            raise RescaleRefused(f"rescale of {self.vertex!r} to {req.parallelism} tasks "
+                                 f"refused, the job goes on unchanged: {exc}",
+                                 operator=self.vertex, phase=str(Phase.PLAN)) from None
+        return self.assignment_plan.assignment
+
+    def _with_assignment(self, report: RescaleReport) -> RescaleReport:
+        """``report`` with the assignment strategy, its predicted bytes and its reason."""
+        p = self.assignment_plan
+        if p is None:
+            return dataclasses.replace(
+                report, assignment="given" if self.request.assignment is not None else "uniform")
+        return dataclasses.replace(report, assignment=p.strategy, predicted_bytes=p.predicted_bytes,
+                                   assignment_reason=p.reason, load_ratio=p.load_ratio)
 
     def _plan(self, profiles: Mapping[int, Any], planning: Planning | None, old: tuple[int, ...],
               new: tuple[int, ...]) -> MigrationPlan:
@@ -584,15 +622,20 @@ class LiveRescale(RescaleCoordinator):
             raise RescaleRefused(
                 f"the input of operator {vertex!r} has ended (task {who}): it processes "
                 "nothing more, so there is nothing to rescale")
-        # 2. plan (per-group load and size asked from the tasks when the planning needs them)
+        # 2. plan (per-group load and size asked from the tasks when the planning or the
+        # assignment strategy needs them)
         old = self.dep.assignments[vertex]
-        new = self._target(old)
         planning = self.request.planning
         profiles: dict[int, Any] = {}
-        if self.spec.needs_profiles(planning, cfg.drrs_subscale_bytes):
+        if self.spec.needs_profiles(planning, cfg.drrs_subscale_bytes) or self._wants_workload():
             replies = yield from self._send(Phase.PLAN, (Call(t, GroupStatsRequest())
                                                          for t in tasks))
             profiles = _profiles(replies)
+        try:
+            new = self._target(old, profiles)
+        except RescaleRefused:
+            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
+            raise
         adaptive = ""
         if planning is None and self.spec.name == RescaleProtocol.NON_DISRUPTIVE:
             moved = moved_key_groups(old, new)
@@ -633,12 +676,12 @@ class LiveRescale(RescaleCoordinator):
         yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in self._held))
         done = clock.now()
         s = self.stats
-        return RescaleReport(
+        return self._with_assignment(RescaleReport(
             vertex, str(self.request.protocol), old_p, len(self._names), self.requested_at,
             done, done - self.requested_at, s.moved, s.bytes, (), (),
             s.first_start if s.first_start is not None else done, s.rerouted, s.suspended,
             s.delay, tuple(s.timings), self.superseded, self._reason(plan),
-            len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved))
+            len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved)))
 
     def _creation(self, new_names: tuple[str, ...]
                   ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
@@ -908,7 +951,13 @@ class StopRestartRescale(RescaleCoordinator):
         mark, phases = timer.mark, timer.phases
 
         old = self.dep.assignments.get(vertex, ())
-        self.plan = self._plan({}, None, old, self._target(old))
+        profiles: dict[int, Any] = {}
+        if self._wants_workload():  # before anything changes: a refusal leaves the job as is
+            replies = yield from self._send(Phase.PLAN, (
+                Call(t, GroupStatsRequest()) for t in self._tasks()
+                if t not in self.finished_tasks))
+            profiles = _profiles(replies)
+        self.plan = self._plan({}, None, old, self._target(old, profiles))
         self.committed = True
         self.phase = Phase.SAVEPOINT
         savepoint = yield TakeSavepoint(stop=True)
@@ -923,11 +972,11 @@ class StopRestartRescale(RescaleCoordinator):
         offsets = tuple(sorted((t.task, t.source_state) for t in savepoint.tasks
                                if t.source_state is not None))
         done = clock.now()
-        return RescaleReport(
+        return self._with_assignment(RescaleReport(
             vertex, str(RescaleProtocol.STOP_RESTART), self.plan.old_parallelism,
             self.request.parallelism, self.requested_at, done, done - self.requested_at,
             self.moved, self.bytes_moved, tuple(phases), offsets,
-            key_groups_planned=self.moved)
+            key_groups_planned=self.moved))
 
 
 # ---------------------------------------------------------------------- source rescale

@@ -22,11 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from typing import Any
 
 import numpy as np
 
-from migration.assignment import AssignmentError, GroupWorkload
+from migration.assignment import GroupWorkload
 from migration.sequences import (
     DEFAULT_GAMMA,
     PAPER_TABLE_4,
@@ -34,6 +35,7 @@ from migration.sequences import (
     ProjectedCosts,
     TransitionMatrix,
     bellman,
+    iterate,
     transition_row,
     value_iteration,
 )
@@ -75,20 +77,16 @@ def precompute(spark: Any, model: PmcModel, path: str | None = None, *,
 def _distributed_iteration(sc: Any, rows: Any, n: int, gamma: float, tolerance: float,
                            max_iterations: int) -> tuple[np.ndarray, int]:
     """Value iteration with the rows on the executors: one Spark job per sweep."""
-    values = np.zeros(n)
-    for iterations in range(1, max_iterations + 1):
+    def sweep(values: np.ndarray) -> np.ndarray:
         current = sc.broadcast(values)
-        updated = rows.map(lambda r, c=current: (r[0], bellman(r[1], c.value, gamma))).collect()
+        updated = rows.map(lambda r: (r[0], bellman(r[1], current.value, gamma))).collect()
         current.unpersist()
         new = np.zeros(n)
         for i, v in updated:
             new[i] = v
-        done = np.max(np.abs(new - values), initial=0.0) <= tolerance * (1 + np.max(new, initial=0.0))
-        values = new
-        if done:
-            return values, iterations
-    raise AssignmentError(f"value iteration did not converge in {max_iterations} iterations "
-                          f"(γ={gamma}); lower γ or raise max_iterations")
+        return new
+
+    return iterate(sweep, n, gamma, tolerance, max_iterations)
 
 
 def write(spark: Any, table: ProjectedCosts, path: str) -> None:
@@ -108,9 +106,13 @@ def spark_session(master: str | None = None) -> Any:
     ``engine.spark.local_spark``, which belongs to the runtime)."""
     from pyspark.sql import SparkSession
 
+    # the rows are computed by Python functions on the executors: they must run this
+    # interpreter (PySpark's default, python3 from PATH, may lack reflow; as local_spark)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder
              .master(master or os.environ.get("REFLOW_SPARK_MASTER") or "local[*]")
-             .appName("reflow-pmc").config("spark.ui.enabled", "false").getOrCreate())
+             .appName("reflow-pmc").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                     "assignment='mtm' looks up, by value iteration on Spark.")
     ap.add_argument("--out", required=True, help="directory (or Spark URI) to write the table")
     ap.add_argument("--key-groups", type=int, default=128, help="the job's num_key_groups")
-    ap.add_argument("--units", type=int, default=16,
+    ap.add_argument("--units", type=int, default=32,
                     help="key groups are merged into this many units of consecutive groups "
                          "(cuts fall on unit boundaries; more units, many more partitionings)")
     ap.add_argument("--mtm", type=_parse_mtm, default=PAPER_TABLE_4,

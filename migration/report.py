@@ -31,6 +31,11 @@ class RescaleReport:
     and why, for the adaptive strategy) and ``steps`` (steps run in sequence; 1 for drrs).
     ``key_groups_planned``: groups the plan would have moved (more than ``key_groups_moved``
     when the rescale was superseded or cut short by the end of the input).
+    ``assignment``: how the target was chosen (``uniform``, ``given`` for an explicit
+    rebalance, or a strategy of ``migration.assignment``); with a strategy,
+    ``predicted_bytes`` (the state its plan expected to move, by the sizes the tasks
+    reported: compare ``bytes_moved``), ``load_ratio`` (max / mean task load it expected)
+    and ``assignment_reason``.
     """
 
     operator: str
@@ -53,6 +58,10 @@ class RescaleReport:
     planning_reason: str = ""
     steps: int = 0
     key_groups_planned: int = 0
+    assignment: str = ""
+    predicted_bytes: int | None = None
+    load_ratio: float | None = None
+    assignment_reason: str = ""
 
     @property
     def cut_short(self) -> bool:
@@ -66,9 +75,11 @@ class RescaleReport:
         the plan's size is unknown when ``key_groups_planned`` was not filled)."""
         head = (f"{self.protocol} rescale of {self.operator!r} "
                 f"{self.old_parallelism} -> {self.new_parallelism}")
+        predicted = ("" if self.predicted_bytes is None else
+                     f"; {self.assignment} assignment predicted {self.predicted_bytes} bytes")
         if not self.cut_short:
             return (f"{head} done in {self.duration_s:.2f} s: moved {self.key_groups_moved} "
-                    f"key groups ({self.bytes_moved} bytes)")
+                    f"key groups ({self.bytes_moved} bytes){predicted}")
         why = ("superseded by a newer request or the end of the input" if self.superseded
                else "fewer groups moved than planned")
         if self.key_groups_planned > 0:
@@ -77,7 +88,7 @@ class RescaleReport:
             moved = (f"moved {self.key_groups_moved} key groups (how many were planned was not "
                      "reported)")
         return (f"{head} cut short ({why}) after {self.duration_s:.2f} s: {moved} "
-                f"({self.bytes_moved} bytes)")
+                f"({self.bytes_moved} bytes){predicted}")
 
     def __str__(self) -> str:
         return self.summary()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,7 +52,6 @@ from migration.assignment import (
     effective_loads,
     label_intervals,
     make_plan,
-    max_weight_matching,
 )
 
 OMS_MAX_STATES = 200_000
@@ -195,19 +194,22 @@ def ends_to_assignment(ends: Sequence[int], labels: Sequence[int]) -> tuple[int,
 
 def partition_cost(sizes: Sequence[int] | np.ndarray, a: Sequence[int], b: Sequence[int]) -> int:
     """Bytes moved from partitioning ``a`` to ``b`` (interval ends) in the paper's model:
-    the nodes of ``a`` keep whichever intervals of ``b`` save most (any may go)."""
-    sz = np.asarray(sizes, dtype=np.float64)
-    pre = np.concatenate(([0.0], np.cumsum(sz)))
-    sa = np.asarray((0, *a[:-1]))
-    sb = np.asarray((0, *b[:-1]))
-    lo = np.maximum(sa[:, None], sb[None, :])
-    hi = np.minimum(np.asarray(a)[:, None], np.asarray(b)[None, :])
-    overlap = np.where(hi > lo, pre[hi] - pre[lo], 0.0)
-    if overlap.shape[0] > overlap.shape[1]:
-        overlap = overlap.T
-    cols = max_weight_matching(overlap)
-    kept = sum(overlap[i, c] for i, c in enumerate(cols))
-    return int(round(float(pre[-1]) - kept))
+    the nodes of ``a`` keep whichever intervals of ``b`` save most (any may go).
+
+    Two interval partitions overlap without crossing (if ``a_i`` before ``a_j`` both keep a
+    part of ``b_q``, ``b_p``, then ``b_p`` is not after ``b_q``), so the best matching is a
+    longest-common-subsequence style DP over both in order, O(|a| · |b|)."""
+    pre = np.concatenate(([0.0], np.cumsum(np.asarray(sizes, dtype=np.float64)))).tolist()
+    sa, sb = (0, *a[:-1]), (0, *b[:-1])
+    best = [0.0] * (len(b) + 1)
+    for i in range(len(a)):
+        prev_diag = 0.0
+        for j in range(len(b)):
+            lo, hi = max(sa[i], sb[j]), min(a[i], b[j])
+            here = prev_diag + (pre[hi] - pre[lo] if hi > lo else 0.0)
+            prev_diag = best[j + 1]
+            best[j + 1] = max(best[j + 1], best[j], here)
+    return int(round(pre[-1] - best[-1]))
 
 
 # ---------------------------------------------------------------------- PMC (value iteration)
@@ -293,20 +295,28 @@ def bellman(row: TransitionRow, values: np.ndarray, gamma: float) -> float:
                      for prob, idx, costs in row.targets))
 
 
-def value_iteration(rows: Sequence[TransitionRow], gamma: float, tolerance: float = 1e-6,
-                    max_iterations: int = 10_000) -> tuple[np.ndarray, int]:
-    """The projected costs ``C`` (fixed point of ``bellman``) from ``C = 0``, until no value
-    changes by more than ``tolerance`` x (1 + the largest); returns them and the number of
-    iterations. ``AssignmentError`` if it has not converged by ``max_iterations``."""
-    values = np.zeros(len(rows))
+def iterate(sweep: Callable[[np.ndarray], np.ndarray], states: int, gamma: float,
+            tolerance: float = 1e-6, max_iterations: int = 10_000) -> tuple[np.ndarray, int]:
+    """Value iteration: from ``C = 0``, ``C = sweep(C)`` (one ``bellman`` update of every
+    state, wherever it runs) until no value changes by more than ``tolerance`` x (1 + the
+    largest); returns the values and the number of sweeps. ``AssignmentError`` if it has
+    not converged by ``max_iterations``."""
+    values = np.zeros(states)
     for it in range(1, max_iterations + 1):
-        new = np.asarray([bellman(r, values, gamma) for r in rows])
+        new = sweep(values)
         done = np.max(np.abs(new - values), initial=0.0) <= tolerance * (1 + np.max(new, initial=0))
         values = new
         if done:
             return values, it
     raise AssignmentError(f"value iteration did not converge in {max_iterations} iterations "
                           f"(γ={gamma}); lower γ or raise max_iterations")
+
+
+def value_iteration(rows: Sequence[TransitionRow], gamma: float, tolerance: float = 1e-6,
+                    max_iterations: int = 10_000) -> tuple[np.ndarray, int]:
+    """``iterate`` over ``rows`` in this process."""
+    return iterate(lambda v: np.asarray([bellman(r, v, gamma) for r in rows]), len(rows),
+                   gamma, tolerance, max_iterations)
 
 
 @dataclass(frozen=True)

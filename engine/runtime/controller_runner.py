@@ -55,6 +55,7 @@ from engine.reconfiguration import (
     measure_rescale,
     record_of,
 )
+from migration.assignment import requested_strategy
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster
@@ -233,16 +234,15 @@ class ControllerRunner:
             raise RescaleRefused(f"a rescale of {d.operator!r} is running; a controller does "
                                  "not supersede it (decide again once it ended)")
         by = f"controller {controller}"
-        if isinstance(d, Scale):
-            if d.assignment is None and d.operator in m.dep.tasks and \
-                    len(m.dep.tasks[d.operator]) == d.parallelism:
+        if isinstance(d, (Scale, Rebalance)):
+            if isinstance(d, Scale) and d.assignment is None and d.operator in m.dep.tasks \
+                    and len(m.dep.tasks[d.operator]) == d.parallelism:
                 raise RescaleRefused(f"{d.operator!r} already runs {d.parallelism} tasks")
-            report = await m.rescaler.rescale(d.operator, d.parallelism, d.protocol,
-                                              d.assignment, d.planning, by=by)
-            return str(report)
-        if isinstance(d, Rebalance):
-            report = await m.rescaler.rescale(d.operator, d.parallelism, d.protocol,
-                                              d.assignment, d.planning, by=by)
+            strategy = requested_strategy(d.strategy, d.balance, d.projected_costs)
+            report = await m.rescaler.rescale(
+                d.operator, d.parallelism, d.protocol,
+                None if strategy is not None else d.assignment, d.planning, by=by,
+                strategy=strategy)
             return str(report)
         if isinstance(d, Place):
             report = await m.rescaler.place(d.operator, d.task_index, d.node, "drrs", by=by)

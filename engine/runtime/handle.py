@@ -41,6 +41,7 @@ from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
+from migration.assignment import AssignmentSpec, requested_strategy
 from migration.report import RescaleReport
 
 _ACTIVE = ("created", "running", "restarting")
@@ -151,13 +152,20 @@ class JobHandle:
                           tuple((t, float(s)) for t, s in silent), float(taken_at))
 
     def rescale(self, operator: str, parallelism: int, protocol: str = "drrs",
-                planning: Any = None) -> RescaleReport:
+                planning: Any = None, assignment: str | None = None,
+                balance: float | None = None, projected_costs: Any = None) -> RescaleReport:
         """Change ``operator``'s parallelism while the job runs; returns the report.
 
         ``protocol``: one of ``migration.protocols.PROTOCOLS``. ``planning``: a
         ``migration.planning.Planning`` ordering (and, for non-disruptive, chunking) the
         moving key groups; None uses the protocol's default (the adaptive strategy for
-        non-disruptive). Raises ``RescaleRefused`` (job untouched) for an invalid request
+        non-disruptive). ``assignment``: how to choose the target assignment (a
+        ``migration.assignment.AssignmentStrategy`` name: "uniform", the default,
+        "consistent-hashing", "ssm" or "mtm"); ``balance``: θ, every task's load within
+        ``(1 + θ)`` x the mean (ssm, mtm); ``projected_costs``: mtm's table (a directory
+        written by ``python -m migration.pmc`` or a ``ProjectedCosts``). When no assignment
+        meets θ the request is refused naming the smallest θ that would.
+        Raises ``RescaleRefused`` (job untouched) for an invalid request
         or one that failed before anything changed (e.g. a task did not answer within
         ``rescale_timeout_s``: the error names it), ``JobFailedError`` when it failed after.
 
@@ -166,7 +174,8 @@ class JobHandle:
         runs new steps, and raises ``ControlTimeout`` when it ran none for
         ``Deadlines.rescale_window_s`` (2 × (rescale_timeout_s + control_timeout_s)) or
         did not answer within ``control_timeout_s`` when asked."""
-        return self._rescale(operator, parallelism, protocol, None, planning)
+        return self._rescale(operator, parallelism, protocol, None, planning,
+                             requested_strategy(assignment, balance, projected_costs))
 
     def set_replication(self, operator: str, policy: str, period_s: float | None = None,
                         hot_fraction: float | None = None) -> None:
@@ -177,10 +186,20 @@ class JobHandle:
         self._get(self._master.set_replication.remote(operator, policy, period_s, hot_fraction),
                   "set_replication", self.deadlines.control_s)
 
-    def rebalance(self, operator: str, assignment: Sequence[int], protocol: str = "drrs",
-                  planning: Any = None) -> RescaleReport:
+    def rebalance(self, operator: str, assignment: Sequence[int] | str, protocol: str = "drrs",
+                  planning: Any = None, balance: float | None = None,
+                  projected_costs: Any = None) -> RescaleReport:
         """Move key groups so that key group ``kg`` is held by task ``assignment[kg]``; the
-        parallelism becomes ``max(assignment) + 1``. Errors and deadline as ``rescale``."""
+        parallelism becomes ``max(assignment) + 1``. Or, with a strategy name (e.g.
+        ``"ssm"``, with ``balance``), the target it chooses at the current parallelism.
+        Errors and deadline as ``rescale``."""
+        if isinstance(assignment, str):
+            return self._rescale(operator, None, protocol, None, planning,
+                                 requested_strategy(assignment, balance, projected_costs))
+        if balance is not None or projected_costs is not None:
+            raise RescaleRefused("balance and projected_costs go with an assignment strategy "
+                                 "(e.g. rebalance(op, 'ssm', balance=0.2)), not an explicit "
+                                 "assignment")
         a = tuple(check_count(f"assignment for {operator!r}: the task index of key group {kg}",
                               t, 0, RescaleRefused) for kg, t in enumerate(assignment))
         if not a:
@@ -226,11 +245,12 @@ class JobHandle:
         return list(self._get(self._master.placement.remote(operator), "placement",
                               self.deadlines.control_s))
 
-    def _rescale(self, operator: str, parallelism: int, protocol: str,
-                 assignment: tuple[int, ...] | None, planning: Any = None) -> RescaleReport:
+    def _rescale(self, operator: str, parallelism: int | None, protocol: str,
+                 assignment: tuple[int, ...] | None, planning: Any = None,
+                 strategy: AssignmentSpec | None = None) -> RescaleReport:
         return self._await_rescale(
-            self._master.rescale.remote(operator, parallelism, protocol, assignment, planning),
-            operator)
+            self._master.rescale.remote(operator, parallelism, protocol, assignment, planning,
+                                        strategy), operator)
 
     def _await_rescale(self, ref: Any, operator: str) -> RescaleReport:
         """The report of a rescale (or placement) call ``ref``, waiting as long as the

@@ -492,10 +492,12 @@ class JobMaster:
         self._notify()
 
     # -- rescale (``engine.runtime.rescaling`` runs the coordinator's commands)
-    async def rescale(self, operator: str, parallelism: int, protocol: str,
-                      assignment: tuple[int, ...] | None = None, planning: Any = None) -> bytes:
+    async def rescale(self, operator: str, parallelism: int | None, protocol: str,
+                      assignment: tuple[int, ...] | None = None, planning: Any = None,
+                      strategy: Any = None) -> bytes:
         return encode_message(await self.rescaler.rescale(operator, parallelism, protocol,
-                                                          assignment, planning))
+                                                          assignment, planning,
+                                                          strategy=strategy))
 
     @property
     def rescaling(self) -> bool:

@@ -51,6 +51,7 @@ from engine.names import JobState
 from engine.runtime.failures import reflow_error_in, unwrap
 from engine.runtime.headroom import CpuHeadroom
 from engine.runtime.recovery import JobRestarted
+from migration.assignment import AssignmentError, AssignmentSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -156,9 +157,11 @@ class Rescaler:
                 self._broken[vertex] = exc
 
     # -- validation
-    def validate(self, operator: str, parallelism: int, protocol: str,
-                 assignment: tuple[int, ...] | None, planning: Any) -> RescaleRequest:
-        """The request as a value, or ``RescaleRefused`` saying what to change."""
+    def validate(self, operator: str, parallelism: int | None, protocol: str,
+                 assignment: tuple[int, ...] | None, planning: Any,
+                 strategy: AssignmentSpec | None = None) -> RescaleRequest:
+        """The request as a value, or ``RescaleRefused`` saying what to change.
+        ``parallelism`` None: the operator's current one (a rebalance by ``strategy``)."""
         m = self.m
         if m.state != JobState.RUNNING:
             raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
@@ -182,10 +185,13 @@ class Rescaler:
             raise RescaleRefused(
                 f"operator {operator!r} is chained behind {v.name!r} and runs in its tasks; "
                 f"rescale {v.name!r}")
+        if parallelism is None:
+            parallelism = len(m.dep.tasks[v.name])
         parallelism = check_count(f"rescale of {operator!r}: parallelism", parallelism,
                                   error=RescaleRefused)
         if op.kind == g.SOURCE:
-            return self._validate_source(v.name, parallelism, proto, assignment, planning)
+            return self._validate_source(v.name, parallelism, proto, assignment, planning,
+                                         strategy)
         nkg = m.dep.plan.num_key_groups
         if v.keyed and parallelism > nkg:
             raise RescaleRefused(
@@ -199,6 +205,17 @@ class Rescaler:
                 validate_assignment(tuple(assignment), nkg, parallelism)
             except ValueError as exc:
                 raise RescaleRefused(f"assignment for {operator!r} refused: {exc}") from None
+        if strategy is not None:
+            if not isinstance(strategy, AssignmentSpec):
+                raise RescaleRefused(f"assignment strategy must be a migration.assignment."
+                                     f"AssignmentSpec, not {type(strategy).__name__}")
+            if not v.keyed:
+                raise RescaleRefused(f"operator {operator!r} is not keyed; an assignment "
+                                     f"strategy ({strategy.strategy}) needs key groups")
+            try:
+                strategy.check(nkg)
+            except AssignmentError as exc:
+                raise RescaleRefused(str(exc)) from None
         if planning is not None and not isinstance(planning, Planning):
             raise RescaleRefused(f"planning must be a migration.planning.Planning, not "
                                  f"{type(planning).__name__}")
@@ -206,15 +223,17 @@ class Rescaler:
             proto = RescaleProtocol.STOP_RESTART  # a stateless operator has no groups to move
         return RescaleRequest(v.name, parallelism, proto,
                               tuple(assignment) if assignment is not None else None, planning,
-                              "requested through the job handle")
+                              "requested through the job handle", strategy=strategy)
 
     def _validate_source(self, vertex: str, parallelism: int, proto: RescaleProtocol,
-                         assignment: tuple[int, ...] | None, planning: Any) -> RescaleRequest:
+                         assignment: tuple[int, ...] | None, planning: Any,
+                         strategy: AssignmentSpec | None) -> RescaleRequest:
         """A source rescales by handing its partitions over (any live protocol) or by
         stop-restart; it has no key groups, and at most one task per partition."""
-        if assignment is not None or planning is not None:
+        if assignment is not None or planning is not None or strategy is not None:
             raise RescaleRefused(f"operator {vertex!r} is a source: it has partitions, not key "
-                                 "groups; rescale it without an assignment or planning")
+                                 "groups; rescale it without an assignment, strategy or "
+                                 "planning")
         partitions = self.m.dep.partitions.get(vertex, ())
         if parallelism > len(partitions):
             raise RescaleRefused(
@@ -225,20 +244,22 @@ class Rescaler:
                               "requested through the job handle")
 
     # -- entry
-    async def rescale(self, operator: str, parallelism: int, protocol: str,
+    async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None, planning: Any,
-                      by: str = "handle") -> RescaleReport:
+                      by: str = "handle", strategy: AssignmentSpec | None = None
+                      ) -> RescaleReport:
         """Run the rescale (see the module doc); ``by``: who asked, for the records of what
-        rescales cost (``engine.runtime.controller_runner``)."""
+        rescales cost (``engine.runtime.controller_runner``); ``strategy``: how to choose the
+        target assignment (``parallelism`` None: the current one)."""
         started = self.m.clock.monotonic()
         report = await self._rescale_retried(operator, parallelism, protocol, assignment,
-                                             planning)
+                                             planning, strategy)
         self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
         return report
 
-    async def _rescale_retried(self, operator: str, parallelism: int, protocol: str,
-                               assignment: tuple[int, ...] | None,
-                               planning: Any) -> RescaleReport:
+    async def _rescale_retried(self, operator: str, parallelism: int | None, protocol: str,
+                               assignment: tuple[int, ...] | None, planning: Any,
+                               strategy: AssignmentSpec | None) -> RescaleReport:
         """Run the request; when the job restarts from a checkpoint during it (a task
         died), what it did is gone with the tasks, so it runs again, planned from the
         restored assignment, once the job runs: it returns when the operator runs as asked
@@ -250,14 +271,15 @@ class Rescaler:
             epoch = m.recovery.epoch
             try:
                 return await self._rescale(operator, parallelism, protocol, assignment,
-                                           planning)
+                                           planning, strategy)
             except JobRestarted:
                 await m.recovery.wait_running(epoch)
 
-    async def _rescale(self, operator: str, parallelism: int, protocol: str,
-                       assignment: tuple[int, ...] | None, planning: Any) -> RescaleReport:
+    async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
+                       assignment: tuple[int, ...] | None, planning: Any,
+                       strategy: AssignmentSpec | None = None) -> RescaleReport:
         m = self.m
-        req = self.validate(operator, parallelism, protocol, assignment, planning)
+        req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
         if PROTOCOLS[req.protocol].live and not m.dep.plan.vertex(req.operator).is_source:
             running = self._coordinators.get(req.operator)
             if running is not None:
@@ -268,7 +290,8 @@ class Rescaler:
                                          "again after it")
                 self._live_running += 1
                 try:
-                    req = self.validate(operator, parallelism, protocol, assignment, planning)
+                    req = self.validate(operator, parallelism, protocol, assignment, planning,
+                                        strategy)
                     return await self._execute(req)
                 finally:
                     self._live_running -= 1
@@ -280,7 +303,8 @@ class Rescaler:
                                      "needs the job to itself: try again after it")
             self._alone_running = True
             try:
-                req = self.validate(operator, parallelism, protocol, assignment, planning)
+                req = self.validate(operator, parallelism, protocol, assignment, planning,
+                                    strategy)
                 self._alone_kind = req.protocol
                 return await self._execute(req)
             finally:

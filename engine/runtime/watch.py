@@ -26,6 +26,7 @@ from engine.messages import decode_message
 from engine.metrics import TaskMetrics
 from engine.names import JobState
 from engine.runtime.health import TaskHealth
+from engine.task import TaskStatus
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster
@@ -66,7 +67,10 @@ class Watch:
         """Ask every live task for its metrics and wait ``Deadlines.task_poll_s``. Returns
         the tasks whose actor died."""
         m = self.m
-        names = [n for n in m.dep.task_names() if n in m.handles and n not in m.finished]
+        # a finished task is asked once more, for its final figures: one that finished
+        # before its first poll would otherwise never show in the metrics at all
+        names = [n for n in m.dep.task_names() if n in m.handles
+                 and (n not in m.finished or not self._final(n))]
         futs: dict[str, tuple[Any, asyncio.Future[TaskMetrics]]] = {}
         for n in names:
             h = m.handles[n]
@@ -86,7 +90,8 @@ class Watch:
             if m.handles.get(n) is not h:  # replaced or removed meanwhile
                 continue
             exc = f.exception()
-            if isinstance(exc, RayActorError) and n in m.dep.task_names():
+            if (isinstance(exc, RayActorError) and n in m.dep.task_names()
+                    and n not in m.finished):
                 died.append((n, exc))
             elif exc is None:
                 self.health.answered(n)
@@ -100,6 +105,11 @@ class Watch:
         m.collector.unresponsive = {t: (*where[t], self.health.since(t))
                                     for t, _ in self.health.unresponsive() if t in where}
         return died
+
+    def _final(self, task: str) -> bool:
+        """The collector holds ``task``'s figures from after it finished."""
+        snap = self.m.collector.tasks.get(task)
+        return snap is not None and snap.status == TaskStatus.FINISHED
 
     def unresponsive(self) -> tuple[tuple[str, float], ...]:
         """``(task, seconds since it last answered)`` of the live tasks that did not answer

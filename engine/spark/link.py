@@ -5,7 +5,10 @@ DataFrames over ``OutputLogSink`` logs, and runs one watcher thread that carries
 across:
 
 * a Spark query fails -> every linked ``SparkSource`` fails with Spark's message, so its
-  source tasks raise and ``handle.wait()`` raises ``JobFailedError`` naming it;
+  source tasks raise and ``handle.wait()`` raises ``JobFailedError`` naming it; except a
+  query the link started (``feed``, ``start``) that failed in Spark's own start-up of a
+  Python worker (``QueryRestarts``): that one is started again from its checkpoint, up to
+  ``query_restarts`` times, and the job never sees it;
 * the reflow job fails -> every bridge fails (the next ``put`` raises, so each feeding
   query fails with reflow's error) and every linked output log is marked failed (its
   reader queries fail with the same error);
@@ -17,15 +20,19 @@ across:
 ``close()`` shuts down in order: watcher, Spark queries, the reflow job, the bridge actors.
 ``local_spark()`` builds a local-mode session (any master via ``master=`` or
 ``REFLOW_SPARK_MASTER``) with the ``"reflow"`` data source registered, whose Python workers
-run the driver's interpreter (``sys.executable``) unless one was configured.
+run the driver's interpreter (``sys.executable``) unless one was configured; in local mode
+through ``worker_launcher``, so they import the installed, byte-compiled pyspark.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import re
+import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -53,18 +60,22 @@ def local_spark(app_name: str = "reflow", master: str | None = None,
     with this process.
 
     Spark's Python workers (UDFs, the ``"reflow"`` data source's readers and writers on the
-    executors) run ``python_worker_executable(conf)``: the interpreter this process runs on,
-    unless ``PYSPARK_PYTHON`` or ``conf["spark.pyspark.python"]`` names another. PySpark's
-    own default is ``python3`` from ``PATH``, which under ``ray job submit``, cron or a
-    virtualenv not on ``PATH`` is an interpreter without reflow's packages."""
+    executors, its planners and streaming runners on the driver) run
+    ``python_worker_executable(conf)``: the interpreter this process runs on, unless
+    ``PYSPARK_PYTHON`` or ``conf["spark.pyspark.python"]`` names another. PySpark's own
+    default is ``python3`` from ``PATH``, which under ``ray job submit``, cron or a
+    virtualenv not on ``PATH`` is an interpreter without reflow's packages. In local mode,
+    when neither names one, the workers start through ``worker_launcher``."""
     from pyspark.sql import SparkSession
 
+    master = master or os.environ.get("REFLOW_SPARK_MASTER") or "local[*]"
     python = python_worker_executable(conf)
+    if python == sys.executable and master.startswith("local"):
+        python = worker_launcher(python)
     # PySpark reads PYSPARK_PYTHON when it creates the SparkContext; the JVM takes the
     # worker executable from each Python function it is handed, not from the conf.
     os.environ["PYSPARK_PYTHON"] = python
     conf = {**(conf or {}), "spark.pyspark.python": python}
-    master = master or os.environ.get("REFLOW_SPARK_MASTER") or "local[*]"
     b = (SparkSession.builder.master(master).appName(app_name)
          .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
          .config("spark.ui.enabled", "false")
@@ -80,9 +91,63 @@ def local_spark(app_name: str = "reflow", master: str | None = None,
 
 def python_worker_executable(conf: dict[str, Any] | None = None) -> str:
     """The Python Spark's workers run: ``conf["spark.pyspark.python"]``, else
-    ``PYSPARK_PYTHON``, else this process's interpreter (``sys.executable``)."""
-    return str((conf or {}).get("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON")
-               or sys.executable)
+    ``PYSPARK_PYTHON``, else this process's interpreter (``sys.executable``). A
+    ``worker_launcher`` an earlier ``local_spark`` of this process left in ``PYSPARK_PYTHON``
+    counts as the interpreter it launches, not as the user's choice (so a later session
+    with another master gets the interpreter itself)."""
+    configured = str((conf or {}).get("spark.pyspark.python")
+                     or os.environ.get("PYSPARK_PYTHON") or sys.executable)
+    return next((python for python, launcher in _launchers.items() if launcher == configured),
+                configured)
+
+
+_LAUNCHER = """#!/bin/sh
+# Written by reflow (engine.spark.link.worker_launcher): starts Spark's Python workers on
+# the interpreter below, importing the installed pyspark (byte-compiled once) instead of
+# the zipped copy Spark puts first on their PYTHONPATH, which every worker compiles anew.
+set -f
+kept=
+IFS=:
+for entry in $PYTHONPATH; do
+  case "$entry" in
+    {zips}/*.zip) ;;
+    *) kept="${{kept:+$kept:}}$entry" ;;
+  esac
+done
+unset IFS
+PYTHONPATH=$kept
+export PYTHONPATH
+exec {python} "$@"
+"""
+_launchers: dict[str, str] = {}  # python -> its launcher, made once per process
+
+
+def worker_launcher(python: str) -> str:
+    """An executable that runs ``python`` for Spark's Python workers with the installed
+    pyspark's ``python/lib/*.zip`` taken off their ``PYTHONPATH``; ``python`` itself when
+    pyspark is not installed with its zips (a Spark distribution's own ``python/``).
+
+    Why: Spark starts a Python process for every planner, commit and streaming runner (and
+    gives it a fixed 10 s to connect back) with ``$SPARK_HOME/python/lib/pyspark.zip``
+    first on its path. Python cannot cache bytecode for modules imported from a zip, so
+    each of them compiles pyspark anew: 1.6 s of CPU against 0.5 s from the installed,
+    byte-compiled package, the same files (a pip install's zip is built from them). The
+    launcher is a shell script in a directory of this process's, removed at exit."""
+    import pyspark
+
+    if python in _launchers:
+        return _launchers[python]
+    zips = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "python", "lib")
+    if not os.path.isfile(os.path.join(zips, "pyspark.zip")):
+        return python
+    directory = tempfile.mkdtemp(prefix="reflow-spark-python-")
+    atexit.register(shutil.rmtree, directory, True)
+    path = os.path.join(directory, "python")
+    with open(path, "w") as f:
+        f.write(_LAUNCHER.format(zips=shlex.quote(zips), python=shlex.quote(python)))
+    os.chmod(path, 0o700)
+    _launchers[python] = path
+    return path
 
 
 def register(spark: Any) -> None:
@@ -111,14 +176,49 @@ def spark_error_summary(exc: BaseException) -> str:
     return found or first
 
 
+#: Failures of Spark's own machinery starting a query's Python worker, not of the query's
+#: data or code. Spark waits a fixed 10 s for a new Python worker (the data source's reader
+#: on the driver, a planner, a commit) to connect back (``PythonWorkerFactory``; no Spark
+#: setting changes it), which a machine with many more runnable processes than cores
+#: misses. Spark's own answer is to restart the query from its checkpoint.
+TRANSIENT_SPARK_ERRORS = ("Python worker failed to connect back",)
+
+
+class QueryRestarts:
+    """Whether a failed query is started again: only a query the link started (it holds the
+    writer, so the restart resumes from the query's checkpoint: the feed's dedupe and
+    Spark's file sinks make that exactly-once), only for a ``TRANSIENT_SPARK_ERRORS``
+    failure, at most ``limit`` times per query (Spark's query id, which a checkpoint
+    keeps)."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"query_restarts must be >= 0; got {limit}")
+        self.limit = limit
+        self.used: dict[str, int] = {}  # query id -> restarts so far
+
+    def should_restart(self, query_id: str, error: str) -> bool:
+        """True (and counted) when the query ``query_id`` that failed with ``error`` is to
+        be started again."""
+        if not any(t in error for t in TRANSIENT_SPARK_ERRORS):
+            return False
+        if self.used.get(query_id, 0) >= self.limit:
+            return False
+        self.used[query_id] = self.used.get(query_id, 0) + 1
+        return True
+
+
 def _apply_trigger(writer: Any, trigger: dict[str, Any] | None) -> Any:
     return writer.trigger(**trigger) if trigger else writer
 
 
 class SparkLink:
-    """See the module docstring. ``handle``: the reflow ``JobHandle``."""
+    """See the module docstring. ``handle``: the reflow ``JobHandle``; ``query_restarts``:
+    how often one query the link started may be started again after a failure of Spark's
+    Python worker start-up (``QueryRestarts``)."""
 
-    def __init__(self, spark: Any, handle: Any, poll_interval_s: float = 0.25) -> None:
+    def __init__(self, spark: Any, handle: Any, poll_interval_s: float = 0.25,
+                 query_restarts: int = 3) -> None:
         self.spark = spark
         self.handle = handle
         self.poll_interval_s = poll_interval_s
@@ -128,7 +228,10 @@ class SparkLink:
         self._feeds: list[tuple[Any, SparkSource]] = []
         self._queries: list[Any] = []  # every query started or watched here
         self._logs: dict[str, str] = {}  # directory -> directory
-        self._done: set[str] = set()  # query ids already handled
+        self._done: set[str] = set()  # query run ids already handled
+        self._writers: dict[str, Any] = {}  # query id -> the DataStreamWriter that started it
+        self._restarts = QueryRestarts(query_restarts)
+        self._checking = threading.Lock()  # one _check_queries at a time
         self._ended: set[str] = set()  # sources whose input was ended
         self.spark_error: str | None = None
         self.spark_error_full: str | None = None
@@ -173,6 +276,7 @@ class SparkLink:
         with self._lock:
             self._feeds.append((q, source))
             self._queries.append(q)
+            self._writers[str(q.id)] = w
         return q
 
     def stop_feeds(self, graceful_timeout_s: float = 30.0) -> None:
@@ -204,18 +308,38 @@ class SparkLink:
             r = r.option(k, str(v))
         return r.load(directory)
 
+    def start(self, writer: Any) -> Any:
+        """Start ``writer``'s query (a ``DataStreamWriter``, e.g. of a ``read_stream``, with
+        a ``checkpointLocation``) and watch it: its failure fails the reflow job, except a
+        failure of Spark's Python worker start-up, after which the link starts it again
+        from its checkpoint. Returns the ``StreamingQuery`` (``current`` gives the one
+        running after a restart)."""
+        q = writer.start()
+        with self._lock:
+            self._queries.append(q)
+            self._writers[str(q.id)] = writer
+        return q
+
     def watch(self, query: Any) -> Any:
-        """Watch a query started elsewhere (e.g. the one writing a ``read_stream``): its
-        failure fails the reflow job. Returns the query."""
+        """Watch a query started elsewhere: its failure fails the reflow job (the link
+        cannot start it again: prefer ``start``). Returns the query."""
         with self._lock:
             self._queries.append(query)
         return query
+
+    def current(self, query: Any) -> Any:
+        """The query running in place of ``query`` (the same Spark query id) after a
+        restart; ``query`` itself if none."""
+        with self._lock:
+            return next((q for q in reversed(self._queries) if str(q.id) == str(query.id)),
+                        query)
 
     def wait_output(self, query: Any, log_or_dir: OutputLogSink | str,
                     timeout: float | None = None) -> dict[str, int]:
         """Wait until the job has ended (the log is sealed) and ``query`` has processed
         and committed everything in the log; returns the final offset. Raises if the job
-        or the query failed."""
+        or the query failed; a query the link restarts (``start``) is followed to the one
+        running in its place."""
         directory = (log_or_dir.directory if isinstance(log_or_dir, OutputLogSink)
                      else os.path.abspath(log_or_dir))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -226,14 +350,29 @@ class SparkLink:
             err = failure(directory) or self.job_error
             if err:
                 raise RuntimeError(f"reflow job failed: {err}")
-            if not query.isActive:
-                raise RuntimeError(f"query {query.name or query.id} ended before the job: "
-                                   f"{query.exception()}")
+            if not self.current(query).isActive:
+                self._check_queries()  # a failure the link restarts is not the end
+                q = self.current(query)
+                if not q.isActive:
+                    raise RuntimeError(f"query {q.name or q.id} ended before the job: "
+                                       f"{q.exception()}")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"the reflow job writing {directory} still runs")
             time.sleep(0.1)
-        query.processAllAvailable()
-        return final
+        while True:
+            q = self.current(query)
+            try:
+                q.processAllAvailable()
+                return final
+            except Exception:
+                # a query that fails while this waits (e.g. Spark's start-up of its reader
+                # missed the connect-back) may be one the link restarts: wait on that one
+                ends = time.monotonic() + 30
+                while q.isActive and time.monotonic() < ends:
+                    time.sleep(0.05)  # Spark marks it terminated just after it raised
+                self._check_queries()
+                if str(self.current(query).runId) == str(q.runId):
+                    raise
 
     # ------------------------------------------------------------------ the watcher
     def _watch(self) -> None:
@@ -245,27 +384,55 @@ class SparkLink:
                 log.warning("SparkLink watcher: %s: %s", type(exc).__name__, exc)
 
     def _check_queries(self) -> None:
+        with self._checking:
+            self._check_queries_locked()
+
+    def _check_queries_locked(self) -> None:
         with self._lock:
             queries = list(self._queries)
-            feeds = list(self._feeds)
         for q in queries:
             qid = str(q.id)
-            if qid in self._done or q.isActive:
+            if str(q.runId) in self._done or q.isActive:
                 continue
-            self._done.add(qid)
+            self._done.add(str(q.runId))
             exc = q.exception()
+            if exc is not None and self._restart(q, str(exc)):
+                continue
             if exc is not None:
                 msg = f"Spark query {q.name or qid} failed: {spark_error_summary(exc)}"
                 log.warning("%s\n%s", msg, exc)
                 self.spark_error = self.spark_error or msg
                 self.spark_error_full = self.spark_error_full or str(exc)
                 self._fail_reflow(msg)
+        with self._lock:
+            feeds = list(self._feeds)
         for name, source in list(self._sources.items()):
             mine = [q for q, s in feeds if s is source]
             if (name not in self._ended and mine and self.spark_error is None
                     and all(not q.isActive and q.exception() is None for q in mine)):
                 self._ended.add(name)
                 source.end_input()
+
+    def _restart(self, query: Any, error: str) -> bool:
+        """Start ``query``'s writer again when ``QueryRestarts`` says so; True if it did."""
+        qid = str(query.id)
+        writer = self._writers.get(qid)
+        if writer is None or not self._restarts.should_restart(qid, error):
+            return False
+        try:
+            new = writer.start()
+        except Exception as exc:  # it cannot start again: the original failure stands
+            log.warning("Spark query %s could not be restarted: %s", query.name or qid,
+                        spark_error_summary(exc))
+            return False
+        with self._lock:
+            self._queries = [new if q is query else q for q in self._queries]
+            self._feeds = [(new if q is query else q, s) for q, s in self._feeds]
+        log.warning("Spark query %s failed in Spark's start-up of a Python worker (%s); "
+                    "restarted from its checkpoint (restart %d of at most %d)",
+                    query.name or qid, spark_error_summary(RuntimeError(error)),
+                    self._restarts.used[qid], self._restarts.limit)
+        return True
 
     def _fail_reflow(self, msg: str) -> None:
         if not self._sources:

@@ -32,6 +32,11 @@ Scenarios (``--scenario``; one fresh job per run, every run the same job and tim
   timestamps are the scheduled emission times; the window operator (``q7-partial-max``,
   ``q8-join``) is rescaled 4 -> 6. Latency is that of the window results (arrival - window end).
 
+``--assignment`` (``uniform``, ``consistent-hashing``, ``ssm``; with ``--balance`` θ) chooses
+the target of a rescale by that strategy (``migration.assignment``), and the ``skew``
+scenario's rebalance by it instead of the precomputed target; ``examples/bench/assignment.py``
+compares uniform and ssm this way.
+
 Per run: deploy, build state (``--build`` s; with ``--coverage`` c at least until the
 generator has emitted enough records for a share c of the keys, computed exactly from its
 key sequence), baseline (``--baseline`` s), then the request
@@ -258,9 +263,13 @@ class Scenario:
                                     source_parallelism=a.from_p if source else 1)
 
     def request(self, handle: Any, protocol: str) -> Any:
+        strategy, theta = self.args.assignment, self.args.balance
+        if strategy is not None and self.action == "rebalance":
+            return handle.rebalance(self.op, strategy, protocol=protocol, balance=theta)
         if self.assignment is not None:
             return handle.rebalance(self.op, self.assignment, protocol=protocol)
-        return handle.rescale(self.op, self.args.to_p, protocol=protocol)
+        return handle.rescale(self.op, self.args.to_p, protocol=protocol, assignment=strategy,
+                              balance=theta)
 
 
 # ------------------------------------------------------------------------------ one run
@@ -711,6 +720,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="source scenario: the generator's partitions (8; quick 4)")
     ap.add_argument("--agg-p", type=int,
                     help="source scenario: the aggregator's parallelism (4; quick 2)")
+    ap.add_argument("--assignment", help="how the rescale chooses its target assignment "
+                                         "(migration.assignment: uniform, consistent-hashing, "
+                                         "ssm); default: uniform ranges, and the skew "
+                                         "scenario's precomputed balanced target")
+    ap.add_argument("--balance", type=float, help="θ for --assignment ssm (default 0.2)")
     ap.add_argument("--size-ms", type=int, default=2000, help="q7/q8 window size")
     ap.add_argument("--slide-ms", type=int, default=500, help="q7/q8 window slide")
     cli.add_rescale_run(ap, TIMING, coverage=None)
@@ -770,17 +784,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def job_config(args: argparse.Namespace) -> JobConfig:
+    """The ``JobConfig`` of every rescale run (from the parsed arguments)."""
+    return JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
+                     linger_ms=args.linger_ms, transport=args.transport,
+                     drrs_set_aside_cap=args.set_aside_cap,
+                     drrs_max_subscales_per_task=args.max_subscales,
+                     drrs_max_subscales=args.max_subscales_total,
+                     drrs_subscale_size=args.subscale_size,
+                     drrs_subscale_bytes=args.subscale_bytes or None)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = provenance.begin(__file__, argv)
     sc = Scenario(args)
-    config = JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
-                       linger_ms=args.linger_ms, transport=args.transport,
-                       drrs_set_aside_cap=args.set_aside_cap,
-                       drrs_max_subscales_per_task=args.max_subscales,
-                       drrs_max_subscales=args.max_subscales_total,
-                       drrs_subscale_size=args.subscale_size,
-                       drrs_subscale_bytes=args.subscale_bytes or None)
+    config = job_config(args)
     names = run_order(args.protocols, args.repeats, not args.no_baseline_run)
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
     print(f"runs: {', '.join(p for p, _ in names)}; per run build {sc.build_s:g} s, baseline "

@@ -97,7 +97,8 @@ def test_an_autoscaled_job_matches_the_run_without_rescaling(ray_cluster, policy
 
 
 class Unruly(Controller):
-    """Raises, then returns junk, then asks for the impossible, then for one real rescale."""
+    """Raises, then returns junk, then asks for the impossible, then for one real rescale
+    (its target planned by ssm from the tasks' loads when it runs)."""
 
     interval_s = 0.2
     window_s = 1.0
@@ -116,7 +117,7 @@ class Unruly(Controller):
             return [Scale("nope", 2, reason="no such operator"),
                     Scale("sum", 999, reason="beyond the key groups")]
         if step == 4:
-            return Scale("sum", 2, reason="a real one")
+            return Scale("sum", 2, assignment="ssm", balance=1.0, reason="a real one")
         return NoChange("done")
 
 
@@ -151,6 +152,8 @@ def test_a_bad_controller_is_recorded_and_the_job_runs_on(ray_cluster):
     assert "no operator 'nope'" in refused["nope"]
     assert "exceeds the number of key groups" in refused["sum"]
     assert ("scale", "executed") in kinds
+    [real] = [d for d in decisions if d.outcome == "executed"]
+    assert "assignment ssm" in real.decision and "ssm assignment predicted" in real.detail
     fams = {f.name: f for f in text_string_to_metric_families(text)}
     counted = {(s.labels["kind"], s.labels["outcome"]): s.value
                for s in fams["reflow_controller_decisions"].samples

@@ -31,3 +31,13 @@ def test_a_task_moves_to_another_node_live_by_the_handle_and_by_a_controller():
                           text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "OK" in proc.stdout
+
+
+@pytest.mark.slow  # three raylets' worth of start-up
+def test_a_removed_node_restarts_its_tasks_on_the_surviving_node():
+    script = os.path.join(os.path.dirname(SCRIPT), "multinode_recovery_job.py")
+    env = dict(os.environ, RAY_ADDRESS="")
+    proc = subprocess.run([sys.executable, script], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "OK" in proc.stdout

@@ -181,3 +181,23 @@ def test_a_source_is_restored_from_a_savepoint_at_another_parallelism(ray_cluste
         h2.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
+
+
+def test_a_source_rescaled_by_stop_restart_reads_on_exactly(ray_cluster):
+    """protocol="stop-restart" on a source: the job stops with a savepoint and is restored
+    with the source at 5 tasks; the 8 partitions go on from their resume states."""
+    records = records_for("sum", 8)
+    sink = TestingSink()
+    gate = SourceGate(after=2500)
+    handle = source_job("sum", records, 2, sink, [gate]).run()
+    try:
+        gate.wait_reached()
+        report = handle.rescale("src", 5, protocol="stop-restart")
+        assert (report.protocol, report.new_parallelism) == ("stop-restart", 5)
+        assert len(task_actors(handle, "src")) == 5
+        gate.open()
+        handle.wait(240)
+    finally:
+        gate.open()
+        handle.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))

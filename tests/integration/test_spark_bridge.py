@@ -12,6 +12,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from collections import Counter
 
@@ -38,6 +39,24 @@ def spark(ray_cluster):
     session = local_spark("reflow-tests", master="local[2]", shuffle_partitions=2)
     yield session
     session.stop()
+
+
+def test_python_workers_import_the_installed_byte_compiled_pyspark(spark):
+    """local_spark's worker launcher: a worker's pyspark is the installed package (its
+    .pyc cached), not the pyspark.zip Spark puts first on the workers' PYTHONPATH, and
+    the worker runs this interpreter."""
+    import pyspark
+
+    def where(_: object) -> tuple[str, str, str]:
+        import sys
+
+        import pyspark as worker_pyspark
+        return worker_pyspark.__file__, sys.executable, os.environ.get("PYTHONPATH", "")
+
+    [(module, python, path)] = spark.sparkContext.parallelize([0], 1).map(where).collect()
+    assert module == pyspark.__file__ and ".zip" not in module
+    assert python == sys.executable
+    assert "pyspark.zip" not in path
 
 
 def write_files(directory: str, files: range, lines_per_file: int, seed: int,
@@ -118,11 +137,11 @@ def run_pipeline(spark, tmp_path, mode: str, rescale: list[tuple[str, int]] | No
                   trigger={"processingTime": "200 milliseconds"} if rescale
                   else {"availableNow": True},
                   checkpoint=os.path.join(work, "ckpt-in"))
-        outq = link.watch(
+        outq = link.start(
             link.read_stream(out).writeStream.format("parquet")
             .option("path", os.path.join(work, "out"))
             .option("checkpointLocation", os.path.join(work, "ckpt-out"))
-            .trigger(processingTime="200 milliseconds").start())
+            .trigger(processingTime="200 milliseconds"))
         if rescale:
             level = 0
             for (op, n), group in zip(rescale, groups[1:], strict=True):

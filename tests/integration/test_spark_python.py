@@ -17,19 +17,9 @@ import venv
 
 import pytest
 
-from engine.spark.link import python_worker_executable
-
 pytestmark = [pytest.mark.spark, pytest.mark.ray]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def test_worker_python_defaults_to_the_driver(monkeypatch):
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
-    assert python_worker_executable() == sys.executable
-    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/py/bin/python")
-    assert python_worker_executable() == "/opt/py/bin/python"
-    assert python_worker_executable({"spark.pyspark.python": "/x/python"}) == "/x/python"
 
 
 def test_main_example_with_a_venv_python_off_path(tmp_path):
@@ -52,3 +42,31 @@ def test_main_example_with_a_venv_python_off_path(tmp_path):
     assert proc.returncode == 0, out[-4000:]
     assert "result: OK" in proc.stdout
     assert "msgpack" not in out
+
+
+def test_a_python_worker_that_never_connects_back_restarts_the_query(tmp_path):
+    """Spark waits a fixed 10 s for a new Python worker to connect back, which a machine
+    at load 30 misses. Here the first start of the output query's reader on the driver
+    (pyspark's streaming source runner) exits without connecting: Spark fails that query
+    after its 10 s, SparkLink starts it again from its checkpoint, and the main example's
+    output is still exact."""
+    marker, wrapper = tmp_path / "failed-once", tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *python_streaming_source_runner*)\n'
+        f'  mkdir "{marker}" 2>/dev/null && exit 1;;\n'
+        "esac\n"
+        f'exec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    env = {**os.environ, "PYSPARK_PYTHON": str(wrapper), "PYTHONPATH": ROOT}
+    proc = subprocess.run(
+        [sys.executable, "examples/wordcount.py", "--once", "--lines", "2000", "--files", "2",
+         "--parallelism", "1", "--work-dir", str(tmp_path / "work")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert marker.is_dir()  # the worker did fail once
+    assert ("Spark query reflow-to-parquet failed in Spark's start-up of a Python worker "
+            "(Python worker failed to connect back.); restarted from its "
+            "checkpoint (restart 1 of at most 3)") in proc.stderr
+    assert "result: OK" in proc.stdout

@@ -11,9 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine.errors import RescaleRefused
 from migration.assignment import (
     AssignmentError,
     AssignmentPlan,
+    AssignmentSpec,
     AssignmentStrategy,
     BalanceInfeasible,
     GroupWorkload,
@@ -24,6 +26,7 @@ from migration.assignment import (
     max_weight_matching,
     migration_bytes,
     plan_assignment,
+    requested_strategy,
     smallest_balance,
     ssm,
     uniform,
@@ -377,6 +380,28 @@ def test_projected_costs_by_hand_and_round_trip(tmp_path) -> None:
         big.candidates(5)
     with pytest.raises(AssignmentError, match="cannot read"):
         ProjectedCosts.load(str(tmp_path / "none"))
+    # what rescale(op, n, assignment="mtm", projected_costs=DIR) does with the directory
+    spec = requested_strategy("mtm", None, str(tmp_path / "pmc"))
+    assert isinstance(spec, AssignmentSpec) and spec.projected.entries == big.entries
+    wl = GroupWorkload.even(64, size=3)
+    assert spec.plan(uniform(64, 2), 3, wl) == mtm(uniform(64, 2), 3, wl, big)
+    spec.check(64)
+    with pytest.raises(AssignmentError, match="computed for 64 key groups; this job has 128"):
+        spec.check(128)
+
+
+def test_a_requested_strategy_is_refused_before_the_job_is_asked(tmp_path) -> None:
+    assert requested_strategy(None) is None
+    assert requested_strategy("ssm", 0.3) == AssignmentSpec(AssignmentStrategy.SSM, 0.3)
+    for args, match in [((None, 0.2), "need an assignment strategy"),
+                        (("best",), "unknown assignment strategy 'best'"),
+                        (("ssm", -0.1), "balance"),
+                        (("mtm",), "needs the pre-computed projected costs"),
+                        (("mtm", None, str(tmp_path / "none")), "cannot read"),
+                        (("mtm", None, 42), "must be a directory"),
+                        (("ssm", None, str(tmp_path)), "cannot read")]:
+        with pytest.raises(RescaleRefused, match=match):
+            requested_strategy(*args)
 
 
 def test_mtm_with_gamma_zero_is_ssm_and_weighs_the_future_otherwise() -> None:

@@ -36,6 +36,7 @@ from engine.messages import (
 )
 from engine.physical import plan_physical
 from engine.testing import TestingSink, TestingSource
+from migration.assignment import AssignmentSpec, consistent_hashing
 from migration.coordinator import (
     AwaitReports,
     Call,
@@ -316,3 +317,90 @@ def test_the_request_is_validated():
     with pytest.raises(ValueError, match="unknown protocol 'nope'"):
         RescaleRequest("sum", 2, "nope")
     assert RescaleRequest("sum", 2, "fluid").protocol is RescaleProtocol.FLUID
+
+
+# ------------------------------------------------------------------ assignment strategies
+
+
+def test_an_ssm_rescale_plans_from_the_tasks_stats_and_reports_its_prediction():
+    req = RescaleRequest("sum", 3, "drrs", strategy=AssignmentSpec("ssm", 0.2))
+    coord = LiveRescale(req, context(), ManualClock())
+    d = Driver(coord, finish_running)
+    cmd = d.run(until=lambda c: isinstance(c, SendControl) and c.phase == Phase.PLAN)
+    assert isinstance(cmd.calls[0].message, GroupStatsRequest) and not coord.committed
+    d.queue.extend(coord.on_result(cmd, [reply(c.message, c.task) for c in cmd.calls]))
+    d.run()
+    plan, report = coord.assignment_plan, coord.report()
+    assert plan is not None and coord.plan.new_assignment == plan.assignment
+    uniform_moves = len(moved_key_groups(uniform_assignment(N, 2), uniform_assignment(N, 3)))
+    assert len(plan.moved) < uniform_moves
+    assert report.assignment == "ssm" and report.predicted_bytes == 100 * len(plan.moved)
+    assert report.load_ratio is not None and report.load_ratio <= 1.2
+    assert "optimal single step" in report.assignment_reason
+    assert "ssm assignment predicted" in str(report)
+
+
+def test_a_balance_no_assignment_meets_refuses_before_anything_changes():
+    req = RescaleRequest("sum", 3, "pause-resume", strategy=AssignmentSpec("ssm", 0.0))
+    coord = LiveRescale(req, context(), ManualClock())
+    d = Driver(coord, finish_running)
+    with pytest.raises(RescaleRefused, match="smallest balance that works is 0.125") as err:
+        d.run()
+    assert err.value.phase == "plan" and err.value.operator == "sum"
+    assert not coord.committed
+    assert [m for _, m in d.sent(HoldFinish)][-2:] == [HoldFinish(False)] * 2
+    assert not any(isinstance(c, (CreateTasks, UpdateVertex)) for c in d.log)
+
+
+def test_stop_restart_with_a_strategy_asks_the_stats_then_restores_to_its_target():
+    ctx = context()
+    req = RescaleRequest("sum", 3, RescaleProtocol.STOP_RESTART,
+                         strategy=AssignmentSpec("consistent-hashing"))
+    coord = coordinator_for(req, ctx, ManualClock())
+    [stats] = coord.start()
+    assert isinstance(stats, SendControl) and stats.phase == Phase.PLAN
+    assert {type(c.message) for c in stats.calls} == {GroupStatsRequest}
+    assert not coord.committed  # a refusal here would leave the job as it is
+    [savepoint] = coord.on_result(stats, [reply(c.message, c.task) for c in stats.calls])
+    assert savepoint == TakeSavepoint(stop=True) and coord.committed
+    meta = CheckpointMetadata(4, "checkpoint", "j", "j", 0.0, N, vertices_of(ctx.deployment),
+                              (PartState("j/sum/0/g0", "sum", 0),
+                               PartState("j/sum/1/g0", "sum", 1)))
+    [restore] = coord.on_result(savepoint, meta)
+    target = consistent_hashing(N, 3)
+    assert isinstance(restore, RestoreJob) and restore.assignments == {"sum": target}
+    new_dep = ctx.deployment.with_vertex("sum", ("a", "b", "c"), target, 1)
+    assert coord.on_result(restore, new_dep) == [] and coord.done
+    report = coord.report()
+    assert report.assignment == "consistent-hashing"
+    assert report.key_groups_moved == len(moved_key_groups(uniform_assignment(N, 2), target))
+    with pytest.raises(ValueError, match="not both"):
+        RescaleRequest("sum", 3, "drrs", assignment=(0,) * N, strategy=AssignmentSpec("ssm"))
+    assert LiveRescale(RescaleRequest("sum", 3, "drrs"), context(),
+                       ManualClock())._with_assignment(report_stub()).assignment == "uniform"
+
+
+def test_a_stop_restart_whose_balance_no_assignment_meets_is_refused_before_the_savepoint():
+    req = RescaleRequest("sum", 3, RescaleProtocol.STOP_RESTART,
+                         strategy=AssignmentSpec("ssm", 0.0))
+    coord = coordinator_for(req, context(), ManualClock())
+    [stats] = coord.start()
+    with pytest.raises(RescaleRefused, match="smallest balance that works is 0.125"):
+        coord.on_result(stats, [reply(c.message, c.task) for c in stats.calls])
+    assert not coord.committed
+
+
+def report_stub() -> Any:
+    from migration.report import RescaleReport
+
+    return RescaleReport("sum", "drrs", 2, 3, 0.0, 1.0, 1.0, 0, 0, ())
+
+
+def test_a_rebalance_by_ssm_that_finds_the_load_within_theta_moves_nothing():
+    for protocol in ("drrs", "fluid", "non-disruptive"):
+        req = RescaleRequest("sum", 2, protocol, strategy=AssignmentSpec("ssm", 0.5))
+        coord = LiveRescale(req, context(), ManualClock())
+        Driver(coord, finish_running).run()
+        report = coord.report()
+        assert report.key_groups_moved == report.key_groups_planned == 0
+        assert report.predicted_bytes == 0 and report.new_parallelism == 2

@@ -100,3 +100,10 @@ def test_without_history_the_priors_decide():
     j = job(3_000)
     out = CostAwareDS2().decide(j.window(), j.view())
     assert "prior, no rescale measured yet" in scales(out)["agg"].reason
+
+
+def test_it_chooses_the_assignment_itself_so_it_takes_no_assignment_argument():
+    from engine.errors import ControllerError
+
+    with pytest.raises(ControllerError, match="assignments="):
+        CostAwareDS2(assignment="ssm")

@@ -166,22 +166,50 @@ def test_dashboards_have_what_the_issue_asks_for():
     assert {"Records in per second", "Records out per second", "End-to-end latency",
             "Useful share", "Backpressured share", "Idle share", "Queued frames",
             "Watermark lag", "State bytes per task", "Key groups per task"} <= overview
+    rows = {r.title: {p.title for p in r.panels} for r in dash.OVERVIEW.rows}
+    assert rows["Checkpoints"] == {"Checkpoints by outcome", "Checkpoint duration",
+                                   "Checkpoint size", "Checkpoint alignment per task",
+                                   "Job restarts"}
+    assert rows["Controllers"] == {"Controller decisions", "Controller decisions per minute"}
     rescaling = {p.title for p in dash.RESCALING.panels}
     assert {"Rescale phase", "Key groups moved", "Bytes moved", "Subscales",
             "Re-routed records", "Suspension", "Propagation delay"} <= rescaling
     assert dash.RESCALING.annotations and dash.OVERVIEW.annotations
     model = dash.to_grafana(dash.RESCALING)
     assert [v["name"] for v in model["templating"]["list"]] == ["datasource", "job"]
-    assert all('job=~"$job"' in t["expr"] for p in model["panels"] for t in p["targets"])
+    graphs = [p for p in model["panels"] if p["type"] != "row"]
+    assert len(graphs) == len(dash.RESCALING.panels)
+    assert all('job=~"$job"' in t["expr"] for p in graphs for t in p["targets"])
     ids = [p["id"] for p in model["panels"]]
     assert len(set(ids)) == len(ids)
     assert model["annotations"]["list"][1]["expr"].startswith("changes(reflow_rescales_total")
 
 
+def test_grafana_rows_head_their_panels_which_never_overlap():
+    model = dash.to_grafana(dash.OVERVIEW)
+    heads = [(p["title"], p["gridPos"]["y"]) for p in model["panels"] if p["type"] == "row"]
+    assert [t for t, _ in heads] == [r.title for r in dash.OVERVIEW.rows]
+    cells = set()
+    for p in model["panels"]:
+        g = p["gridPos"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, p["title"]
+        cells |= mine
+    # each row's panels lie between its header and the next one's
+    for (_, y0), (_, y1) in zip(heads, heads[1:] + [("end", 10**6)], strict=True):
+        inside = [p for p in model["panels"] if p["type"] != "row" and y0 < p["gridPos"]["y"] < y1]
+        row = next(r for r in dash.OVERVIEW.rows if (r.title, y0) in heads)
+        assert [p["title"] for p in inside] == [p.title for p in row.panels]
+
+
 def test_a_dashboard_refuses_duplicate_titles_and_empty_panels():
     q = (dash.Query("up"),)
     with pytest.raises(ValueError, match="panel titles used twice"):
-        dash.Dashboard("x", "x", "", (dash.Panel("a", q), dash.Panel("a", q)))
+        dash.Dashboard("x", "x", "", (dash.Row("r", (dash.Panel("a", q),)),
+                                      dash.Row("s", (dash.Panel("a", q),))))
+    with pytest.raises(ValueError, match="row 'r' has no panel"):
+        dash.Row("r", ())
     with pytest.raises(ValueError, match="has no query"):
         dash.Panel("a", ())
     with pytest.raises(KeyError, match="no dashboard 'nope'; known: overview, rescaling"):

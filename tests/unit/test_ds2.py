@@ -191,7 +191,20 @@ def test_even_split(p, groups, tol, want):
     assert math.ceil(groups / got) <= groups / p * (1 + tol) + 1e-9 or got == groups
 
 
+def test_its_rescales_carry_the_assignment_strategy_asked_for():
+    job = three_operators(3_000)
+    (d,) = DS2(assignment="ssm", balance=0.3).decide(job.window(), job.view())
+    assert isinstance(d, Scale) and d.parallelism == 8
+    assert d.strategy == "ssm" and d.balance == 0.3
+    (plain,) = DS2().decide(three_operators(3_000).window(), three_operators(3_000).view())
+    assert plain.assignment is None and plain.balance is None
+
+
 def test_bad_settings_are_refused():
+    with pytest.raises(ControllerError, match="unknown assignment strategy"):
+        DS2(assignment="best")
+    with pytest.raises(ControllerError, match="balance"):
+        DS2(balance=0.2)  # θ without a strategy
     with pytest.raises(ControllerError, match="target_utilisation"):
         DS2(target_utilisation=0)
     with pytest.raises(ControllerError, match="band"):

@@ -37,7 +37,12 @@ def test_decisions_are_validated_values_with_a_reason():
         (lambda: Scale("", 2), "operator"),
         (lambda: Scale("agg", 2, protocol=3), "protocol"),
         (lambda: Scale("agg", 2, assignment=[]), "empty"),
-        (lambda: Rebalance("agg", "0101"), "sequence"),
+        (lambda: Rebalance("agg", "0101"), "unknown assignment strategy '0101'"),
+        (lambda: Rebalance("agg", None), "assignment"),
+        (lambda: Scale("agg", 2, balance=0.2), "go with an assignment strategy"),
+        (lambda: Rebalance("agg", [0, 1], balance=0.2), "go with an assignment strategy"),
+        (lambda: Scale("agg", 2, assignment="ssm", balance=-1), "balance"),
+        (lambda: Scale("agg", 2, assignment="ssm", balance=True), "balance"),
         (lambda: Rebalance("agg", [0, -1]), "task index"),
         (lambda: ChangeLogic("agg", None), "fn"),
         (lambda: Place("agg", -1, "n"), "task_index"),
@@ -46,6 +51,18 @@ def test_decisions_are_validated_values_with_a_reason():
     ]:
         with pytest.raises(ControllerError, match=match):
             bad()
+
+
+def test_scale_and_rebalance_name_an_assignment_strategy():
+    s = Scale("agg", 4, assignment="ssm", balance=0.2)
+    assert s.strategy == "ssm" and s.balance == 0.2 and str(s) == "scale 'agg' to 4 (drrs, assignment ssm)"
+    assert Scale("agg", 4, assignment=(0, 1)).strategy is None
+    assert str(Scale("agg", 4, assignment=(0, 1))) == "scale 'agg' to 4 (drrs with a chosen assignment)"
+    r = Rebalance("agg", "ssm", balance=0.5)
+    assert r.strategy == "ssm" and r.parallelism is None  # the current one
+    assert str(r) == "rebalance 'agg' by ssm (drrs)"
+    m = Scale("agg", 3, assignment="mtm", projected_costs="/tmp/pmc")
+    assert m.strategy == "mtm" and m.projected_costs == "/tmp/pmc"
 
 
 def test_records_say_what_was_decided_and_what_became_of_it():

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,8 @@ from migration.report import RescaleReport
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster
+
+log = logging.getLogger(__name__)
 
 
 def what_needs_the_job(req: RescaleRequest) -> str:
@@ -541,6 +544,9 @@ class Rescaler:
                                  exc.phase, exc.tasks)
         elif isinstance(exc, JobFailedError) and exc.task:  # e.g. a new task's open() raised
             tasks = (exc.task,)
+        if not isinstance(exc, ReflowError):  # reflow's own bug: keep where it happened
+            log.error("job %s: %s failed in phase %s", m.job_id, what, coord.phase,
+                      exc_info=exc)
         cause = (f"{type(exc).__name__}: {exc}" if isinstance(exc, ReflowError)
                  else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         if not coord.committed and m.state == JobState.RUNNING:

@@ -75,7 +75,11 @@ class Watch:
         for n in names:
             h = m.handles[n]
             if n not in self._polls or self._polls[n][0] is not h:
-                self._polls[n] = (h, asyncio.ensure_future(_ask_metrics(h)))
+                fut = asyncio.ensure_future(_ask_metrics(h))
+                # a poll of an actor killed meanwhile (stop-restart, removal) is dropped
+                # unread: its error is expected, not "never retrieved"
+                fut.add_done_callback(_consume)
+                self._polls[n] = (h, fut)
             futs[n] = self._polls[n]
         if futs:
             await asyncio.wait([f for _, f in futs.values()], timeout=m.deadlines.task_poll_s)
@@ -119,6 +123,11 @@ class Watch:
             return ()
         live = set(m.dep.task_names())
         return tuple(e for e in self.health.unresponsive() if e[0] in live)
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 async def _ask_metrics(handle: Any) -> TaskMetrics:

@@ -37,6 +37,7 @@ within one run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -64,6 +65,7 @@ from migration.assignment import (
 from migration.sequences import PAPER_TABLE_4, PmcModel, ProjectedCosts, mtm, oms
 
 CASES = ((4, 6), (8, 12), (12, 8), (8, 8))
+PAPER_SCALE_IN = "ssm, any tasks go (paper)"
 TIMING = ((128, 16), (128, 64), (1024, 16), (1024, 64))
 DEFAULTS = {"records": (400_000, 100_000), "keys": (20_000, 5_000), "repeats": (7, 3),
             "units": (32, 16)}
@@ -86,6 +88,20 @@ def ssm_or_least(old: tuple[int, ...], n: int, wl: GroupWorkload, theta: float) 
         return ssm(old, n, wl, exc.smallest_balance), exc.smallest_balance
 
 
+def ssm_any_tasks_go(old: tuple[int, ...], n: int, wl: GroupWorkload, theta: float) -> Any:
+    """The paper's scale-in model, for comparison: any ``n`` of the old tasks may stay, not
+    only ``0..n-1`` as in reflow. Exact, by ``ssm`` over every choice of survivors (numbered
+    first): C(old tasks, n) calls."""
+    tasks = sorted(set(old))
+    best = None
+    for stay in itertools.combinations(tasks, n):
+        label = {t: i for i, t in enumerate(stay + tuple(t for t in tasks if t not in stay))}
+        plan = ssm(tuple(label[t] for t in old), n, wl, theta)
+        if best is None or plan.predicted_bytes < best.predicted_bytes:
+            best = plan
+    return best
+
+
 def moves(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     for skew, zipf in (("uniform", None), ("Zipf 1.0", 1.0)):
@@ -99,13 +115,15 @@ def moves(args: argparse.Namespace) -> list[dict[str, Any]]:
                          "consistent-hashing", consistent_hashing(128, a),
                          consistent_hashing(128, b), b, wl, "consistent hashing")}
             plans["ssm"], theta = ssm_or_least(start, b, wl, args.balance)
+            if b < a:
+                plans[PAPER_SCALE_IN] = ssm_any_tasks_go(start, b, wl, theta)
             before = make_plan("none", start, start, a, wl, "before")
             for name, p in plans.items():
                 rows.append({"keys": skew, "case": f"{a} -> {b}" if a != b else f"rebalance at {a}",
                              "strategy": name, "bytes": p.predicted_bytes,
                              "share": p.predicted_bytes / total, "groups": len(p.moved),
                              "load_ratio": p.load_ratio, "load_ratio_before": before.load_ratio,
-                             "theta": theta if name == "ssm" else None})
+                             "theta": theta if name.startswith("ssm") else None})
     return rows
 
 

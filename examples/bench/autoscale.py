@@ -53,6 +53,7 @@ import os
 import shutil
 import sys
 import time
+import traceback
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -112,7 +113,8 @@ def build_job(args: Any, sink: Any) -> StreamJob:
     from examples.nexmark.source import NexmarkSource
 
     job = StreamJob("autoscale-q7", num_key_groups=args.key_groups, parallelism=1,
-                    config=JobConfig(linger_ms=args.linger_ms, metrics_poll_interval_s=0.5))
+                    config=JobConfig(linger_ms=args.linger_ms, metrics_poll_interval_s=0.5,
+                                     control_timeout_s=30.0))
     src = NexmarkSource(NexmarkConfig(seed=42, first_event_rate=args.rate), event_time=False,
                         rate=schedule(args), split_events=512)
     queries.build_q7(job, src, sink, size_ms=args.size_ms, slide_ms=args.slide_ms,
@@ -151,8 +153,9 @@ def run_policy(name: str, args: Any, progress: run.Progress, k: int, n: int) -> 
         try:
             while time.time() < t0 + total:
                 m = handle.metrics()
-                samples.append({"t": time.time() - t0, "parallelism": len(m.operator(OP)),
-                                "source_out": m.total("records_out", SRC)})
+                if m.operator(OP):  # none while a stop-restart redeploys: no sample
+                    samples.append({"t": time.time() - t0, "parallelism": len(m.operator(OP)),
+                                    "source_out": m.total("records_out", SRC)})
                 time.sleep(1.0)
             decisions = [_record(d) for d in handle.decisions()]
             history = [_record(r) for r in handle.rescale_history()]
@@ -178,7 +181,8 @@ def step_figures(args: Any, t0: float, start: float, end: float, samples: list[d
     acts = [d for d in decisions if d["kind"] == "scale" and d["outcome"] == "executed"
             and start <= d["at"] - t0 < end]
     done = max((d["at"] - t0 + d["seconds"] for d in acts), default=start)
-    by = {int(r["second"] - t0): r for r in rows}
+    by = {int(r["second"] - t0): r
+          for r in (rows.values() if isinstance(rows, dict) else rows)}
     before = [by[s] for s in range(int(start - args.baseline), int(start)) if s in by]
     level = an.level(before)
     period = an.scaling_period({int(t0) + s: r for s, r in by.items()}, int(t0 + start),
@@ -263,7 +267,9 @@ def plot(results: dict[str, Any], path: str) -> None:
         col = COLORS.get(r["policy"])
         s = r["samples"]
         t = [x["t"] for x in s]
+        # a redeployed source task counts from zero again: no rate across that
         rate = [nan] + [(b["source_out"] - a["source_out"]) / max(1e-9, b["t"] - a["t"])
+                        if b["source_out"] >= a["source_out"] else nan
                         for a, b in zip(s, s[1:], strict=False)]
         a1.plot(t, rate, color=col, lw=1.0, label=r["policy"])
         a2.step(t, [x["parallelism"] for x in s], where="post", color=col, lw=1.5,
@@ -346,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["runs"].append({"policy": name, "status": "failed",
                                         "reason": f"{type(exc).__name__}: {exc}"})
                 print(f"\n{name}: failed: {exc}", file=sys.stderr, flush=True)
+                traceback.print_exc()
     finally:
         progress.close()
         run.shutdown_ray()

@@ -50,6 +50,9 @@ def test_step_figures_count_decisions_recovery_and_overshoot():
     assert (f["peak_p"], f["final_p"], f["overshoot"]) == (6, 4, 2)
     assert f["task_s"] == 2 * 2 + 6 * 8 + 4 * 10
     assert f["peak_p99_ms"] == 1800.0
+    # the run hands the rows as histogram_rows makes them: second -> row
+    assert autoscale.step_figures(a, t0, 10.0, 30.0, samples, decisions,
+                                  {r["second"]: r for r in rows}, ideal=4) == f
 
 
 def test_a_step_that_never_recovers_is_marked():

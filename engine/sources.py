@@ -80,6 +80,16 @@ class SourceReader(abc.ABC):
         the source cannot tell. Autoscalers read it to tell demand from throughput."""
         return None
 
+    def retain_until_committed(self) -> None:  # noqa: B027 - optional hook
+        """The job checkpoints: a recovery may reopen this partition at the resume state of
+        the last complete checkpoint, so a source that drops what it has read (a queue, a
+        bridge) keeps it until ``committed`` says a checkpoint covers it. Called once,
+        before the first poll."""
+
+    def committed(self, state: Any) -> None:  # noqa: B027 - optional hook
+        """A checkpoint that holds ``state`` (an ``offset()`` of this reader) completed:
+        a recovery never goes back before it."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
 
@@ -167,6 +177,9 @@ class PartitionedReader:
     * ``offsets()``: ``{partition: resume state}`` for every partition the task holds,
       ended ones included (at their final state). ``release(ids)`` closes those partitions
       and returns their states, for a hand-over to another task; ``add`` opens more.
+    * ``retain``: the job checkpoints; every reader is told so
+      (``SourceReader.retain_until_committed``) and, by ``committed``, of each complete
+      checkpoint's states.
     * ``frontier()``: the event-time frontier for watermarks: the smallest, over the live
       partitions, of the largest timestamp each has emitted (``MIN_WATERMARK`` while a
       live partition has emitted nothing), so a partition that lags never finds its
@@ -174,9 +187,10 @@ class PartitionedReader:
     """
 
     def __init__(self, source: Source, partitions: Sequence[tuple[str, Any]],
-                 clock: Clock) -> None:
+                 clock: Clock, retain: bool = False) -> None:
         self.source = source
         self.clock = clock
+        self.retain = retain  # the job checkpoints (SourceReader.retain_until_committed)
         self._readers: dict[str, SourceReader] = {}
         self._order: list[str] = []  # live partitions, in the task's order
         self._ended: dict[str, Any] = {}  # ended partition -> its final resume state
@@ -200,8 +214,19 @@ class PartitionedReader:
         for pid, resume in partitions:
             if pid in self._readers or pid in self._ended:
                 raise ValueError(f"partition {pid!r} is read by this task already")
-            self._readers[pid] = self.source.open_partition(pid, resume, self.clock)
+            reader = self.source.open_partition(pid, resume, self.clock)
+            if self.retain:
+                reader.retain_until_committed()
+            self._readers[pid] = reader
             self._order.append(pid)
+
+    def committed(self, states: dict[str, Any]) -> None:
+        """A checkpoint with these ``{partition: resume state}`` completed: tell the readers
+        of the partitions this task still reads."""
+        for pid, state in states.items():
+            reader = self._readers.get(pid)
+            if reader is not None:
+                reader.committed(state)
 
     def release(self, partitions: Sequence[str]) -> dict[str, Any]:
         """Stop reading ``partitions`` (closing them); their resume states, to open them

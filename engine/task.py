@@ -300,6 +300,7 @@ class TaskCore:
         self._barriers: dict[int, CheckpointBarrier] = {}  # pending: location, stop
         self.snapshots: list[TaskSnapshot] = []
         self._pending_txns: dict[int, tuple[tuple[str, Any], ...]] = {}
+        self._pending_sources: dict[int, dict[str, Any]] = {}  # until CheckpointComplete
         self._adopted: list[tuple[str, Any]] = []  # a removed peer's, for the next checkpoint
         self._two_phase = cfg.checkpointing
         self._writers_open = True
@@ -677,6 +678,8 @@ class TaskCore:
             return
         if txns:
             self._pending_txns[cid] = txns
+        if source and self._two_phase:
+            self._pending_sources[cid] = source
         if self.status == RUNNING:
             self.router.broadcast(CheckpointBarrier(cid, barrier.location, barrier.stop))
         if barrier.stop:  # stop-with-savepoint: nothing more after the barrier
@@ -702,7 +705,13 @@ class TaskCore:
 
     def _commit(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: commit its transactions and those of
-        earlier ones (a failed checkpoint's transactions wait for the next complete one)."""
+        earlier ones (a failed checkpoint's transactions wait for the next complete one);
+        the source's readers learn the newest positions it holds."""
+        done = sorted(c for c in self._pending_sources if c <= checkpoint_id)
+        if done and self.reader is not None:
+            self.reader.committed(self._pending_sources[done[-1]])
+        for c in done:
+            del self._pending_sources[c]
         due = sorted(c for c in self._pending_txns if c <= checkpoint_id)
         if not due:
             return
@@ -856,7 +865,7 @@ class TaskCore:
             case Start(partitions=partitions):
                 if self.is_source and self.reader is None:
                     self.reader = PartitionedReader(self.spec.operators[0].fn, partitions,
-                                                    self.clock)
+                                                    self.clock, retain=self._two_phase)
                 if self.status == CREATED:
                     self.status = RUNNING
                 return Ack()

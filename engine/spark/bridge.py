@@ -23,8 +23,10 @@ partitions):
   in ``poll()``, so it never blocks the task's event loop. Records are tuples of the
   declared columns (the bare value for one column); timestamps are the
   ``timestamp_column`` (ms) or the time the chunk was handed to the bridge. A lane keeps
-  a chunk until its reader has emitted it (the reader says so in its next ``get``), so a
-  lane moved to another task by a source rescale is read on exactly from the resume state
+  a chunk until its reader has emitted it (the reader says so in its next ``get``) or, in
+  a job that checkpoints, until a complete checkpoint covers it (a recovery reopens the
+  lane at that checkpoint's state while the Spark query goes on), so a lane moved to
+  another task by a source rescale or a restore is read on exactly from the resume state
   ``{seq, rows, batch, taken}``: the lane position of the last chunk emitted, the rows
   emitted of the next, the newest Spark batch id emitted and, per Spark (batch,
   partition, chunk) of the newest batch, the rows emitted.
@@ -499,7 +501,8 @@ class SparkSource(Source):
       source task), so the source can be rescaled up to that many tasks.
     * ``chunk_rows`` rows per chunk; each lane holds at most ``queue_chunks`` chunks not
       yet handed to its reader, plus those handed and not yet emitted (so the bridge
-      buffers about ``partitions * (queue_chunks + 10) * chunk_rows`` rows at most).
+      buffers about ``partitions * (queue_chunks + 10) * chunk_rows`` rows at most), and
+      in a job that checkpoints those emitted since the last complete checkpoint.
     * ``columnar=True``: the Arrow batches Spark handed over go on as column batches
       (``engine.columnar``; no per-row conversion), timestamps as int64 ms and dates as
       int32 days as on the rows path; per-record operators after it get dict rows
@@ -674,6 +677,10 @@ class _BridgeReader(SourceReader):
             for t in state["taken"]}
         self._register: Any = list(state["taken"])  # sent with the first get only
         self._after = self._done  # newest lane seq fetched
+        # the job checkpoints: the lane keeps chunks up to the last complete checkpoint's
+        # seq (a recovery reopens the lane there), not only up to what was emitted
+        self._retain = False
+        self._committed = self._done
         # fetched chunks: [seq, stream, batch, part, chunk, rows, skip, values, ts, pos]
         self._buffer: deque[list[Any]] = deque()
 
@@ -689,7 +696,8 @@ class _BridgeReader(SourceReader):
             except ValueError:
                 self._next_lookup = now + 0.2  # not created yet: look again soon
                 return
-        self._fut = self._actor.get.remote(self._lane, self._lanes, self._after, self._done,
+        consumed = self._committed if self._retain else self._done
+        self._fut = self._actor.get.remote(self._lane, self._lanes, self._after, consumed,
                                            self.MAX_CHUNKS, self._register).future()
         self._register = None
 
@@ -778,6 +786,12 @@ class _BridgeReader(SourceReader):
         elif batch < newest:
             return
         self._taken[(stream, batch, part, chunk)] = [done, rows]
+
+    def retain_until_committed(self) -> None:
+        self._retain = True
+
+    def committed(self, state: Any) -> None:
+        self._committed = max(self._committed, int(state["seq"]))
 
     def offset(self) -> Any:
         return {"seq": self._done, "head": None if self._head is None else list(self._head),

@@ -197,6 +197,36 @@ def test_a_resume_state_the_bridge_dropped_already_fails_the_reader(loop):
         poll_some(stale, loop, 5)
 
 
+def test_in_a_job_that_checkpoints_a_lane_keeps_chunks_until_a_checkpoint_covers_them(loop):
+    """A task killed after it emitted past the last complete checkpoint: the restored
+    reader opens the lane at that checkpoint's state and reads on exactly (the same Spark
+    query still running: it will not replay what it committed)."""
+    src = SparkSource("v BIGINT NOT NULL", name="t", partitions=1)
+    actor = new_bridge(loop)
+    r = reader(src, loop, actor, 0, 1)
+    r.retain_until_committed()  # the task does so when the job checkpoints
+    connect([r])
+    for c in range(4):
+        put(loop, actor, 0, 0, c)
+    before = poll_some(r, loop, 3, max_records=5)  # chunk 0, 5 rows of chunk 1
+    checkpoint = unpack_exact(pack_exact(r.offset()))
+    r.committed(checkpoint)  # that checkpoint completed
+    after = poll_some(r, loop, 40)  # emitted past it (its gets say so), then the task dies
+    put(loop, actor, 0, 0, 4)
+    after += poll_some(r, loop, 3)
+    put(loop, actor, 0, 0, 5)
+    after += poll_some(r, loop, 3)
+    assert before + after == list(range(60))
+    r.close()
+    restored = reader(src, loop, actor, 0, 1, checkpoint)
+    restored.retain_until_committed()
+    loop.run(actor.end_input())
+    replay = poll_some(restored, loop, 40)
+    assert restored.poll(5) is None
+    assert before + replay == list(range(60)), "from the checkpoint on: nothing lost, none twice"
+    assert actor.lanes[0].trimmed == checkpoint["seq"], "kept what the checkpoint did not cover"
+
+
 def test_lanes_are_partitions_any_task_can_read(loop):
     src = SparkSource("v BIGINT NOT NULL", name="t", partitions=4)
     assert src.partitions(1) == ["0-of-4", "1-of-4", "2-of-4", "3-of-4"]

@@ -926,3 +926,66 @@ def test_keyed_runner_reduce_and_unowned_group_is_never_dead_lettered():
     with pytest.raises(UnknownKeyGroupError, match="does not own"):
         r.process([1], [0], [other], [key_group_of(other, N)])
     assert dead.rows == []
+
+
+class _TellingReader:
+    """A partition reader that records what the task tells it (retain, committed)."""
+
+    def __init__(self, inner: Any, pid: str, told: list) -> None:
+        self.inner, self.pid, self.told = inner, pid, told
+
+    def poll(self, max_records: int) -> Any:
+        return self.inner.poll(max_records)
+
+    def offset(self) -> Any:
+        return self.inner.offset()
+
+    def seconds_until_ready(self) -> float:
+        return self.inner.seconds_until_ready()
+
+    def backlog(self) -> Any:
+        return None
+
+    def retain_until_committed(self) -> None:
+        self.told.append(("retain", self.pid))
+
+    def committed(self, state: Any) -> None:
+        self.told.append(("committed", self.pid, state))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _TellingSource(TestingSource):
+    told: list = []
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> Any:
+        return _TellingReader(super().open_partition(partition, resume, clock), partition,
+                              _TellingSource.told)
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_a_source_reader_learns_which_positions_a_complete_checkpoint_holds(
+        clock, sink, tmp_path, checkpointing):
+    """In a job that checkpoints, each partition's reader is told to retain what it read
+    until committed, and, once a checkpoint completes, the position it holds (a source
+    that drops what it read, like the Spark bridge, keeps what a recovery may replay)."""
+    _TellingSource.told = told = []
+    cfg = JobConfig(batch_size=5, linger_ms=0, metrics_port=None,
+                    checkpoint_interval_s=60.0 if checkpointing else None)
+    job = StreamJob("rs", num_key_groups=N, config=cfg)
+    (job.source(_TellingSource(records_for(40)), name="src", parallelism=1)
+        .key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum",
+                                       parallelism=2)
+        .sink(sink, name="out"))
+    net = Net(job, clock)
+    assert told == ([("retain", "0-of-1")] if checkpointing else [])
+    net["src/0"].poll_source(15)
+    net.pump()
+    cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
+    cps.take()
+    net["src/0"].poll_source(10)  # read on after the checkpoint: not committed
+    net.pump()
+    assert told[1:] == ([("committed", "0-of-1", 15)] if checkpointing else [])
+    cps.take()
+    assert told[2:] == ([("committed", "0-of-1", 25)] if checkpointing else [])

@@ -188,6 +188,47 @@ def test_rescale_mid_spark_fed_run_changes_nothing(spark, tmp_path):
 # ----------------------------------------------------------------- exactly-once output
 
 
+def test_a_spark_fed_job_that_checkpoints_recovers_a_killed_task_exactly(spark, tmp_path):
+    """A task killed while the Spark query goes on: the job restarts from its last complete
+    checkpoint, the source's lanes are read on from that checkpoint's states (the bridge
+    kept what the checkpoint did not cover; Spark will not replay what it committed), and
+    the exactly-once sink holds every running count once."""
+    import dataclasses
+
+    import ray
+
+    from tests.jobs import task_actors, wait_until
+
+    inp = str(tmp_path / "in")
+    write_files(inp, range(0, 2), 300, seed=11)
+    src = SparkSource("line STRING NOT NULL", name=f"ckpt-{time.time_ns()}", chunk_rows=50,
+                      queue_chunks=2, partitions=2)
+    sink = TestingSink(str(tmp_path / "out"))  # exactly-once: the job checkpoints
+    cfg = dataclasses.replace(CFG, checkpoint_interval_s=0.5,
+                              checkpoint_dir=str(tmp_path / "chk"), restart_delay_s=0.1,
+                              restart_attempts=5)
+    job = StreamJob("wc-recovery", parallelism=2, config=cfg)
+    build_wordcount(job, src, sink, source_parallelism=2)
+    handle = job.run()
+    with SparkLink(spark, handle, poll_interval_s=0.1) as link:
+        link.feed(src, lines_df(spark, inp), trigger={"processingTime": "200 milliseconds"},
+                  checkpoint=str(tmp_path / "ckpt-in"))
+        wait_for(lambda: src.stats()["rows_taken"] == 600, what="the first files taken")
+        done = handle.status().checkpoints.completed
+        wait_until(lambda: handle.status().checkpoints.completed > done, "a checkpoint",
+                   handle)
+        write_files(inp, range(2, 4), 300, seed=11)
+        wait_for(lambda: src.stats()["rows_taken"] > 600, what="rows after the checkpoint")
+        ray.kill(ray.get_actor(task_actors(handle, "count")[0], namespace="reflow"))
+        wait_until(lambda: handle.status().restarts >= 1, "the restart", handle)
+        wait_for(lambda: src.stats()["rows_taken"] == 1200, what="all lines taken")
+        link.stop_feeds()
+        st_ = handle.wait(180)
+    assert st_.restarts >= 1, "no restart: the kill tested nothing"
+    want = Counter((r["word"], r["count"]) for r in spark_reference(spark, inp).collect())
+    assert Counter(sink.results()) == want, "running counts lost or twice"
+
+
 def test_the_output_logs_reader_sees_committed_segments_only(spark, tmp_path):
     """Two-phase commit of the output log (what a checkpointing job does with it): what a
     writer pre-committed is durable but Spark's reader does not see it; a commit shows it,

@@ -22,6 +22,7 @@ from engine.errors import (
     RescaleRefused,
     RescaleTimeout,
     RestoreError,
+    SinkCommitError,
     UserFunctionError,
     WaitTimeout,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "RayUnavailable",
     "RescaleTimeout",
     "RestoreError",
+    "SinkCommitError",
     "WaitTimeout",
     "Context",
     "JobConfig",

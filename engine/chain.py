@@ -12,8 +12,12 @@ do (``engine.operators``, ``engine.vectorised``): parallel lists, or a
 the task's output router.
 
 Guarantees: every writer is opened once, in the constructor; ``flush`` and ``close`` reach
-each of them, dead-letter writers included. Errors of user functions are raised as the
-runners raise them (``UserFunctionError`` and friends); the core decides what they do.
+each of them, dead-letter writers included, and so do the two-phase commit calls
+(``begin_transactions``, ``pre_commit``, ``commit``: ``engine.sinks``), which name each
+writer by ``writer_names``: the sink operator's name, ``<head>/late`` for the late-data
+sink, ``<operator>/dead-letter`` for a dead-letter sink. Errors of user functions are
+raised as the runners raise them (``UserFunctionError`` and friends); the core decides
+what they do.
 """
 
 from __future__ import annotations
@@ -143,6 +147,12 @@ class OperatorChain:
     def flush(self) -> None:
         for w in self.all_writers().values():
             w.flush()
+
+    def begin_transactions(self) -> None:
+        """Every writer keeps what it writes invisible until a commit (called once, before
+        the first record, in a job that checkpoints: ``SinkWriter.begin_transactions``)."""
+        for w in self.all_writers().values():
+            w.begin_transactions()
 
     def pre_commit(self, checkpoint_id: int) -> tuple[tuple[str, Any], ...]:
         """Every writer's transaction for checkpoint ``checkpoint_id`` (``(writer,

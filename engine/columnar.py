@@ -345,7 +345,7 @@ def to_format(batch: ColumnBatch, batch_format: str) -> Any:
 
 class ColumnarSource(Source):
     """``source``'s records, which must be dict rows, as one column batch per poll: its
-    offsets, rate, gates and timestamps unchanged (e.g. ``ColumnarSource(TestingSource(
+    partitions, resume states, rate, gates and timestamps unchanged (e.g. ``ColumnarSource(TestingSource(
     rows))`` in tests; a source that reads columns natively skips the conversion)."""
 
     def __init__(self, source: Source) -> None:
@@ -354,8 +354,11 @@ class ColumnarSource(Source):
                                 f"{type(source).__name__}")
         self.source = source
 
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Any) -> SourceReader:
-        return _ColumnarReader(self.source.open(task_index, parallelism, offset, clock))
+    def partitions(self, parallelism: int) -> list[str]:
+        return self.source.partitions(parallelism)
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> SourceReader:
+        return _ColumnarReader(self.source.open_partition(partition, resume, clock))
 
 
 class _ColumnarReader(SourceReader):

@@ -39,6 +39,8 @@ Hierarchy::
     │                           attempt) or reached at the address given
     ├── InternalError           reflow's runtime raised something it did not mean to (a bug:
     │                           report it with the cause's traceback)
+    ├── SinkCommitError         an exactly-once sink cannot make a pre-committed transaction
+    │                           visible: its data is gone (names the sink and the files)
     └── DataChannelError        a task's direct data connection failed (caught by the task
         ├── ConnectionLost      shell, which fails the job naming the receiver): the
         ├── FrameRefused        receiver died, or refused a frame (e.g. unknown channel),
@@ -290,6 +292,12 @@ class RayUnavailable(ReflowError):
 class InternalError(ReflowError):
     """reflow's runtime raised an error it did not mean to: a bug. The message and the
     ``__cause__`` carry the original error and its traceback; please report them."""
+
+
+class SinkCommitError(ReflowError):
+    """An exactly-once sink was asked to commit a transaction whose pre-committed data is
+    neither pending nor visible any more (deleted by hand, or a directory not shared by
+    every task): committing it would lose records silently, so it raises instead."""
 
 
 class DataChannelError(ReflowError):

@@ -250,9 +250,27 @@ class Connect:
 @wire
 @dataclass(frozen=True, slots=True)
 class Start:
-    """Begin processing (sources begin reading from ``offset`` when not None)."""
+    """Begin processing. A source task reads ``partitions``: ``(partition id, resume state)``
+    pairs (resume state None: the partition's start), positions j of the source's
+    partition list with ``j % parallelism == task index`` (``engine.sources``); other tasks
+    get none."""
 
-    offset: Any = None
+    partitions: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        for entry in self.partitions:
+            if (not isinstance(entry, tuple) or len(entry) != 2
+                    or not isinstance(entry[0], str)):
+                raise CodecError(f"Start.partitions holds (partition id, resume state) pairs; "
+                                 f"got {entry!r:.200}")
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReleaseSource:
+    """Source rescale, to an old source task: stop reading for good, close the partitions,
+    end the outputs (``EndOfStream`` behind everything emitted) and stop; replied to with
+    ``SourceReleased``."""
 
 
 @wire
@@ -312,9 +330,13 @@ class ReplaceOutputChannel:
 @wire
 @dataclass(frozen=True, slots=True)
 class AddInputs:
-    """Live: read these ``(channel_id, port)`` channels too."""
+    """Live: read these ``(channel_id, port)`` channels too. With ``after`` (a source
+    rescale), the new channels are read only once every channel in ``after`` has ended
+    (their senders' records come first: a partition moved from an old source task to a new
+    one keeps its order at this task)."""
 
     inputs: tuple[tuple[int, int], ...]
+    after: tuple[int, ...] = ()
 
 
 @wire
@@ -596,8 +618,8 @@ class CommitTransactions:
 class CheckpointAck:
     """``task`` wrote its part of checkpoint ``checkpoint_id``: key groups in ``file``
     (relative to the checkpoint's location; '' when it holds none) as ``(key_group, offset,
-    length, crc32)``, its source's resume state (None for other tasks), its sinks'
-    pre-committed ``transactions`` ``(writer, transaction)``, the ``bytes`` written, and how
+    length, crc32)``, its source's resume states ``{partition: state}`` (None for other
+    tasks), its sinks' pre-committed ``transactions`` ``(writer, transaction)``, the ``bytes`` written, and how
     long it aligned, snapshotted (synchronously, processing stopped) and wrote (while it
     went on processing)."""
 
@@ -611,6 +633,19 @@ class CheckpointAck:
     alignment_s: float
     sync_s: float
     async_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SourceReleased:
+    """Reply to ``ReleaseSource``: ``offsets``, ``{partition: resume state}`` of every
+    partition the task read (``TaskCore.source_offsets``), after the last record it
+    emitted; ``transactions``: as ``HandOver``'s, what its chained sinks wrote and no
+    checkpoint committed yet, for a task that stays to adopt."""
+
+    task: str
+    offsets: dict[str, Any]
+    transactions: tuple[tuple[str, Any], ...] = ()
 
 
 @wire

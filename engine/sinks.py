@@ -1,15 +1,39 @@
-"""Sinks: the ``Sink``/``SinkWriter`` contract and the built-in sinks.
+"""Sinks: the ``Sink``/``SinkWriter`` contract, two-phase commit, and the built-in sinks.
 
 A ``Sink`` is built on the driver; ``prepare()`` runs there once before deployment (it may
-create directories or Ray actors); ``open(task_index, parallelism, clock)`` runs in each sink
-task and returns a writer. ``flush()`` is called when the job drains (rescale, end of
-stream); after it returns, everything written is durable/visible.
+create directories or Ray actors, and clean up what an earlier run left uncommitted);
+``open(task_index, parallelism, clock)`` runs in each sink task and returns a writer.
+``flush()`` is called when the job drains (rescale, end of stream); after it returns,
+everything written is durable/visible.
 
 A batch is handed to ``write`` exactly once: a write that raises is never retried, record by
 record or otherwise, because the records before the failing one may already be written and
 a non-idempotent sink would hold them twice. The whole batch then goes to the sink
 operator's dead-letter sink (or the job fails naming its first record), so a writer should
 write a batch all or nothing; the built-in writers do.
+
+**Exactly-once by two-phase commit** (as Flink's ``TwoPhaseCommitSinkFunction``). A sink
+whose class says ``exactly_once = True`` keeps what it writes invisible until a checkpoint
+that covers it completes:
+
+* ``begin_transactions()``: called once, right after ``open`` and before any write, in a
+  job that checkpoints; from then on nothing written is visible before ``commit``. Never
+  called in a job without checkpointing, which then behaves as a sink without 2PC
+  (visible at ``flush()``/``close()``, or at once).
+* ``pre_commit(checkpoint_id) -> transaction``: at a checkpoint barrier, after every record
+  before it was written: make what was written since the last ``pre_commit`` durable but
+  invisible; return a msgpack-able transaction (kept in the checkpoint; None: nothing).
+* ``commit(transactions)``: make those pre-committed transactions visible. Idempotent: a
+  transaction already visible is a no-op (after a recovery the restored checkpoint's
+  transactions are committed again). Transactions are self-describing, so any writer of
+  the same sink (another task, a restarted one) can commit them.
+* Data written and never pre-committed (a failure came first) never becomes visible; the
+  built-in file sinks delete such files of writers that are gone (their process died or
+  they were closed) in ``prepare()`` and in every ``commit``.
+
+A sink with ``exactly_once = False`` is at-least-once after a recovery: the records between
+the restored checkpoint and the failure are written again. The file sinks' pending files
+live in ``<directory>/.pending/`` (``PendingFiles``), which readers skip (a leading '.').
 """
 
 from __future__ import annotations
@@ -19,7 +43,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.clock import Clock
-from engine.errors import ConfigError
+from engine.errors import ConfigError, SinkCommitError
 
 
 class SinkWriter(abc.ABC):
@@ -35,32 +59,154 @@ class SinkWriter(abc.ABC):
         write all of it or, when raising, none of it."""
 
     def flush(self) -> None:  # noqa: B027 - optional hook
-        """Make everything written so far durable/visible."""
-
-    def pre_commit(self, checkpoint_id: int) -> Any:
-        """At a checkpoint barrier, after every record before it was written: make what was
-        written since the last ``pre_commit`` durable but not yet visible, and return the
-        transaction (msgpack-able) the checkpoint keeps. Default: ``flush()`` (visible at
-        once: at-least-once after a recovery), no transaction."""
-        self.flush()
-        return None
-
-    def commit(self, transactions: Sequence[Any]) -> None:  # noqa: B027 - optional hook
-        """Make these pre-committed transactions visible (their checkpoint completed).
-        Idempotent: after a recovery the restored checkpoint's transactions are committed
-        again, and one already visible stays as it is. Default: nothing."""
+        """Make everything written so far durable (and visible, unless transactions are on:
+        then ``pre_commit`` and ``commit`` publish it)."""
 
     def close(self) -> None:
         self.flush()
 
+    def begin_transactions(self) -> None:  # noqa: B027 - optional hook
+        """Called once, right after ``open`` and before any write, in a job that
+        checkpoints: from now on what is written stays invisible until ``commit``. Default:
+        nothing (a sink that is not exactly-once keeps writing visibly)."""
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        """At checkpoint ``checkpoint_id``'s barrier, after every record before it was
+        written: make what was written since the last ``pre_commit`` durable but invisible,
+        and return it as a msgpack-able transaction (None: nothing to commit). Default:
+        ``flush()`` (at-least-once) and None."""
+        self.flush()
+        return None
+
+    def commit(self, transactions: Sequence[Any]) -> None:  # noqa: B027 - optional hook
+        """Make ``transactions`` (from ``pre_commit`` of this or any writer of the same sink,
+        their checkpoint completed) visible. Idempotent: after a recovery the restored
+        checkpoint's transactions are committed again, and one already visible stays as it
+        is. None entries are skipped. Default: nothing."""
+
 
 class Sink(abc.ABC):
+    #: True when the writers implement two-phase commit (exactly-once after a recovery);
+    #: False: at-least-once (records after the restored checkpoint are written again).
+    exactly_once: bool = False
+
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Driver-side set-up before the job is deployed."""
 
     @abc.abstractmethod
     def open(self, task_index: int, parallelism: int, clock: Clock) -> SinkWriter:
         """A writer for one sink task."""
+
+
+class PendingFiles:
+    """Two-phase commit for a sink that writes whole files into ``directory``: files are
+    written invisibly under ``directory/.pending/<writer>/`` and published by a rename.
+
+    Format: ``open/<name>`` holds the files written since the last ``seal``;
+    ``seal(checkpoint_id)`` moves them to ``cp-<id:012d>/<name>`` and returns the
+    transaction ``[[<pending path>, <name>], ...]`` (paths relative to ``directory``);
+    ``commit`` renames each pending path to ``directory/<name>``. ``lock`` is held (an
+    exclusive ``flock``) while the writer lives, so ``clean`` can tell the files of a writer
+    that died or was closed: their ``open/`` files were never pre-committed and are deleted.
+
+    Guarantees: a file becomes visible only through ``commit`` and atomically (one rename
+    on one filesystem); committing twice is a no-op; a transaction whose files are neither
+    pending nor visible raises ``SinkCommitError``. Pre-committed files that no completed
+    checkpoint references stay invisible in ``.pending`` (they may still be committed by
+    a recovery).
+    """
+
+    ROOT = ".pending"
+
+    def __init__(self, directory: str, writer: str) -> None:
+        import fcntl
+        import os
+
+        self.directory = directory
+        self.writer = writer
+        self.base = os.path.join(directory, self.ROOT, writer)
+        self.open_dir = os.path.join(self.base, "open")
+        os.makedirs(self.open_dir, exist_ok=True)
+        self._lock = open(os.path.join(self.base, "lock"), "a")  # noqa: SIM115 - held for life
+        fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def path(self, name: str) -> str:
+        """Where to write a file that will be published as ``name``."""
+        import os
+
+        return os.path.join(self.open_dir, name)
+
+    def seal(self, checkpoint_id: int) -> list[list[str]] | None:
+        """Pre-commit every file written since the last seal (None when there is none)."""
+        import os
+
+        names = sorted(n for n in os.listdir(self.open_dir) if not n.startswith("."))
+        if not names:
+            return None
+        rel = os.path.join(self.ROOT, self.writer, f"cp-{checkpoint_id:012d}")
+        os.makedirs(os.path.join(self.directory, rel), exist_ok=True)
+        for n in names:
+            os.replace(os.path.join(self.open_dir, n), os.path.join(self.directory, rel, n))
+        return [[os.path.join(rel, n), n] for n in names]
+
+    @staticmethod
+    def commit(directory: str, transactions: Sequence[Any], sink: str) -> None:
+        """Publish the files of ``transactions`` (``seal``'s results; None skipped)."""
+        import os
+
+        for txn in transactions:
+            if txn is None:
+                continue
+            for pending, name in txn:
+                src, dst = os.path.join(directory, pending), os.path.join(directory, name)
+                if os.path.exists(src):
+                    os.replace(src, dst)
+                elif not os.path.exists(dst):
+                    raise SinkCommitError(
+                        f"{sink}: cannot commit {name!r}: its pre-committed file {pending!r} "
+                        f"is gone and it is not in {directory!r} either; every task must "
+                        "see the same directory, and nothing may delete .pending by hand")
+        PendingFiles.clean(directory)
+
+    @staticmethod
+    def clean(directory: str) -> int:
+        """Delete the never-pre-committed files of writers that are gone (their ``lock`` is
+        free), and empty pending directories; returns how many files went."""
+        import contextlib
+        import fcntl
+        import os
+        import shutil
+
+        root = os.path.join(directory, PendingFiles.ROOT)
+        if not os.path.isdir(root):
+            return 0
+        removed = 0
+        for writer in os.listdir(root):
+            base = os.path.join(root, writer)
+            lock = os.path.join(base, "lock")
+            with contextlib.suppress(FileNotFoundError), open(lock, "a") as f:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    continue  # the writer lives
+                open_dir = os.path.join(base, "open")
+                if os.path.isdir(open_dir):
+                    removed += len(os.listdir(open_dir))
+                    shutil.rmtree(open_dir, ignore_errors=True)
+                for entry in os.listdir(base):
+                    sub = os.path.join(base, entry)
+                    if entry.startswith("cp-") and os.path.isdir(sub) and not os.listdir(sub):
+                        os.rmdir(sub)
+                if os.listdir(base) == ["lock"]:
+                    os.remove(lock)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(base)
+        return removed
+
+    def close(self) -> None:
+        """Release the lock: files still in ``open/`` are abandoned (never published)."""
+        if not self._lock.closed:
+            self._lock.close()
 
 
 # --- built-in sinks -----------------------------------------------------------------------
@@ -87,7 +233,10 @@ def _atomic_write(path: str, write: Any) -> None:
 
 class ParquetSink(Sink):
     """Writes records to Parquet files ``part-{task}-{uuid8}-{n:05d}.parquet`` in
-    ``directory`` (made by ``prepare()``).
+    ``directory`` (made by ``prepare()``). Exactly-once in a job that checkpoints: files
+    are written to ``directory/.pending/`` and renamed into ``directory`` when the
+    checkpoint that covers them completes (``PendingFiles``); a reader of the directory
+    (``ParquetSource``, ``pyarrow.dataset``, Spark) skips ``.pending``.
 
     Columns: ``schema`` names the fields of tuple/list records (a scalar record fills a
     one-column schema; dict records are looked up by name, missing keys are null). Without
@@ -97,6 +246,8 @@ class ParquetSink(Sink):
     that many are buffered, and the rest on ``flush()``/``close()``. Files appear
     atomically (temp name, then ``os.replace``).
     """
+
+    exactly_once = True
 
     def __init__(
         self,
@@ -127,12 +278,16 @@ class ParquetSink(Sink):
         self.include_timestamps = bool(include_timestamps)
 
     def prepare(self) -> None:
+        """Make the directory; delete files an earlier run wrote and never pre-committed."""
         import os
 
         os.makedirs(self.directory, exist_ok=True)
+        PendingFiles.clean(self.directory)
 
     def open(self, task_index: int, parallelism: int, clock: Clock) -> SinkWriter:
-        self.prepare()
+        import os
+
+        os.makedirs(self.directory, exist_ok=True)
         return _ParquetWriter(self, task_index)
 
 
@@ -141,7 +296,9 @@ class _ParquetWriter(SinkWriter):
         import uuid
 
         self._sink = sink
-        self._prefix = f"part-{task_index}-{uuid.uuid4().hex[:8]}"
+        self._id = uuid.uuid4().hex[:8]
+        self._prefix = f"part-{task_index}-{self._id}"
+        self._pending: PendingFiles | None = None
         self._n = 0
         self._names: list[str] | None = sink.schema
         self._kind: str | None = None  # how records map to columns: seq, scalar or dict
@@ -228,7 +385,9 @@ class _ParquetWriter(SinkWriter):
         table = pa.table(data)
         if self._sink.include_timestamps:
             table = table.append_column("timestamp", pa.array(self._ts[:rows], type=pa.int64()))
-        path = os.path.join(self._sink.directory, f"{self._prefix}-{self._n:05d}.parquet")
+        name = f"{self._prefix}-{self._n:05d}.parquet"
+        path = (os.path.join(self._sink.directory, name) if self._pending is None
+                else self._pending.path(name))
         _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
         # only once the file is there: a failed write keeps the rows buffered
         self._n += 1
@@ -240,12 +399,32 @@ class _ParquetWriter(SinkWriter):
         if self._cols and self._cols[0]:
             self._write_file(len(self._cols[0]))
 
+    def begin_transactions(self) -> None:
+        self._pending = PendingFiles(self._sink.directory, f"parquet-{self._prefix}")
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        self.flush()
+        return None if self._pending is None else self._pending.seal(checkpoint_id)
+
+    def commit(self, transactions: Sequence[Any]) -> None:
+        PendingFiles.commit(self._sink.directory, transactions,
+                            f"ParquetSink({self._sink.directory!r})")
+
+    def close(self) -> None:
+        """Writes what is buffered; with transactions on it stays pending (published only
+        by a ``pre_commit`` and ``commit`` before the close)."""
+        self.flush()
+        if self._pending is not None:
+            self._pending.close()
+
 
 _LATENCY_FILE_VERSION = 1
 
 
 class LatencySink(Sink):
     """Records end-to-end latency, ``now_ms(clock) - record timestamp``, of every record.
+    At-least-once: after a recovery the records replayed from the restored checkpoint are
+    measured again (``exactly_once`` is False).
 
     Each writer keeps a ``LatencyHistogram`` of all its latencies and one per wall-clock
     second (the second the record arrived), and saves them to

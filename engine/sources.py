@@ -1,23 +1,46 @@
-"""Sources: the ``Source``/``SourceReader`` contract and the built-in sources.
+"""Sources: the ``Source``/``SourceReader`` contract, the reader of a source task over
+several partitions, and the built-in sources.
 
-A ``Source`` is built on the driver and shipped to each source task, where
-``open(task_index, parallelism, offset, clock)`` returns a reader. Every source is
-replayable: ``reader.offset()`` is a msgpack-able position, and opening with it resumes
-right after the last record polled before it was taken.
+Why partitions: a source is cut into partitions independently of its tasks (as Bytewax's
+partitioned inputs and Flink's splits are), so the number of source tasks is free: a source
+can be rescaled while the job runs, and restored at another parallelism, by handing
+partitions with their resume states to other tasks.
+
+The contract:
+
+* ``Source.partitions(parallelism) -> list[str]`` is called once, on the JobMaster, when
+  the job is first deployed (``parallelism``: the source operator's initial parallelism,
+  for sources whose natural number of partitions is "one per task"). The list is fixed for
+  the job's life: the deployment keeps it and checkpoints record it; a restore uses the
+  recorded list (partitions matched by id), never a new one.
+* ``Source.open_partition(partition, resume, clock) -> SourceReader``: a reader of one
+  partition positioned at ``resume`` (None: the partition's start); ``reader.offset()`` is
+  the partition's resume state (msgpack-able) after the last record polled. Reopening at it
+  resumes right after that record: a partition is replayable.
+* Source task i of p reads the partitions at positions j with ``j % p == i`` of the list
+  (``partitions_of_task``), through one ``PartitionedReader``: fair polling over them, ended
+  when every one has ended, ``offsets()`` = ``{partition: resume state}``.
+
+Format of partition ids: short strings, unique within a source; the built-in sources whose
+partitions are "j of n" use ``"<j>-of-<n>"`` (``indexed_partitions``), so a reader knows
+its share from the id alone.
 
 The built-in sources check their parameters when built, on the driver, so a wrong one fails
 where it is written: ``ConfigError`` (a ``ValueError`` too) naming the parameter and the
-value; counts and rates are numbers, never bools.
+value; counts and rates are numbers, never bools. A resume state or partition id a source
+does not recognise raises ``ValueError`` naming it.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.clock import Clock
 from engine.errors import ConfigError
+from engine.time import MIN_WATERMARK
 
 
 @dataclass
@@ -34,16 +57,18 @@ class SourceBatch:
 
 
 class SourceReader(abc.ABC):
-    """The per-task side of a source. Runs inside the task; must not block for long."""
+    """The reader of one partition. Runs inside a source task; must not block for long."""
 
     @abc.abstractmethod
     def poll(self, max_records: int) -> SourceBatch | None:
         """Up to ``max_records`` records that are due now; an empty batch when none is due
-        yet; None once the source is exhausted (for good)."""
+        yet; None once the partition is exhausted (for good)."""
 
     @abc.abstractmethod
     def offset(self) -> Any:
-        """Position after the last record returned by ``poll`` (msgpack-able)."""
+        """The partition's resume state after the last record returned by ``poll``
+        (msgpack-able): ``open_partition(partition, offset(), clock)`` resumes right
+        after that record."""
 
     def seconds_until_ready(self) -> float:
         """After an empty poll: how long until the next record is due (a hint)."""
@@ -55,16 +80,252 @@ class SourceReader(abc.ABC):
         the source cannot tell. Autoscalers read it to tell demand from throughput."""
         return None
 
+    def retain_until_committed(self) -> None:  # noqa: B027 - optional hook
+        """The job checkpoints: a recovery may reopen this partition at the resume state of
+        the last complete checkpoint, so a source that drops what it has read (a queue, a
+        bridge) keeps it until ``committed`` says a checkpoint covers it. Called once,
+        before the first poll."""
+
+    def committed(self, state: Any) -> None:  # noqa: B027 - optional hook
+        """A checkpoint that holds ``state`` (an ``offset()`` of this reader) completed:
+        a recovery never goes back before it."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources."""
 
 
 class Source(abc.ABC):
-    """A replayable source of records."""
+    """A replayable source of records, cut into partitions (module docstring)."""
 
     @abc.abstractmethod
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        """A reader for this task's share of the source, positioned at ``offset`` (None: start)."""
+    def partitions(self, parallelism: int) -> list[str]:
+        """This source's partition ids (unique strings), fixed for the job's life; called
+        once on the JobMaster with the source operator's initial parallelism."""
+
+    @abc.abstractmethod
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        """A reader of ``partition`` positioned at ``resume`` (None: the partition's
+        start)."""
+
+
+def indexed_partitions(count: int) -> list[str]:
+    """Partition ids ``"0-of-n" .. "<n-1>-of-n"``: partition j of ``count``."""
+    return [f"{j}-of-{count}" for j in range(count)]
+
+
+def parse_indexed(partition: str, source: str = "source") -> tuple[int, int]:
+    """``(j, n)`` of an ``indexed_partitions`` id; ``ValueError`` naming it otherwise."""
+    try:
+        j, of, n = partition.split("-")
+        index, count = int(j), int(n)
+    except (AttributeError, ValueError):
+        index, count, of = -1, 0, ""
+    if of != "of" or count < 1 or not 0 <= index < count:
+        raise ValueError(f"{source}: {partition!r} is not one of its partitions (ids are "
+                         "'<j>-of-<n>', 0 <= j < n)")
+    return index, count
+
+
+def partitions_of_task(partitions: Sequence[str], task_index: int,
+                       parallelism: int) -> tuple[str, ...]:
+    """The partitions source task ``task_index`` of ``parallelism`` reads: those at
+    positions j with ``j % parallelism == task_index``."""
+    return tuple(partitions[task_index::parallelism])
+
+
+def check_partitions(partitions: Any, source: str) -> tuple[str, ...]:
+    """``Source.partitions``'s result as a tuple, or ``ConfigError`` saying what is wrong."""
+    if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence):
+        raise ConfigError(f"source {source!r}: partitions() must return a list of partition "
+                          f"ids (str), not {type(partitions).__name__}")
+    out = tuple(partitions)
+    bad = [p for p in out if not isinstance(p, str) or not p]
+    if bad:
+        raise ConfigError(f"source {source!r}: partition ids must be non-empty strings; got "
+                          f"{bad[0]!r}")
+    if len(set(out)) != len(out):
+        dup = next(p for p in out if out.count(p) > 1)
+        raise ConfigError(f"source {source!r}: partition id {dup!r} appears twice; ids must "
+                          "be unique")
+    return out
+
+
+def _concat(batches: list[SourceBatch]) -> SourceBatch:
+    """One batch of several partitions' batches, in order (columns stay columns)."""
+    from engine.columnar import ColumnBatch  # engine.columnar imports this module
+
+    if isinstance(batches[0].values, ColumnBatch):  # columns, with numpy timestamps
+        import numpy as np
+
+        return SourceBatch(ColumnBatch.concat([b.values for b in batches]),  # type: ignore
+                           np.concatenate([b.timestamps for b in batches]))  # type: ignore
+    values: list[Any] = []
+    timestamps: list[int] = []
+    for b in batches:
+        values.extend(b.values)
+        timestamps.extend(b.timestamps)
+    return SourceBatch(values, timestamps)
+
+
+class PartitionedReader:
+    """A source task's reader over its partitions (engine core, not user code).
+
+    * ``poll`` is fair: it polls the live partitions in turn, starting after the one it
+      polled last, until ``max_records`` are taken or each was asked once; records of one
+      partition stay in order. It returns None once every partition has ended (and closes
+      their readers), an empty batch when none had a record due.
+    * ``offsets()``: ``{partition: resume state}`` for every partition the task holds,
+      ended ones included (at their final state). ``release(ids)`` closes those partitions
+      and returns their states, for a hand-over to another task; ``add`` opens more.
+    * ``retain``: the job checkpoints; every reader is told so
+      (``SourceReader.retain_until_committed``) and, by ``committed``, of each complete
+      checkpoint's states.
+    * ``frontier()``: the event-time frontier for watermarks: the smallest, over the live
+      partitions, of the largest timestamp each has emitted (``MIN_WATERMARK`` while a
+      live partition has emitted nothing), so a partition that lags never finds its
+      records late because another partition of the task ran ahead.
+    """
+
+    def __init__(self, source: Source, partitions: Sequence[tuple[str, Any]],
+                 clock: Clock, retain: bool = False) -> None:
+        self.source = source
+        self.clock = clock
+        self.retain = retain  # the job checkpoints (SourceReader.retain_until_committed)
+        self._readers: dict[str, SourceReader] = {}
+        self._order: list[str] = []  # live partitions, in the task's order
+        self._ended: dict[str, Any] = {}  # ended partition -> its final resume state
+        self._max_ts: dict[str, int] = {}
+        self._next = 0
+        self.add(partitions)
+
+    @classmethod
+    def for_task(cls, source: Source, task_index: int, parallelism: int, clock: Clock,
+                 resume: dict[str, Any] | None = None) -> PartitionedReader:
+        """The reader task ``task_index`` of ``parallelism`` would run in a job deployed at
+        that parallelism (its share of ``source.partitions(parallelism)``), each partition
+        at its state in ``resume`` (missing: its start). For tests and tools."""
+        states = resume or {}
+        mine = partitions_of_task(source.partitions(parallelism), task_index, parallelism)
+        return cls(source, [(p, states.get(p)) for p in mine], clock)
+
+    def add(self, partitions: Sequence[tuple[str, Any]]) -> None:
+        """Open ``(partition, resume state)`` pairs (opening a partition held already is an
+        error: it would be read twice)."""
+        for pid, resume in partitions:
+            if pid in self._readers or pid in self._ended:
+                raise ValueError(f"partition {pid!r} is read by this task already")
+            reader = self.source.open_partition(pid, resume, self.clock)
+            if self.retain:
+                reader.retain_until_committed()
+            self._readers[pid] = reader
+            self._order.append(pid)
+
+    def committed(self, states: dict[str, Any]) -> None:
+        """A checkpoint with these ``{partition: resume state}`` completed: tell the readers
+        of the partitions this task still reads."""
+        for pid, state in states.items():
+            reader = self._readers.get(pid)
+            if reader is not None:
+                reader.committed(state)
+
+    def release(self, partitions: Sequence[str]) -> dict[str, Any]:
+        """Stop reading ``partitions`` (closing them); their resume states, to open them
+        elsewhere. Unknown ids are an error."""
+        out: dict[str, Any] = {}
+        for pid in partitions:
+            if pid in self._ended:
+                out[pid] = self._ended.pop(pid)
+                continue
+            reader = self._readers.pop(pid, None)
+            if reader is None:
+                raise ValueError(f"partition {pid!r} is not read by this task")
+            out[pid] = reader.offset()
+            reader.close()
+            self._order.remove(pid)
+            self._max_ts.pop(pid, None)
+        self._next = 0
+        return out
+
+    @property
+    def partitions(self) -> tuple[str, ...]:
+        """Every partition this reader holds, live or ended."""
+        return (*self._order, *self._ended)
+
+    @property
+    def ended(self) -> bool:
+        return not self._order
+
+    def poll(self, max_records: int) -> SourceBatch | None:
+        order = self._order
+        if not order:
+            return None
+        budget = max(0, max_records)
+        n = len(order)
+        start = self._next % n
+        got: list[SourceBatch] = []
+        taken = 0
+        gone: list[str] = []
+        last = start
+        for k in range(n):
+            if taken >= budget:
+                break
+            pid = order[(start + k) % n]
+            last = (start + k) % n
+            batch = self._readers[pid].poll(budget - taken)
+            if batch is None:
+                gone.append(pid)
+                continue
+            if len(batch.values):
+                got.append(batch)
+                taken += len(batch.values)
+                ts = batch.timestamps
+                m = int(ts.max()) if hasattr(ts, "max") else max(ts)  # numpy when columnar
+                if m > self._max_ts.get(pid, MIN_WATERMARK):
+                    self._max_ts[pid] = m
+        self._next = last + 1
+        for pid in gone:
+            reader = self._readers.pop(pid)
+            self._ended[pid] = reader.offset()
+            reader.close()
+            order.remove(pid)
+            self._max_ts.pop(pid, None)
+        if gone:
+            self._next = 0 if not order else self._next % len(order)
+        if not got:
+            return None if not order else SourceBatch()
+        return got[0] if len(got) == 1 else _concat(got)
+
+    def offsets(self) -> dict[str, Any]:
+        out = {pid: self._readers[pid].offset() for pid in self._order}
+        out.update(self._ended)
+        return out
+
+    def frontier(self) -> int:
+        if not self._order:
+            return MIN_WATERMARK
+        return min(self._max_ts.get(pid, MIN_WATERMARK) for pid in self._order)
+
+    def seconds_until_ready(self) -> float:
+        if not self._order:
+            return 0.0
+        return min(self._readers[pid].seconds_until_ready() for pid in self._order)
+
+    def backlog(self) -> int | None:
+        """Records due and not read yet over the live partitions (``SourceReader.backlog``);
+        None when a live partition cannot tell."""
+        total = 0
+        for pid in self._order:
+            n = self._readers[pid].backlog()
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def close(self) -> None:
+        for pid in list(self._order):
+            self._ended[pid] = self._readers[pid].offset()
+            self._readers.pop(pid).close()
+        self._order.clear()
 
 
 # --- built-in sources ---------------------------------------------------------------------
@@ -95,21 +356,23 @@ class GeneratorSource(Source):
     """Open-loop, rate-controlled generator of ``(key, seq)`` records (or
     ``(key, seq, state_bytes_per_key)`` when ``state_bytes_per_key > 0``).
 
-    * ``rate``: records/s over all tasks (each of p tasks emits ``rate / p``); None = full
-      speed. ``num_records`` is split evenly over tasks (task i gets ``n // p`` plus one if
-      ``i < n % p``); ``duration_s`` caps each task at ``ceil(duration_s * rate / p)``
-      records, or at full speed at ``duration_s`` seconds after the reader was opened.
-      Neither limit set: the source never ends.
+    * Partitions: ``partitions`` of them (``"j-of-n"``), or one per initial source task
+      when None. Partition j's sequence depends only on ``(seed, j)`` (random chunks of
+      65,536 records are seeded by ``(seed, j, chunk_no)``), so it is the same whichever
+      task reads it, and opening it at a resume state continues it exactly.
+    * ``rate``: records/s over all partitions (each of n emits ``rate / n``); None = full
+      speed. ``num_records`` is split evenly over partitions (partition j gets ``N // n``
+      plus one if ``j < N % n``); ``duration_s`` caps each partition at
+      ``ceil(duration_s * rate / n)`` records, or at full speed at ``duration_s`` seconds
+      after its reader was opened. Neither limit set: the source never ends.
     * Keys are ints in ``[0, num_keys)``, ``"uniform"`` or bounded ``"zipf"`` (key k has
       weight ``1 / (k + 1) ** zipf_exponent``, so key 0 is the hottest).
-    * ``seq`` is the record's index in its task's sequence. The sequence depends only on
-      ``(seed, task_index)`` (random chunks of 65,536 records are seeded by
-      ``(seed, task_index, chunk_no)``), so opening at an offset resumes it exactly.
-    * Open loop: record n of a task is due at ``t0 + (n - offset) / (rate / p)`` where t0 is
-      ``clock.now()`` when the reader is opened at ``offset``, and its timestamp is that
-      scheduled time in ms, so time spent waiting for a slow engine counts as latency. At
-      full speed, timestamps are the poll time.
-    * Offset: the number of records this task has emitted (an int).
+    * ``seq`` is the record's index in its partition's sequence.
+    * Open loop: record m of a partition is due at ``t0 + (m - resume) / (rate / n)`` where
+      t0 is ``clock.now()`` when the reader is opened at ``resume``, and its timestamp is
+      that scheduled time in ms, so time spent waiting for a slow engine counts as latency.
+      At full speed, timestamps are the poll time.
+    * Resume state: the number of records the partition has emitted (an int).
     * ``columnar=True``: batches of columns ``key`` and ``seq`` (int64; an
       ``engine.columnar.ColumnBatch``, whose records are dict rows ``{"key": k, "seq": s}``)
       instead of tuples; the same keys in the same order. Not with ``state_bytes_per_key``.
@@ -125,6 +388,7 @@ class GeneratorSource(Source):
         zipf_exponent: float = 1.2,
         state_bytes_per_key: int = 0,
         seed: int = 0,
+        partitions: int | None = None,
         columnar: bool = False,
     ) -> None:
         if rate is not None and not _is_positive_number(rate):
@@ -157,6 +421,9 @@ class GeneratorSource(Source):
             )
         if not _is_int(seed) or seed < 0:
             raise ConfigError(f"GeneratorSource seed must be an int >= 0; got {seed!r}")
+        if partitions is not None and (not _is_int(partitions) or partitions < 1):
+            raise ConfigError(f"GeneratorSource partitions must be an int >= 1 or None (one "
+                              f"per initial source task); got {partitions!r}")
         if not isinstance(columnar, bool) or (columnar and state_bytes_per_key):
             raise ConfigError("GeneratorSource columnar must be a bool, and columnar batches "
                               f"carry no padding (state_bytes_per_key 0); got {columnar!r} "
@@ -170,41 +437,45 @@ class GeneratorSource(Source):
         self.zipf_exponent = float(zipf_exponent)
         self.state_bytes_per_key = int(state_bytes_per_key)
         self.seed = int(seed)
+        self.num_partitions = None if partitions is None else int(partitions)
 
-    def task_records(self, task_index: int, parallelism: int) -> int | None:
-        """How many records task ``task_index`` of ``parallelism`` emits (None: unbounded)."""
+    def partitions(self, parallelism: int) -> list[str]:
+        return indexed_partitions(self.num_partitions or parallelism)
+
+    def partition_records(self, index: int, count: int) -> int | None:
+        """How many records partition ``index`` of ``count`` emits (None: unbounded)."""
         import math
 
         limit: int | None = None
         if self.num_records is not None:
-            base, extra = divmod(self.num_records, parallelism)
-            limit = base + (1 if task_index < extra else 0)
+            base, extra = divmod(self.num_records, count)
+            limit = base + (1 if index < extra else 0)
         if self.duration_s is not None and self.rate is not None:
-            by_time = math.ceil(self.duration_s * self.rate / parallelism - _EPS)
+            by_time = math.ceil(self.duration_s * self.rate / count - _EPS)
             limit = by_time if limit is None else min(limit, by_time)
         return limit
 
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        if parallelism < 1 or not 0 <= task_index < parallelism:
-            raise ValueError(f"bad task_index {task_index} for parallelism {parallelism}")
-        pos = 0 if offset is None else offset
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        index, count = parse_indexed(partition, "GeneratorSource")
+        pos = 0 if resume is None else resume
         if not _is_int(pos) or pos < 0:
-            raise ValueError(f"GeneratorSource offset must be an int >= 0; got {offset!r}")
-        return _GeneratorReader(self, task_index, parallelism, int(pos), clock)
+            raise ValueError(f"GeneratorSource resume state must be an int >= 0 (records "
+                             f"emitted); got {resume!r}")
+        return _GeneratorReader(self, index, count, int(pos), clock)
 
 
 class _GeneratorReader(SourceReader):
     def __init__(
-        self, src: GeneratorSource, task_index: int, parallelism: int, pos: int, clock: Clock
+        self, src: GeneratorSource, index: int, count: int, pos: int, clock: Clock
     ) -> None:
         import numpy as np
 
         self._seed = src.seed
-        self._task = task_index
+        self._partition = index
         self._num_keys = src.num_keys
         self._extra = src.state_bytes_per_key
-        self._limit = src.task_records(task_index, parallelism)
-        self._rate = None if src.rate is None else src.rate / parallelism
+        self._limit = src.partition_records(index, count)
+        self._rate = None if src.rate is None else src.rate / count
         self._clock = clock
         self._pos = pos
         self._start_pos = pos
@@ -230,7 +501,7 @@ class _GeneratorReader(SourceReader):
         if chunk_no != self._chunk_no:
             import numpy as np
 
-            rng = np.random.default_rng([self._seed, self._task, chunk_no])
+            rng = np.random.default_rng([self._seed, self._partition, chunk_no])
             if self._cdf is None:
                 keys = rng.integers(0, self._num_keys, size=_GEN_CHUNK, dtype=np.int64)
             else:
@@ -350,11 +621,12 @@ class ParquetSource(Source):
 
     * Records are tuples of ``columns`` in that order, or the bare value when one column
       is selected. ``columns=None``: every column except ``timestamp_column``.
-    * Task i of p reads files i, i+p, ...; a single file has its row groups split that way.
+    * Partitions: one per file (its name), or, when there is a single file, one per row
+      group (``"<name>#<row group>"``).
     * Timestamps: ``timestamp_column`` (integer ms, or an Arrow timestamp converted to ms;
       nulls get ingestion time), else ingestion time (``now_ms(clock)`` at poll).
-    * Offset: ``[unit, row]``: index into this task's file list and rows of it already
-      emitted; resuming skips exactly those rows.
+    * Resume state: rows of the partition already emitted (an int); resuming skips exactly
+      those rows.
     """
 
     def __init__(
@@ -390,41 +662,51 @@ class ParquetSource(Source):
         self.timestamp_column = timestamp_column
         self.batch_rows = int(batch_rows)
 
-    def task_units(self, task_index: int, parallelism: int) -> list[tuple[str, list[int] | None]]:
-        """This task's share: ``(file, row groups or None for all)`` in reading order."""
+    def partitions(self, parallelism: int) -> list[str]:
+        import os
+
         if len(self.files) == 1:
             import pyarrow.parquet as pq
 
             with pq.ParquetFile(self.files[0]) as f:
-                groups = list(range(f.metadata.num_row_groups))[task_index::parallelism]
-            return [(self.files[0], groups)] if groups else []
-        return [(f, None) for f in self.files[task_index::parallelism]]
+                groups = f.metadata.num_row_groups
+            name = os.path.basename(self.files[0])
+            return [f"{name}#{k}" for k in range(groups)]
+        return [os.path.basename(f) for f in self.files]
 
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        if parallelism < 1 or not 0 <= task_index < parallelism:
-            raise ValueError(f"bad task_index {task_index} for parallelism {parallelism}")
-        if offset is None:
-            unit, row = 0, 0
-        elif (
-            isinstance(offset, (list, tuple)) and len(offset) == 2
-            and all(_is_int(x) and x >= 0 for x in offset)
-        ):
-            unit, row = int(offset[0]), int(offset[1])
-        else:
-            raise ValueError(f"ParquetSource offset must be [file_index, row]; got {offset!r}")
-        return _ParquetReader(self, self.task_units(task_index, parallelism), unit, row, clock)
+    def _unit(self, partition: str) -> tuple[str, list[int] | None]:
+        """The file and row groups (None: all) of ``partition``."""
+        import os
+
+        by_name = {os.path.basename(f): f for f in self.files}
+        if len(self.files) == 1 and "#" in partition:
+            name, _, group = partition.rpartition("#")
+            if name in by_name and group.isdigit():
+                return by_name[name], [int(group)]
+        elif partition in by_name and len(self.files) > 1:
+            return by_name[partition], None
+        raise ValueError(f"ParquetSource({self.path!r}): {partition!r} is not one of its "
+                         "partitions (a file name, or '<file>#<row group>' for one file)")
+
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        path, groups = self._unit(partition)
+        row = 0 if resume is None else resume
+        if not _is_int(row) or row < 0:
+            raise ValueError(f"ParquetSource resume state must be an int >= 0 (rows emitted); "
+                             f"got {resume!r}")
+        return _ParquetReader(self, path, groups, int(row), clock)
 
 
 class _ParquetReader(SourceReader):
     def __init__(
-        self, src: ParquetSource, units: list[tuple[str, list[int] | None]],
-        unit: int, row: int, clock: Clock,
+        self, src: ParquetSource, path: str, groups: list[int] | None, row: int, clock: Clock,
     ) -> None:
         self._src = src
-        self._units = units
+        self._path = path
+        self._groups = groups
         self._clock = clock
-        self._unit = unit  # unit being read
-        self._row = row  # rows of that unit already returned
+        self._row = row  # rows of the partition already returned
+        self._done = False
         self._file: Any = None
         self._batches: Any = None
         self._names: list[str] = []
@@ -433,12 +715,12 @@ class _ParquetReader(SourceReader):
         self._i = 0
 
     def _open_unit(self) -> bool:
-        """Open the current unit, skipping ``self._row`` rows; False when none is left."""
+        """Open the partition, skipping ``self._row`` rows; False when it is done."""
         import pyarrow.parquet as pq
 
-        if self._unit >= len(self._units):
+        if self._done:
             return False
-        path, groups = self._units[self._unit]
+        path, groups = self._path, self._groups
         self._file = pq.ParquetFile(path)
         meta = self._file.metadata
         if groups is None:
@@ -504,8 +786,7 @@ class _ParquetReader(SourceReader):
                 batch = next(self._batches, None)
                 if batch is None:
                     self._close_file()
-                    self._unit += 1
-                    self._row = 0
+                    self._done = True
                     continue
                 self._decode(batch)
                 continue
@@ -523,12 +804,12 @@ class _ParquetReader(SourceReader):
                     out.timestamps.append(t)
             self._i += take
             self._row += take
-        if not out.values and self._unit >= len(self._units):
+        if not out.values and self._done:
             return None
         return out
 
     def offset(self) -> Any:
-        return [self._unit, self._row]
+        return self._row
 
     def seconds_until_ready(self) -> float:
         return 0.0

@@ -76,9 +76,11 @@ from engine.messages import (
     LogicBarrier,
     LogicChanged,
     PriorityBatch,
+    ReleaseSource,
     RemoveOutputChannels,
     ReplaceOutputChannel,
     Resume,
+    SourceReleased,
     Start,
     StopTask,
     SwitchLogic,
@@ -95,7 +97,7 @@ from engine.operators import (
     UnknownKeyGroupError,
     describe,
 )
-from engine.sources import SourceReader
+from engine.sources import PartitionedReader
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
 
@@ -289,7 +291,7 @@ class TaskCore:
                                    spec.num_key_groups, spec.key_groups, clock,
                                    self._current_watermark)
         self.backend, self.keyed = self.chain.backend, self.chain.keyed
-        self.reader: SourceReader | None = None
+        self.reader: PartitionedReader | None = None
         self.paused = False
         self.quiet = False  # after a stop-with-savepoint's barrier: no timers until Resume
 
@@ -298,9 +300,12 @@ class TaskCore:
         self._barriers: dict[int, CheckpointBarrier] = {}  # pending: location, stop
         self.snapshots: list[TaskSnapshot] = []
         self._pending_txns: dict[int, tuple[tuple[str, Any], ...]] = {}
+        self._pending_sources: dict[int, dict[str, Any]] = {}  # until CheckpointComplete
         self._adopted: list[tuple[str, Any]] = []  # a removed peer's, for the next checkpoint
         self._two_phase = cfg.checkpointing
         self._writers_open = True
+        if self._two_phase:  # exactly-once sinks keep output invisible until a commit
+            self.chain.begin_transactions()
         # change of logic: barriers aligned like checkpoints; functions staged by version
         self.logic = BarrierAligner(clock.monotonic)
         self._staged: dict[int, tuple[str, Any]] = {}
@@ -315,6 +320,8 @@ class TaskCore:
         self._heads: dict[int, PartialFrame] = {}
         # channels not read until every token blocking them is lifted (migration alignment)
         self._step_blocked: dict[int, set[int]] = {}
+        # source rescale: token -> old channels that must end before its new ones are read
+        self._handovers: dict[int, set[int]] = {}
         self._suspended_since: float | None = None
         self.suspended_s = 0.0  # parked frames or blocked channels, and nothing processable
         self._end_pending = False  # input ended; finishing waits for a rescale
@@ -562,6 +569,7 @@ class TaskCore:
                 self._on_logic(self.logic.on_barrier(ch.channel_id, version))
             case EndOfStream():
                 ch.ended = True
+                self._handover_ended(ch.channel_id)
                 advanced = self.tracker.end(ch.channel_id)
                 # an input that ended counts as aligned: a pending checkpoint may complete
                 self._on_checkpoint_aligned(self.checkpoints.on_end(ch.channel_id))
@@ -573,6 +581,16 @@ class TaskCore:
                     self._on_watermark(advanced)
             case _:
                 self.migration.on_event(ch, event)
+
+    def _handover_ended(self, channel_id: int) -> None:
+        """An old channel of a source rescale ended: the new channels waiting for it (and
+        no other) are read from now on."""
+        for token in [t for t, old in self._handovers.items() if channel_id in old]:
+            old = self._handovers[token]
+            old.discard(channel_id)
+            if not old:
+                del self._handovers[token]
+                self.unblock_channels(token)
 
     def _on_watermark(self, wm: int | None) -> None:
         """The task's watermark advanced to ``wm``: fire event-time timers up to it, then
@@ -646,7 +664,7 @@ class TaskCore:
             return
         b = self.backend
         groups = () if b is None else tuple((kg, b.snapshot(kg)) for kg in b.owned())
-        source = self.reader.offset() if self.reader is not None else None
+        source = self.source_offsets() if self.reader is not None else None
         try:
             if self._two_phase and self._writers_open:
                 txns = (*self._adopted, *self.chain.pre_commit(cid))
@@ -660,6 +678,8 @@ class TaskCore:
             return
         if txns:
             self._pending_txns[cid] = txns
+        if source and self._two_phase:
+            self._pending_sources[cid] = source
         if self.status == RUNNING:
             self.router.broadcast(CheckpointBarrier(cid, barrier.location, barrier.stop))
         if barrier.stop:  # stop-with-savepoint: nothing more after the barrier
@@ -685,7 +705,13 @@ class TaskCore:
 
     def _commit(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` is complete: commit its transactions and those of
-        earlier ones (a failed checkpoint's transactions wait for the next complete one)."""
+        earlier ones (a failed checkpoint's transactions wait for the next complete one);
+        the source's readers learn the newest positions it holds."""
+        done = sorted(c for c in self._pending_sources if c <= checkpoint_id)
+        if done and self.reader is not None:
+            self.reader.committed(self._pending_sources[done[-1]])
+        for c in done:
+            del self._pending_sources[c]
         due = sorted(c for c in self._pending_txns if c <= checkpoint_id)
         if not due:
             return
@@ -773,8 +799,7 @@ class TaskCore:
             return False
         self.records_in += len(batch.values)
         if self.wm_strategy is not None:
-            m = int(batch.timestamps.max()) if type(batch.values) is ColumnBatch else max(
-                batch.timestamps)
+            m = self.reader.frontier()  # per partition: a lagging one holds the watermark
             if m > self._max_ts:
                 self._max_ts = m
             self._last_emit = self.clock.monotonic()
@@ -796,6 +821,11 @@ class TaskCore:
               and (self.clock.monotonic() - self._last_emit) * 1000 >= st.idle_timeout_ms):
             self._idle = True
             self.router.broadcast(ChannelIdle())
+
+    def source_offsets(self) -> dict[str, Any]:
+        """A source task's ``{partition: resume state}`` after the last record it emitted
+        (what a checkpoint stores for it); empty for other tasks."""
+        return {} if self.reader is None else self.reader.offsets()
 
     def seconds_until_source_ready(self) -> float:
         if self.reader is None or self.paused:
@@ -832,14 +862,27 @@ class TaskCore:
             case Connect(inputs=inputs, outputs=outputs):
                 self._connect(inputs, outputs)
                 return Ack()
-            case Start(offset=offset):
+            case Start(partitions=partitions):
                 if self.is_source and self.reader is None:
-                    self.reader = self.spec.operators[0].fn.open(
-                        self.spec.task_index, self.spec.parallelism, offset, self.clock
-                    )
+                    self.reader = PartitionedReader(self.spec.operators[0].fn, partitions,
+                                                    self.clock, retain=self._two_phase)
                 if self.status == CREATED:
                     self.status = RUNNING
                 return Ack()
+            case ReleaseSource():
+                offsets = self.source_offsets()
+                handed: tuple[tuple[str, Any], ...] = ()
+                if self.reader is not None:
+                    self.reader.close()
+                if self.status == RUNNING:
+                    self.paused = True
+                    self.router.flush_all()
+                    self.router.broadcast(EndOfStream())
+                    handed = self._hand_over()
+                    self.status = STOPPED
+                if self.status != FAILED:
+                    self._close_writers()
+                return SourceReleased(self.name, offsets, handed)
             case Resume():
                 self.paused = False
                 self.quiet = False
@@ -905,9 +948,16 @@ class TaskCore:
                 if self.logic.pending == version:
                     self.logic.abort()
                 return Ack()
-            case AddInputs(inputs=inputs):
+            case AddInputs(inputs=inputs, after=after):
                 for cid, port in inputs:
                     self.add_input(cid, port)
+                waiting = {c for c in after if c in self.inputs and not self.inputs[c].ended}
+                if waiting and inputs:
+                    # negative tokens: migration blocks channels with subscale ids (>= 0)
+                    token = min(self._handovers, default=0) - 1
+                    self._handovers[token] = waiting
+                    for cid, _ in inputs:
+                        self.block_channel(cid, token)
                 self._order = sorted(self.inputs)
                 self._inputs_changed()
                 self._on_watermark(self.tracker.set_channels(self._live_inputs()))

@@ -10,10 +10,11 @@ requested in between always finds input left.
 
 Gate format: one directory per gate, made on the driver (source tasks are other
 processes on the same machine, so a file is the signal; no Ray, no network):
-``reached-<task>-of-<parallelism>`` (empty) is created by each source task once it holds
+``reached-<j>-of-<n>`` (empty) is created by the reader of partition j of n once it holds
 at the gate, and ``open`` (empty) is created by ``SourceGate.open()``. Both files are only
-ever created, never removed: a gate is reached once and opened once, and a source reader
-reopened from an offset (stop-restart) sees the same state.
+ever created, never removed: a gate is reached once and opened once, and a partition
+reopened from its resume state (stop-restart, a source rescale, a restore) sees the same
+state, whichever task reads it.
 """
 
 from __future__ import annotations
@@ -31,18 +32,25 @@ from typing import Any
 from engine.clock import Clock, now_ms
 from engine.codec import pack_exact, unpack_exact
 from engine.errors import ConfigError, ReflowError
-from engine.sinks import Sink, SinkWriter
-from engine.sources import Source, SourceBatch, SourceReader
+from engine.sinks import PendingFiles, Sink, SinkWriter
+from engine.sources import (
+    Source,
+    SourceBatch,
+    SourceReader,
+    indexed_partitions,
+    parse_indexed,
+)
 
 
 class TestingSource(Source):
-    """Emits ``records`` in order. With parallelism p, task i emits records i, i+p, i+2p, ...
+    """Emits ``records`` in order, cut into partitions: partition j of n emits records j,
+    j+n, j+2n, ... in that order. ``partitions``: n (None: one per initial source task).
 
-    ``rate`` (records/s over all tasks) throttles it. ``timestamp_fn(record) -> ms`` gives
-    event timestamps; by default a record's timestamp is the time it was emitted.
+    ``rate`` (records/s over all partitions) throttles it. ``timestamp_fn(record) -> ms``
+    gives event timestamps; by default a record's timestamp is the time it was emitted.
     ``gate``: one ``SourceGate`` or several; the source holds at every gate not yet open
-    (see ``SourceGate``), which is how a test acts mid-stream without sleeping. The offset
-    is the number of this task's records emitted.
+    (see ``SourceGate``), which is how a test acts mid-stream without sleeping. A
+    partition's resume state is the number of its records emitted.
     """
 
     __test__ = False  # not a pytest class
@@ -53,7 +61,14 @@ class TestingSource(Source):
         rate: float | None = None,
         timestamp_fn: Callable[[Any], int] | None = None,
         gate: SourceGate | Sequence[SourceGate] | None = None,
+        partitions: int | None = None,
     ) -> None:
+        if partitions is not None and (isinstance(partitions, bool)
+                                       or not isinstance(partitions, numbers.Integral)
+                                       or partitions < 1):
+            raise ConfigError(f"TestingSource partitions must be an int >= 1 or None (one per "
+                              f"initial source task); got {partitions!r}")
+        self.num_partitions = None if partitions is None else int(partitions)
         self.records = list(records)
         self.gates = _as_gates(gate, len(self.records))
         if rate is not None and (isinstance(rate, bool) or not isinstance(rate, numbers.Real)
@@ -65,27 +80,35 @@ class TestingSource(Source):
         self.rate = rate
         self.timestamp_fn = timestamp_fn
 
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        mine = self.records[task_index::parallelism]
-        rate = None if self.rate is None else self.rate / parallelism
-        gates = sorted(((g.local_limit(task_index, parallelism), i, g)
+    def partitions(self, parallelism: int) -> list[str]:
+        return indexed_partitions(self.num_partitions or parallelism)
+
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        index, count = parse_indexed(partition, "TestingSource")
+        pos = 0 if resume is None else resume
+        if isinstance(pos, bool) or not isinstance(pos, numbers.Integral) or pos < 0:
+            raise ValueError(f"TestingSource resume state must be an int >= 0 (records "
+                             f"emitted); got {resume!r}")
+        mine = self.records[index::count]
+        rate = None if self.rate is None else self.rate / count
+        gates = sorted(((g.local_limit(index, count), i, g)
                         for i, g in enumerate(self.gates)), key=lambda e: (e[0], e[1]))
-        return _TestingReader(mine, int(offset or 0), rate, self.timestamp_fn, clock,
-                              [(limit, g) for limit, _, g in gates], task_index, parallelism)
+        return _TestingReader(mine, int(pos), rate, self.timestamp_fn, clock,
+                              [(limit, g) for limit, _, g in gates], index, count)
 
 
 class _TestingReader(SourceReader):
     def __init__(
         self, records: list[Any], pos: int, rate: float | None,
         timestamp_fn: Callable[[Any], int] | None, clock: Clock,
-        gates: list[tuple[int, SourceGate]] | None = None, task_index: int = 0,
-        parallelism: int = 1,
+        gates: list[tuple[int, SourceGate]] | None = None, index: int = 0,
+        count: int = 1,
     ) -> None:
         self._records = records
         self._pos = pos
         self._closed_gates = list(gates or [])  # (local limit, gate), by limit; none known open
-        self._task_index = task_index
-        self._parallelism = parallelism
+        self._index = index
+        self._count = count
         self._held = False
         self._marked: set[str] = set()  # gates this reader has said it holds at
         self._rate = rate
@@ -118,7 +141,7 @@ class _TestingReader(SourceReader):
             if still_closed:
                 for g in still_closed:
                     if g.directory not in self._marked:
-                        g.mark_reached(self._task_index, self._parallelism)
+                        g.mark_reached(self._index, self._count)
                         self._marked.add(g.directory)
                 self._held = True
                 return self._pos
@@ -178,13 +201,14 @@ def _new_gate_directory() -> str:
 class SourceGate:
     """Holds a ``TestingSource`` after its first ``after`` records until ``open()``.
 
-    Contract: the source's tasks together emit exactly records ``0 .. after - 1`` (task i
-    of p emits those of its records i, i+p, ... whose index is below ``after``), then each
-    signals "reached" and polls empty batches (no busy loop: it asks to be polled again
-    in 10 ms) until the gate is opened; it does not end while held, even when ``after``
-    equals the number of records. ``wait_reached`` returns once every task of the source
-    holds at the gate. Offsets are unchanged, so a reader reopened from an offset
-    (stop-restart) holds at the same record. A gate is single-use: once open it stays
+    Contract: the source's tasks together emit exactly records ``0 .. after - 1`` (the
+    reader of partition j of n emits those of its records j, j+n, ... whose index is below
+    ``after``, whichever task reads it), then each partition signals "reached" and polls
+    empty batches (no busy loop: it asks to be polled again in 10 ms) until the gate is
+    opened; it does not end while held, even when ``after`` equals the number of records.
+    ``wait_reached`` returns once every partition of the source, and so every task, holds
+    at the gate. Resume states are unchanged, so a partition reopened from its resume state
+    (stop-restart, a source rescale, a restore) holds at the same record. A gate is single-use: once open it stays
     open. Works across processes of one machine (``directory`` must be visible to every
     source task; by default a new temporary directory made where the gate is built).
     """
@@ -213,32 +237,32 @@ class SourceGate:
         return os.path.exists(os.path.join(self.directory, "open"))
 
     def reached(self) -> bool:
-        """True once every task of the source has held at the gate (it stays true)."""
+        """True once every partition of the source has held at the gate (it stays true)."""
         return self._complete_parallelism() is not None
 
     def wait_reached(self, timeout: float = 120.0) -> None:
-        """Block until every source task holds at the gate; ``GateTimeout`` after
+        """Block until every partition of the source holds at the gate; ``GateTimeout`` after
         ``timeout`` seconds. Checks before it waits, so a reached gate costs no sleep."""
         deadline = time.monotonic() + timeout
         while not self.reached():
             if time.monotonic() >= deadline:
-                tasks = sorted(self._reached_files()) or ["none"]
+                held = sorted(self._reached_files()) or ["none"]
                 raise GateTimeout(
                     f"the source did not reach the gate after record {self.after} within "
-                    f"{timeout} s (tasks holding: {', '.join(tasks)}); check that the job "
+                    f"{timeout} s (partitions holding: {', '.join(held)}); check that the job "
                     "runs (handle.status(): it may have failed) and that the gate is given to "
                     "the source of this job, or raise the timeout on a loaded machine")
             time.sleep(_GATE_POLL_S)
 
     # -- the reader's side
-    def local_limit(self, task_index: int, parallelism: int) -> int:
-        """How many of task ``task_index``'s records (of ``parallelism``) precede the gate."""
-        if self.after <= task_index:
+    def local_limit(self, index: int, count: int) -> int:
+        """How many of partition ``index``'s records (of ``count``) precede the gate."""
+        if self.after <= index:
             return 0
-        return -(-(self.after - task_index) // parallelism)
+        return -(-(self.after - index) // count)
 
-    def mark_reached(self, task_index: int, parallelism: int) -> None:
-        name = f"reached-{task_index}-of-{parallelism}"
+    def mark_reached(self, index: int, count: int) -> None:
+        name = f"reached-{index}-of-{count}"
         with open(os.path.join(self.directory, name), "a"):
             pass
 
@@ -248,8 +272,8 @@ class SourceGate:
     def _complete_parallelism(self) -> int | None:
         by_p: dict[int, set[int]] = {}
         for name in self._reached_files():
-            _, task, _, p = name.split("-")
-            by_p.setdefault(int(p), set()).add(int(task))
+            _, index, _, count = name.split("-")
+            by_p.setdefault(int(count), set()).add(int(index))
         for p, tasks in by_p.items():
             if tasks >= set(range(p)):
                 return p
@@ -277,16 +301,26 @@ class TestingSink(Sink):
     the driver); ``results()`` merges them in the order they were written (writes of one key
     are causally ordered, so per-key order is exact). Types survive exactly (tuples stay
     tuples).
+
+    Exactly-once: in a job that checkpoints, a writer appends to a pending file
+    (``engine.sinks.PendingFiles``) that its ``pre_commit`` seals and ``commit`` publishes,
+    so ``results()`` shows committed records only; without checkpointing every write is
+    visible at once.
     """
 
     __test__ = False
+    exactly_once = True
 
     def __init__(self, directory: str | None = None) -> None:
         self.directory = directory or tempfile.mkdtemp(prefix="reflow-testing-sink-")
         os.makedirs(self.directory, exist_ok=True)
 
+    def prepare(self) -> None:
+        os.makedirs(self.directory, exist_ok=True)
+        PendingFiles.clean(self.directory)
+
     def open(self, task_index: int, parallelism: int, clock: Clock) -> SinkWriter:
-        return _TestingWriter(os.path.join(self.directory, f"{task_index}-{uuid.uuid4().hex}.bin"))
+        return _TestingWriter(self.directory, f"{task_index}-{uuid.uuid4().hex}")
 
     def _entries(self) -> list[tuple[int, str, int, Any, int]]:
         entries = []
@@ -315,22 +349,60 @@ class TestingSink(Sink):
         return [(e[3], e[4]) for e in self._entries()]
 
     def clear(self) -> None:
+        """Delete every record, committed or pending."""
+        import shutil
+
         for name in os.listdir(self.directory):
-            os.remove(os.path.join(self.directory, name))
+            path = os.path.join(self.directory, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.remove(path)
 
 
 class _TestingWriter(SinkWriter):
-    def __init__(self, path: str) -> None:
-        self._f = open(path, "ab")  # noqa: SIM115 - kept open for the writer's life
+    def __init__(self, directory: str, name: str) -> None:
+        self._directory = directory
+        self._name = name
+        self._pending: PendingFiles | None = None
+        self._parts = 0  # files sealed (transactions on)
+        self._f: Any = open(os.path.join(directory, f"{name}.bin"), "ab")  # noqa: SIM115
 
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
+        if self._f is None:  # transactions on: the next pending file
+            assert self._pending is not None
+            path = self._pending.path(f"{self._name}-{self._parts:06d}.bin")
+            self._f = open(path, "ab")  # noqa: SIM115 - closed at the next seal
         # monotonic_ns is one system-wide clock on Linux: it orders writes of all processes.
         blob = pack_exact([time.monotonic_ns(), list(values), list(timestamps)])
         self._f.write(len(blob).to_bytes(4, "little") + blob)
         self._f.flush()
 
-    def close(self) -> None:
+    def begin_transactions(self) -> None:
         self._f.close()
+        os.remove(os.path.join(self._directory, f"{self._name}.bin"))  # nothing written yet
+        self._f = None
+        self._pending = PendingFiles(self._directory, f"testing-{self._name}")
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        if self._pending is None:
+            return None
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+            self._parts += 1
+        return self._pending.seal(checkpoint_id)
+
+    def commit(self, transactions: Sequence[Any]) -> None:
+        PendingFiles.commit(self._directory, transactions,
+                            f"TestingSink({self._directory!r})")
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+        if self._pending is not None:
+            self._pending.close()
 
 
 def per_key(records: Iterable[Any], key_fn: Callable[[Any], Any]) -> dict[Any, list[Any]]:

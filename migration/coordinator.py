@@ -33,7 +33,13 @@ from typing import Any
 from engine.channel import REROUTE_PORT
 from engine.clock import Clock
 from engine.config import JobConfig, check_count
-from engine.deployment import ChannelIds, Deployment, connect_messages, task_name
+from engine.deployment import (
+    ChannelIds,
+    Deployment,
+    connect_messages,
+    start_message,
+    task_name,
+)
 from engine.errors import RescaleRefused, RescaleTimeout
 from engine.keygroups import moved_key_groups
 from engine.messages import (
@@ -47,6 +53,7 @@ from engine.messages import (
     HoldFinish,
     InjectSubscale,
     OutputChannel,
+    ReleaseSource,
     RemoveOutputChannels,
     ReplaceOutputChannel,
     Start,
@@ -85,6 +92,7 @@ class Phase(NameEnum):
     SUBSCALES = "subscales"
     REMOVE = "remove"
     RELEASE = "release"
+    HANDOVER = "handover"  # a source's partitions go from its old tasks to its new ones
     SAVEPOINT = "savepoint"
     RESTORE = "restore"
     DONE = "done"
@@ -327,7 +335,8 @@ class DataflowChanges:
     def quiet(self, phase: Phase) -> bool:
         """Nothing in flight for a rescale now in ``phase`` (adding or removing tasks is a
         change from its first command to its last)."""
-        return not self.subscales and phase not in (Phase.DEPLOY, Phase.REMOVE)
+        return not self.subscales and phase not in (Phase.DEPLOY, Phase.HANDOVER,
+                                                    Phase.REMOVE)
 
 
 # ---------------------------------------------------------------------- the machine
@@ -509,6 +518,21 @@ class RescaleCoordinator:
             cfg.batched_matching))
         self.ctx.subscale_ids.take(len(plan.subscales))
         return plan
+
+
+class PhaseTimer:
+    """Seconds spent in each phase, in order (``RescaleReport.phases``): ``mark(phase)``
+    closes the phase that just ended."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.phases: list[tuple[str, float]] = []
+        self._since = clock.monotonic()
+
+    def mark(self, phase: Phase) -> None:
+        now = self.clock.monotonic()
+        self.phases.append((str(phase), now - self._since))
+        self._since = now
 
 
 # ---------------------------------------------------------------------- live rescale
@@ -923,14 +947,8 @@ class StopRestartRescale(RescaleCoordinator):
 
     def _steps(self) -> _Steps:
         vertex, clock = self.vertex, self.clock
-        phases: list[tuple[str, float]] = []
-        mark_t = clock.monotonic()
-
-        def mark(phase: Phase) -> None:
-            nonlocal mark_t
-            now = clock.monotonic()
-            phases.append((str(phase), now - mark_t))
-            mark_t = now
+        timer = PhaseTimer(clock)
+        mark, phases = timer.mark, timer.phases
 
         old = self.dep.assignments.get(vertex, ())
         profiles: dict[int, Any] = {}
@@ -961,14 +979,112 @@ class StopRestartRescale(RescaleCoordinator):
             key_groups_planned=self.moved))
 
 
+# ---------------------------------------------------------------------- source rescale
+
+#: ``RescaleReport.protocol`` of a live source rescale
+HANDOVER = "handover"
+
+
+class SourceRescale(RescaleCoordinator):
+    """A live rescale of a source: its partitions are handed over to a new set of source
+    tasks with their resume states, while every other task runs on.
+
+    1. *deploy*: the new tasks (generation + 1, ``parallelism`` of them) are created and
+       connected; every receiver of the source adds their channels, to be read only once
+       all of the old tasks' channels to it have ended (``AddInputs.after``);
+    2. *handover*: each old task stops reading, ends its outputs behind everything it
+       emitted and replies with its partitions' resume states (``ReleaseSource``) and what
+       its chained sinks wrote and no checkpoint committed yet (adopted by the new tasks,
+       round robin); the new tasks start with the partitions ``j % parallelism == i`` at
+       those states;
+    3. *remove*: the old tasks go.
+
+    No checkpoint starts from the first change to the last (``DataflowChanges``: the
+    phases deploy, handover and remove are not quiet).
+
+    Exact per partition: a record read before the release reaches each receiver on an old
+    channel, which the receiver finishes before it reads the new ones; nothing is read
+    twice (the new readers start where the old ones stopped) or lost. A watermark never
+    passes a moved partition's records: the new tasks' channels start without one. The
+    source reads nothing between its release and the new tasks' start (two control round
+    trips); its receivers go on with what is in flight meanwhile."""
+
+    def progress(self) -> RescaleProgress:
+        return RescaleProgress(self.vertex, HANDOVER, str(self.phase), 0, 0, 0, not self.done)
+
+    def _steps(self) -> _Steps:
+        vertex, clock, ctx = self.vertex, self.clock, self.ctx
+        timer = PhaseTimer(clock)
+        mark, phases = timer.mark, timer.phases
+
+        old_dep, old_tasks = self.dep, self._tasks()
+        gen = self.dep.generation + 1
+        names = tuple(task_name(ctx.job_id, vertex, i, gen)
+                      for i in range(self.request.parallelism))
+        new_dep = self.dep.with_vertex(vertex, names, generation=gen)
+        # 1. the new tasks, wired but not started; the receivers hold their channels
+        self.phase = Phase.DEPLOY
+        self.committed = True
+        yield CreateTasks(vertex, names, new_dep)
+        msgs = connect_messages(new_dep, ctx.channel_ids)
+        yield from self._send(Phase.DEPLOY, (
+            Call(n, msgs[n], tuple(c.target for e in msgs[n].outputs for c in e.channels))
+            for n in names))
+        old_in = connect_messages(old_dep, ctx.channel_ids)
+        old_channels = {c.channel_id for t in old_tasks for e in old_in[t].outputs
+                        for c in e.channels}
+        adds: dict[str, list[tuple[int, int]]] = {}
+        for n in names:
+            for e in msgs[n].outputs:
+                for c in e.channels:
+                    adds.setdefault(c.target, []).append((c.channel_id, c.port))
+        yield from self._send(Phase.DEPLOY, (
+            Call(t, AddInputs(tuple(ins), tuple(sorted(
+                cid for cid, _ in old_in[t].inputs if cid in old_channels)) if t in old_in
+                else ()))
+            for t, ins in adds.items()))
+        mark(Phase.DEPLOY)
+        # 2. the old tasks stop where they are and say where that is; what their chained
+        # sinks wrote and no checkpoint committed yet goes to the new tasks
+        replies = yield from self._send(Phase.HANDOVER, (Call(t, ReleaseSource())
+                                                         for t in old_tasks))
+        offsets = {r.task: r.offsets for r in replies}
+        resume = {p: st for states in offsets.values() for p, st in states.items()}
+        adopt: dict[str, list[Any]] = {}
+        for i, r in enumerate(replies):
+            if r.transactions:
+                adopt.setdefault(names[i % len(names)], []).extend(r.transactions)
+        if adopt:
+            yield from self._send(Phase.HANDOVER, (Call(t, AdoptTransactions(tuple(txns)))
+                                                   for t, txns in adopt.items()))
+        # 3. the new tasks take over
+        self.dep = new_dep
+        yield UpdateVertex(vertex, names, None, gen)
+        yield from self._send(Phase.HANDOVER, (Call(n, start_message(new_dep, vertex, i, resume))
+                                               for i, n in enumerate(names)))
+        mark(Phase.HANDOVER)
+        self.phase = Phase.REMOVE
+        yield RemoveTasks(old_tasks)
+        self.finished_tasks.difference_update(old_tasks)
+        mark(Phase.REMOVE)
+        done = clock.now()
+        return RescaleReport(
+            vertex, HANDOVER, len(old_tasks), len(names), self.requested_at, done,
+            done - self.requested_at, 0, 0, tuple(phases), tuple(sorted(offsets.items())))
+
+
 def coordinator_for(request: RescaleRequest, ctx: RescaleContext,
                     clock: Clock) -> RescaleCoordinator:
-    """The coordinator that runs ``request``'s protocol (a placement: ``Placement``)."""
+    """The coordinator that runs ``request``'s protocol (a placement: ``Placement``); a
+    source's live rescale hands its partitions over (``SourceRescale``) whatever live
+    protocol was named."""
     if request.place is not None:
         if not PROTOCOLS[request.protocol].live:
             raise RescaleRefused(f"placement moves key groups live; protocol "
                                  f"{request.protocol!r} is not a live protocol")
         return Placement(request, ctx, clock)
     if PROTOCOLS[request.protocol].live:
+        if ctx.deployment.plan.vertex(request.operator).is_source:
+            return SourceRescale(request, ctx, clock)
         return LiveRescale(request, ctx, clock)
     return StopRestartRescale(request, ctx, clock)

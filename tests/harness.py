@@ -33,12 +33,11 @@ from engine.checkpoints.snapshot import persist, restore_messages
 from engine.checkpoints.store import discard, write_metadata
 from engine.clock import Clock
 from engine.config import JobConfig
-from engine.deployment import ChannelIds, Deployment, connect_messages
+from engine.deployment import ChannelIds, Deployment, connect_messages, start_message
 from engine.messages import (
     CheckpointAborted,
     CheckpointComplete,
     RestoreState,
-    Start,
     SubscaleDone,
     TriggerCheckpoint,
     decode_message,
@@ -73,6 +72,19 @@ def make_spec(dep: Deployment, vertex: str, index: int, name: str,
     """The spec the JobMaster builds (``TaskSpec.of``). Each Ray actor gets its own copy of
     the spec (and so of the user function objects, which keep state handles): copy it."""
     return copy.deepcopy(TaskSpec.of(dep, vertex, index, name, config))
+
+
+def records_left(core: TaskCore) -> int:
+    """Records a ``TestingSource`` task has not emitted yet, over the partitions it reads."""
+    from engine.sources import parse_indexed
+
+    assert core.reader is not None, f"{core.name} is not a started source task"
+    records = core.spec.operators[0].fn.records
+    left = 0
+    for pid, emitted in core.reader.offsets().items():
+        j, n = parse_indexed(pid)
+        left += len(records[j::n]) - (emitted or 0)
+    return left
 
 
 def wire(msg: Any) -> Any:
@@ -179,7 +191,7 @@ class Checkpoints:
         for vertex, p in (parallelism or {}).items():
             plan = plan.rescaled(vertex, p)
         rp = plan_restore(meta, plan, "j", net.dep.generation + 1, allow_non_restored_state,
-                          assignments)
+                          assignments, net.dep.partitions)
         forget = getattr(net, "forget_in_flight", None)
         if forget is not None:
             forget()  # frames and messages of the old tasks are gone with them
@@ -195,8 +207,9 @@ class Checkpoints:
             for msg in restore_messages(RestoreState(r.groups, r.transactions)):
                 net.cores[name].handle(wire(msg))
         for v in reversed(dep.plan.vertices):  # sources last
-            for name in dep.tasks[v.name]:
-                net.cores[name].handle(wire(Start(rp.tasks[name].source_state)))
+            for i, name in enumerate(dep.tasks[v.name]):
+                net.cores[name].handle(wire(start_message(dep, v.name, i,
+                                                          rp.tasks[name].source_state)))
         self.coord.restored(meta)
         return rp
 

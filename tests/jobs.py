@@ -35,6 +35,14 @@ Gates = Sequence[SourceGate] | None
 
 # ------------------------------------------------------------------------- acting on events
 
+def task_actors(handle: Any, vertex: str) -> list[str]:
+    """The job's live task actors of ``vertex`` (named ``<job>/<vertex>/<i>/g<n>``)."""
+    import ray
+
+    return sorted(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
+                  if isinstance(n, dict) and n["name"].startswith(f"{handle.job_id}/{vertex}/"))
+
+
 def wait_until(cond: Callable[[], bool], what: str, handle: Any = None,
                timeout: float = TIMEOUT_S) -> None:
     """Return once ``cond()`` holds. Fails (naming ``what``) when ``timeout`` passes, or,
@@ -118,6 +126,35 @@ def moments(num_records: int, fractions: Sequence[float], margin: int) -> list[M
 
 def gates_of(moments_: Sequence[Moment]) -> list[SourceGate]:
     return [g for m in moments_ for g in m.gates]
+
+
+def rescale_at(handle: Any, operator: str, steps: Sequence[tuple[Moment, int]],
+               protocol: str = "drrs", job_timeout: float = TIMEOUT_S,
+               ) -> tuple[list[Any], list[str]]:
+    """At each moment, rescale ``operator`` to the step's parallelism; then wait for the
+    job (the gates are released and the job stopped whatever happens). Returns the
+    reports and the refusals (recorded, never swallowed: with the source held no valid
+    request may be refused)."""
+    reports: list[Any] = []
+    refused: list[str] = []
+
+    def rescale(p: int) -> None:
+        from engine.errors import RescaleRefused
+
+        try:
+            reports.append(handle.rescale(operator, p, protocol=protocol))
+        except RescaleRefused as exc:
+            refused.append(f"rescale to {p}: {exc}")
+
+    try:
+        for moment, p in steps:
+            moment.act(handle, lambda p=p: rescale(p))
+        handle.wait(job_timeout)
+    finally:
+        for moment, _ in steps:
+            moment.release()
+        handle.stop()
+    return reports, refused
 
 
 def check_reports(reports: Sequence[Any], context: str = "") -> None:

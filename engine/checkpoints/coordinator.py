@@ -126,7 +126,8 @@ class _Pending:
 def vertices_of(dep: Deployment) -> tuple[VertexState, ...]:
     """The deployment's vertices as a checkpoint records them."""
     return tuple(VertexState(v.name, tuple(op.name for op in v.operators), v.parallelism,
-                             v.keyed, v.is_source, dep.assignments.get(v.name, ()))
+                             v.keyed, v.is_source, dep.assignments.get(v.name, ()),
+                             dep.partitions.get(v.name, ()))
                  for v in dep.plan.vertices)
 
 

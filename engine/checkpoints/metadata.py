@@ -27,7 +27,7 @@ from engine.errors import CodecError, RestoreError
 from engine.names import NameEnum
 
 MAGIC = b"RFLWCHK\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: a source vertex records its partition list; task states by partition
 METADATA_FILE = "_metadata"
 _HEADER = struct.Struct("!HI")
 
@@ -43,8 +43,9 @@ class CheckpointKind(NameEnum):
 @dataclass(frozen=True)
 class VertexState:
     """One vertex of the checkpointed job: its name (its first operator's), the operators
-    fused in it, its parallelism, whether it is keyed or a source, and its assignment
-    (key group -> task index; keyed vertices only)."""
+    fused in it, its parallelism, whether it is keyed or a source, its assignment (key
+    group -> task index; keyed vertices only) and a source's partition list (fixed for the
+    job's life: a restore uses it, not a new one)."""
 
     name: str
     operators: tuple[str, ...]
@@ -52,6 +53,7 @@ class VertexState:
     keyed: bool
     source: bool
     assignment: tuple[int, ...] = ()
+    partitions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.parallelism < 1 or not self.operators:
@@ -65,7 +67,8 @@ class VertexState:
 class TaskState:
     """One task's part: key groups in ``file`` (relative to the checkpoint's location; ''
     when it holds none) as ``(key_group, offset, length, crc32)``, its source's resume
-    state, its sinks' transactions ``(writer, transaction)``, and what it cost."""
+    states ``{partition: state}`` (None: not a source task), its sinks' transactions
+    ``(writer, transaction)``, and what it cost."""
 
     task: str
     vertex: str
@@ -121,7 +124,7 @@ class CheckpointMetadata:
         return [self.checkpoint_id, str(self.kind), self.job_id, self.job_name, self.created_at,
                 self.num_key_groups,
                 [[v.name, list(v.operators), v.parallelism, v.keyed, v.source,
-                  list(v.assignment)] for v in self.vertices],
+                  list(v.assignment), list(v.partitions)] for v in self.vertices],
                 [[t.task, t.vertex, t.index, t.file, [list(g) for g in t.groups],
                   t.source_state, [list(x) for x in t.transactions], t.bytes, t.alignment_s,
                   t.sync_s, t.async_s] for t in self.tasks],
@@ -132,8 +135,8 @@ class CheckpointMetadata:
         cid, kind, job_id, job_name, created, nkg, vertices, tasks, duration = body
         return cls(
             cid, kind, job_id, job_name, created, nkg,
-            tuple(VertexState(n, tuple(ops), p, k, s, tuple(a))
-                  for n, ops, p, k, s, a in vertices),
+            tuple(VertexState(n, tuple(ops), p, k, s, tuple(a), tuple(parts))
+                  for n, ops, p, k, s, a, parts in vertices),
             tuple(TaskState(task, v, i, f, tuple(tuple(g) for g in groups), src,
                             tuple((w, txn) for w, txn in txns), b, al, sy, asy)
                   for task, v, i, f, groups, src, txns, b, al, sy, asy in tasks),

@@ -7,12 +7,13 @@ there is one plan, and one path that executes it (``engine.runtime.restore``).
 
 Mapping (Flink's): state belongs to operators by name. A keyed operator's key groups go to
 the new tasks by the new assignment (the checkpoint's own when the parallelism is
-unchanged, uniform ranges otherwise, or the one given); a source's resume states to the
-source task of the same index; each sink's pre-committed transactions to the task
+unchanged, uniform ranges otherwise, or the one given); a source's resume states by
+partition, at any parallelism: the source keeps the partition list the checkpoint recorded,
+and task i of p gets the states of its partitions ``j % p == i``; each sink's pre-committed transactions to the task
 ``old index % new parallelism`` of the operator that owns that writer, which commits them
 before it starts (idempotent). An operator of the job that the checkpoint does not know
 starts empty. State the job cannot take (an operator it does not have, a keyed state of
-another ``num_key_groups``, a source at another parallelism) refuses the restore with
+another ``num_key_groups``) refuses the restore with
 ``RestoreError``, unless ``allow_non_restored_state`` drops it (Flink's
 ``--allowNonRestoredState``); the plan's ``dropped`` says what was dropped.
 """
@@ -37,11 +38,12 @@ GroupRef = tuple[int, str, int, int, int]
 
 @dataclass(frozen=True)
 class TaskRestore:
-    """What one new task restores: key groups, its source's resume state (None: from the
-    start) and its writers' transactions to commit, ``(writer, (transaction, ...))``."""
+    """What one new task restores: key groups, its source's resume states ``{partition:
+    state}`` (a partition missing: from its start) and its writers' transactions to
+    commit, ``(writer, (transaction, ...))``."""
 
     groups: tuple[GroupRef, ...] = ()
-    source_state: Any = None
+    source_state: Mapping[str, Any] | None = None
     transactions: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
 
@@ -67,14 +69,18 @@ def checkpoint_layout(plan: PhysicalPlan, meta: CheckpointMetadata) -> PhysicalP
     return plan
 
 
-def fresh_deployment(plan: PhysicalPlan, job_id: str, generation: int) -> Deployment:
+def fresh_deployment(plan: PhysicalPlan, job_id: str, generation: int,
+                     partitions: Mapping[str, tuple[str, ...]]) -> Deployment:
     """``plan`` deployed with no state: new task names at ``generation``, uniform
-    assignments (a restart when no checkpoint completed yet)."""
+    assignments, the sources' ``partitions`` (a restart when no checkpoint completed yet:
+    the job's own lists)."""
     tasks = {v.name: tuple(task_name(job_id, v.name, i, generation)
                            for i in range(v.parallelism)) for v in plan.vertices}
     assignments = {v.name: uniform_assignment(plan.num_key_groups, v.parallelism)
                    for v in plan.vertices if v.keyed}
-    return Deployment(plan, job_id, tasks, assignments, generation)
+    sources = {v.name for v in plan.vertices if v.is_source}
+    return Deployment(plan, job_id, tasks, assignments, generation,
+                      {k: tuple(p) for k, p in partitions.items() if k in sources})
 
 
 def _refuse(meta: CheckpointMetadata, what: str) -> RestoreError:
@@ -86,10 +92,13 @@ def _refuse(meta: CheckpointMetadata, what: str) -> RestoreError:
 
 def plan_restore(meta: CheckpointMetadata, plan: PhysicalPlan, job_id: str, generation: int,
                  allow_non_restored_state: bool = False,
-                 assignments: Mapping[str, tuple[int, ...]] | None = None) -> RestorePlan:
+                 assignments: Mapping[str, tuple[int, ...]] | None = None,
+                 partitions: Mapping[str, tuple[str, ...]] | None = None) -> RestorePlan:
     """Deploy ``plan`` (its parallelisms) as ``job_id`` at ``generation`` with ``meta``'s
     state. ``assignments``: a keyed vertex's assignment to use (e.g. a rescale's target);
-    otherwise the checkpoint's at an unchanged parallelism, uniform ranges at another."""
+    otherwise the checkpoint's at an unchanged parallelism, uniform ranges at another.
+    ``partitions``: the partition list of a source the checkpoint does not record (a
+    source new to the job); a recorded list is always the one used."""
     given = dict(assignments or {})
     dropped: list[str] = []
 
@@ -111,15 +120,18 @@ def plan_restore(meta: CheckpointMetadata, plan: PhysicalPlan, job_id: str, gene
             chosen[v.name] = old.assignment
         else:
             chosen[v.name] = uniform_assignment(plan.num_key_groups, v.parallelism)
-    dep = fresh_deployment(plan, job_id, generation)
-    dep = Deployment(plan, job_id, dep.tasks, chosen, generation)
+    recorded = {v.name: v.partitions for v in meta.vertices if v.source and v.partitions}
+    lists = {**(partitions or {}), **{k: p for k, p in recorded.items() if k in new
+                                      and new[k].is_source}}
+    dep = fresh_deployment(plan, job_id, generation, lists)
+    dep = Deployment(plan, job_id, dep.tasks, chosen, generation, dep.partitions)
     tasks = dep.tasks
 
     groups: dict[str, list[GroupRef]] = {t: [] for ts in tasks.values() for t in ts}
-    sources: dict[str, Any] = {}
+    sources: dict[str, dict[str, Any]] = {}
     for old in meta.vertices:
         _map_keyed(meta, old, new, dep, groups, drop)
-        _map_source(meta, old, new, tasks, sources, drop)
+        _map_source(meta, old, new, dep, sources, drop)
     txns = _map_transactions(meta, plan, tasks, drop)
     out = {t: TaskRestore(tuple(groups[t]), sources.get(t),
                           tuple((w, tuple(x)) for w, x in txns.get(t, {}).items()))
@@ -153,7 +165,8 @@ def _map_keyed(meta: CheckpointMetadata, old: VertexState, new: dict[str, Any],
 
 
 def _map_source(meta: CheckpointMetadata, old: VertexState, new: dict[str, Any],
-                tasks: dict[str, tuple[str, ...]], sources: dict[str, Any], drop: Any) -> None:
+                dep: Deployment, sources: dict[str, dict[str, Any]], drop: Any) -> None:
+    """Each partition's state to the new task that reads it (any parallelism)."""
     parts = [t for t in meta.tasks_of(old.name) if t.source_state is not None]
     if not old.source or not parts:
         return
@@ -161,13 +174,18 @@ def _map_source(meta: CheckpointMetadata, old: VertexState, new: dict[str, Any],
     if target is None or not target.is_source:
         drop(f"the read positions of source {old.name!r}, which the job does not have")
         return
-    if target.parallelism != old.parallelism:
-        drop(f"source {old.name!r} ran {old.parallelism} tasks in the checkpoint and "
-             f"{target.parallelism} in the job; a source resumes task by task, so give it "
-             f"parallelism {old.parallelism}")
-        return
+    states: dict[str, Any] = {}
     for t in parts:
-        sources[tasks[old.name][t.index]] = t.source_state
+        if not isinstance(t.source_state, dict):
+            raise RestoreError(
+                f"cannot restore {meta.location or 'the checkpoint'}: source {old.name!r} "
+                f"has a resume state {t.source_state!r:.80} that is not by partition",
+                path=meta.location, reason="corrupt")
+        states.update(t.source_state)
+    for i, name in enumerate(dep.tasks[old.name]):
+        mine = {p: states[p] for p in dep.partitions_of(old.name, i) if p in states}
+        if mine:
+            sources[name] = mine
 
 
 def _map_transactions(meta: CheckpointMetadata, plan: PhysicalPlan,

@@ -112,18 +112,21 @@ def user_objects(operators: Sequence[g.OperatorDef]) -> list[tuple[Any, str]]:
     return out
 
 
+_OPENERS = ("open", "open_partition")
+
+
 def open_failure(exc: BaseException, operators: Sequence[g.OperatorDef], task: str,
                  task_index: int) -> UserFunctionError | None:
     """A ``UserFunctionError`` (phase ``open``) when ``exc`` was raised inside the ``open``
-    method of one of ``operators``' user objects (function, source, sink, dead-letter or
-    late sink), naming that operator; None when it was raised elsewhere (an engine bug, a
+    method of one of ``operators``' user objects (function, sink, dead-letter or late sink)
+    or a source's ``open_partition``, naming that operator; None when it was raised elsewhere (an engine bug, a
     key function, ...). The outermost such frame wins: an ``open`` that calls another
     object's ``open`` is named by the object reflow called."""
     if isinstance(exc, UserFunctionError):
         return exc
     objects = user_objects(operators)
     for frame in _frames(exc):
-        if frame.f_code.co_name != "open":
+        if frame.f_code.co_name not in _OPENERS:
             continue
         me = frame.f_locals.get("self")
         for obj, operator in objects:

@@ -34,7 +34,14 @@ from engine.checkpoints.metadata import CheckpointKind
 from engine.clock import SystemClock
 from engine.codec import pack_exact
 from engine.config import JobConfig
-from engine.deployment import ChannelIds, Deployment, connect_messages, initial_deployment
+from engine.deployment import (
+    ChannelIds,
+    Deployment,
+    connect_messages,
+    initial_deployment,
+    source_partitions,
+    start_messages,
+)
 from engine.errors import (
     CheckpointFailed,
     FailurePhase,
@@ -46,7 +53,6 @@ from engine.errors import (
 from engine.messages import (
     JobStatus,
     Resume,
-    Start,
     StopTask,
     TaskFailed,
     TaskFinished,
@@ -91,7 +97,8 @@ class JobMaster:
                                 self.deadlines.task_poll_s)
         self.graph_plan: PhysicalPlan = plan_physical(graph)  # as the user built it
         self.plan: PhysicalPlan = self.graph_plan
-        self.dep: Deployment = initial_deployment(self.plan, job_id)
+        # the sources' partitions are asked when deploying (user code: errors go to start)
+        self.dep: Deployment = initial_deployment(self.plan, job_id, partitions={})
         self.ids = ChannelIds()
         self.subscale_ids = SubscaleIds()
         self.handles: dict[str, Any] = {}
@@ -273,6 +280,7 @@ class JobMaster:
         return self.endpoint.url if self.endpoint else ""
 
     async def _deploy(self) -> None:
+        self.dep = self.dep.with_partitions(source_partitions(self.plan))
         for v in self.plan.vertices:
             for i, name in enumerate(self.dep.tasks[v.name]):
                 self._create(name, TaskSpec.of(self.dep, v.name, i, name, self.config))
@@ -283,8 +291,10 @@ class JobMaster:
         await self._each(order, lambda t: self.call(
             t, msgs[t], [c.target for e in msgs[t].outputs for c in e.channels]), deadline)
         self.state = JobState.RUNNING
+        starts = start_messages(self.dep)
         for v in reversed(self.plan.vertices):  # sources last
-            await self._each(self.dep.tasks[v.name], lambda t: self.call(t, Start()), deadline)
+            await self._each(self.dep.tasks[v.name], lambda t: self.call(t, starts[t]),
+                             deadline)
 
     async def _each(self, tasks: list[str], call: Any, deadline: float) -> None:
         """``call(task)`` for every task at once, all answered by ``deadline``; else raise

@@ -5,7 +5,8 @@ Why one path: restarting after a failure, restoring a savepoint into a new job, 
 stop-restart rescale all do the same thing: plan which task gets which state
 (``engine.checkpoints.restore.plan_restore``), start the task actors, give each its state
 (``RestoreState``: key groups read from the store, sink transactions committed again), wire
-them, start them with their sources' positions. Only the plan's inputs differ.
+them, start them with their sources' partitions at their positions. Only the plan's
+inputs differ.
 
 Recovery (Flink's full restart): the restart strategy (``engine.restart``) decides; if it
 restarts, the job is ``restarting``: the pending checkpoint is aborted, every task actor is
@@ -39,9 +40,9 @@ from engine.checkpoints.restore import (
     plan_restore,
 )
 from engine.checkpoints.store import read_metadata, resolve
-from engine.deployment import connect_messages
+from engine.deployment import connect_messages, source_partitions, start_message
 from engine.errors import JobFailedError
-from engine.messages import RestoreState, Start
+from engine.messages import RestoreState
 from engine.names import JobState
 from engine.restart import RestartStrategy
 from engine.task import TaskSpec
@@ -113,10 +114,12 @@ class Recovery:
         await asyncio.sleep(self.strategy.delay_s)
         latest = m.checkpointing.coord.latest
         if latest is None:  # from the start of the input, with no state
-            await self.deploy(fresh_deployment(m.graph_plan, m.job_id, m.next_generation()), {})
+            await self.deploy(fresh_deployment(m.graph_plan, m.job_id, m.next_generation(),
+                                               m.dep.partitions), {})
         else:
             plan = plan_restore(latest, checkpoint_layout(m.graph_plan, latest), m.job_id,
-                                m.next_generation(), allow_non_restored_state=True)
+                                m.next_generation(), allow_non_restored_state=True,
+                                partitions=m.dep.partitions)
             await self.deploy(plan.deployment, plan.tasks)
         self.restarts += 1
         m.collector.restarts = self.restarts
@@ -142,8 +145,12 @@ class Recovery:
         m = self.m
         path = await asyncio.to_thread(resolve, location)
         meta: CheckpointMetadata = await asyncio.to_thread(read_metadata, path)
+        # a source the checkpoint does not know gets its own list (asked of it, once)
+        known = {v.name for v in meta.vertices if v.source and v.partitions}
+        fresh = {k: p for k, p in source_partitions(m.graph_plan).items() if k not in known} \
+            if any(v.is_source and v.name not in known for v in m.graph_plan.vertices) else {}
         return plan_restore(meta, m.graph_plan, m.job_id, m.next_generation(),
-                            allow_non_restored_state)
+                            allow_non_restored_state, partitions={**m.dep.partitions, **fresh})
 
     async def deploy(self, dep: Any, restore: Mapping[str, TaskRestore]) -> None:
         """Deploy ``dep`` (new task actors), each task with its ``restore``: create, wire
@@ -164,9 +171,11 @@ class Recovery:
         if restoring:
             await m.each(restoring, lambda t: m.call(
                 t, RestoreState(restore[t].groups, restore[t].transactions)), deadline)
+        resume = {t: r.source_state for t, r in restore.items() if r.source_state}
         for v in reversed(dep.plan.vertices):  # sources last
-            await m.each(list(dep.tasks[v.name]), lambda t: m.call(
-                t, Start(restore[t].source_state if t in restore else None)), deadline)
+            await m.each(list(dep.tasks[v.name]), lambda t, v=v: m.call(
+                t, start_message(dep, v.name, dep.tasks[v.name].index(t), resume.get(t))),
+                deadline)
 
 
 __all__ = ["JobRestarted", "Recovery"]

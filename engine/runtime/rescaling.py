@@ -15,7 +15,8 @@ stuck task is refused within about ``rescale_timeout_s + control_timeout_s``; ``
 driver's sign that a long rescale advances; a failure after that
 fails the job naming the rescale and its phase; a newer live request for an operator
 supersedes the running one (which finishes its running subscales and starts no more);
-live rescales of different operators may run at once; a stop-restart excludes all others.
+live rescales of different operators may run at once; a stop-restart, and a rescale of
+a source (its partitions handed over), exclude all others.
 """
 
 from __future__ import annotations
@@ -81,13 +82,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def what_needs_the_job(req: RescaleRequest) -> str:
+    """How a rescale that runs alone is called in a refusal."""
+    if req.protocol == RescaleProtocol.STOP_RESTART:
+        return "stop-restart"
+    return f"rescale of source {req.operator!r}"
+
+
 class Rescaler:
     """The JobMaster's rescales: at most one per operator, a stop-restart alone."""
 
     def __init__(self, master: JobMaster) -> None:
         self.m = master
         self._exclusive = asyncio.Lock()
-        self._stop_restart_running = False
+        self._alone_running = False
+        self._alone_kind: RescaleProtocol | None = None  # stop-restart, or a source's
         self._live_running = 0
         self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
         self._headroom: dict[str, CpuHeadroom] = {}  # vertex -> its rescale's CPU meter
@@ -101,13 +110,13 @@ class Rescaler:
 
     @property
     def running(self) -> bool:
-        return self._stop_restart_running or self._live_running > 0
+        return self._alone_running or self._live_running > 0
 
     def quiescent(self) -> bool:
         """No rescale has a change of the dataflow in flight (a subscale injected and not
         done, tasks being added or removed, a stop-restart): a checkpoint may start."""
-        if self._stop_restart_running:
-            return False
+        if self._alone_running and self._alone_kind == RescaleProtocol.STOP_RESTART:
+            return False  # a source's rescale says when it changes the dataflow (its phases)
         for vertex, coord in self._coordinators.items():
             changes = self._changes.get(vertex)
             if vertex in self._gated or changes is None:
@@ -179,12 +188,13 @@ class Rescaler:
             raise RescaleRefused(
                 f"operator {operator!r} is chained behind {v.name!r} and runs in its tasks; "
                 f"rescale {v.name!r}")
-        if op.kind == g.SOURCE:
-            raise RescaleRefused(f"operator {operator!r} is a source; sources cannot be rescaled")
         if parallelism is None:
             parallelism = len(m.dep.tasks[v.name])
         parallelism = check_count(f"rescale of {operator!r}: parallelism", parallelism,
                                   error=RescaleRefused)
+        if op.kind == g.SOURCE:
+            return self._validate_source(v.name, parallelism, proto, assignment, planning,
+                                         strategy)
         nkg = m.dep.plan.num_key_groups
         if v.keyed and parallelism > nkg:
             raise RescaleRefused(
@@ -217,6 +227,24 @@ class Rescaler:
         return RescaleRequest(v.name, parallelism, proto,
                               tuple(assignment) if assignment is not None else None, planning,
                               "requested through the job handle", strategy=strategy)
+
+    def _validate_source(self, vertex: str, parallelism: int, proto: RescaleProtocol,
+                         assignment: tuple[int, ...] | None, planning: Any,
+                         strategy: AssignmentSpec | None) -> RescaleRequest:
+        """A source rescales by handing its partitions over (any live protocol) or by
+        stop-restart; it has no key groups, and at most one task per partition."""
+        if assignment is not None or planning is not None or strategy is not None:
+            raise RescaleRefused(f"operator {vertex!r} is a source: it has partitions, not key "
+                                 "groups; rescale it without an assignment, strategy or "
+                                 "planning")
+        partitions = self.m.dep.partitions.get(vertex, ())
+        if parallelism > len(partitions):
+            raise RescaleRefused(
+                f"source {vertex!r} has {len(partitions)} partition(s): at most "
+                f"{len(partitions)} task(s) can read it, not {parallelism} (give the source "
+                "more partitions when building it, e.g. partitions=N)")
+        return RescaleRequest(vertex, parallelism, proto, None, None,
+                              "requested through the job handle")
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
@@ -255,13 +283,14 @@ class Rescaler:
                        strategy: AssignmentSpec | None = None) -> RescaleReport:
         m = self.m
         req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
-        if PROTOCOLS[req.protocol].live:
+        if PROTOCOLS[req.protocol].live and not m.dep.plan.vertex(req.operator).is_source:
             running = self._coordinators.get(req.operator)
             if running is not None:
                 running.supersede()
             async with m.vertex_lock(req.operator):
-                if self._stop_restart_running:
-                    raise RescaleRefused("a stop-restart rescale is running; try again after it")
+                if self._alone_running:
+                    raise RescaleRefused("a stop-restart or source rescale is running; try "
+                                         "again after it")
                 self._live_running += 1
                 try:
                     req = self.validate(operator, parallelism, protocol, assignment, planning,
@@ -271,17 +300,19 @@ class Rescaler:
                     self._live_running -= 1
                     m.refill_standby_later()
                     await m.maybe_finish()
-        async with self._exclusive:
+        async with self._exclusive:  # stop-restart, and a source's rescale
             if self._live_running:
-                raise RescaleRefused("a live rescale is running; a stop-restart needs the job "
-                                     "to itself: try again after it")
-            self._stop_restart_running = True
+                raise RescaleRefused(f"a live rescale is running; a {what_needs_the_job(req)} "
+                                     "needs the job to itself: try again after it")
+            self._alone_running = True
             try:
                 req = self.validate(operator, parallelism, protocol, assignment, planning,
                                     strategy)
+                self._alone_kind = req.protocol
                 return await self._execute(req)
             finally:
-                self._stop_restart_running = False
+                self._alone_running = False
+                self._alone_kind = None
                 m.refill_standby_later()
                 await m.maybe_finish()
 
@@ -289,8 +320,9 @@ class Rescaler:
     async def excluding_stop_restart(self) -> Any:
         """While in it, no stop-restart runs (``RescaleRefused`` now if one does): a change
         that needs the tasks to stay (a change of logic) counts as a live rescale."""
-        if self._stop_restart_running:
-            raise RescaleRefused("a stop-restart rescale is running; try again after it")
+        if self._alone_running:
+            raise RescaleRefused("a stop-restart or source rescale is running; try again "
+                                 "after it")
         self._live_running += 1
         try:
             yield
@@ -485,7 +517,7 @@ class Rescaler:
                     if p != v.parallelism:
                         plan = plan.rescaled(v.name, p)
                 restore = plan_restore(meta, plan, m.job_id, m.next_generation(),
-                                       assignments=assignments)
+                                       assignments=assignments, partitions=m.dep.partitions)
                 m.kill_tasks()
                 m.replicas.reset()
                 await m.recovery.deploy(restore.deployment, restore.tasks)

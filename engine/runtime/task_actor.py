@@ -42,6 +42,7 @@ from engine.messages import (
     Ack,
     PriorityBatch,
     RefreshReplicas,
+    ReleaseSource,
     RemoveOutputChannels,
     ReplaceOutputChannel,
     ReplicasRefreshed,
@@ -175,13 +176,14 @@ class TaskActor(DataConnections):
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
         blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel)))
+                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel,
+                                        ReleaseSource)))
         await self._send_outbox(block=blocking)
         if isinstance(msg, RemoveOutputChannels):
             await self._settle_in_flight(set(msg.channel_ids))
         if isinstance(msg, ReplaceOutputChannel):  # the retired task took all it was sent
             await self._settle_in_flight({msg.retired})
-        if isinstance(msg, StopTask):
+        if isinstance(msg, (StopTask, ReleaseSource)):
             await self._settle_in_flight()
         self._persist_snapshots()
         self._send_reports()

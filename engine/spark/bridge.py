@@ -1,14 +1,15 @@
 """Spark -> reflow: the bridge actor, its Spark-side client and the reflow ``SparkSource``.
 
 One **bridge actor** per ``SparkSource`` (a Ray async actor named ``spark-bridge/<name>`` in
-namespace ``reflow``, created on the driver, ``num_cpus=0``) holds one bounded queue of
-Arrow IPC chunks per source task:
+namespace ``reflow``, created on the driver, ``num_cpus=0``) holds one bounded **lane** of
+Arrow IPC chunks per partition of the source (a source task reads the lanes of its
+partitions):
 
 * **Spark side** (``BridgeClient.push``: the driver in ``foreachBatch``, or an executor in
   the ``"reflow"`` Data Source stream writer) re-cuts a partition's rows into chunks of
   ``chunk_rows`` rows, conforms each to the declared schema (bad rows go to the dead-letter
   directory and are counted), and puts the chunks, numbered per (stream, Spark batch id,
-  partition). ``put`` awaits room in a queue (backpressure); afterwards the client awaits
+  partition). ``put`` awaits room in a lane (backpressure); afterwards the client awaits
   ``drained``: the call, and so the Spark batch, completes only once reflow's source tasks
   have taken every chunk of it.
 * **Dedupe**: a stream is one Spark query (its id survives restarts from a checkpoint).
@@ -18,11 +19,27 @@ Arrow IPC chunks per source task:
   dropped. A replay must give the same rows in the same order per partition (Spark's
   replayable sources do, for plans without a shuffle before the bridge); a batch taken
   whole is dropped whole whatever its order.
-* **reflow side**: each source task's reader keeps one ``get`` outstanding and checks its
-  future in ``poll()``, so it never blocks the task's event loop. Records are tuples of
-  the declared columns (the bare value for one column); timestamps are the
-  ``timestamp_column`` (ms) or the time the chunk was handed to the bridge. A reader's
-  offset is ``[last Spark batch id, rows consumed]``.
+* **reflow side**: each lane's reader keeps one ``get`` outstanding and checks its future
+  in ``poll()``, so it never blocks the task's event loop. Records are tuples of the
+  declared columns (the bare value for one column); timestamps are the
+  ``timestamp_column`` (ms) or the time the chunk was handed to the bridge. A lane keeps
+  a chunk until its reader has emitted it (the reader says so in its next ``get``) or, in
+  a job that checkpoints, until a complete checkpoint covers it (a recovery reopens the
+  lane at that checkpoint's state while the Spark query goes on), so a lane moved to
+  another task by a source rescale or a restore is read on exactly from the resume state
+  ``{seq, rows, batch, taken}``: the lane position of the last chunk emitted, the rows
+  emitted of the next, the newest Spark batch id emitted and, per Spark (batch,
+  partition, chunk) of the newest batch, the rows emitted.
+* **Resume across a restore onto a new bridge** (the driver and the Spark query restarted
+  too): a lane nobody read yet continues its first reader's numbering, and the ``taken``
+  of every lane's resume state tells the bridge which chunks of the replayed micro-batch
+  reflow had emitted (dropped as duplicates) or emitted in part (the rest is delivered).
+  Puts wait until every lane has had its reader, so no replayed chunk slips in before the
+  states are known. What this cannot give: rows of micro-batches Spark committed (it
+  commits one once reflow's readers took all of it) and reflow emitted only after the
+  checkpoint it restores from; Spark does not replay those. A restore onto a bridge that
+  already dropped chunks after a resume state fails the reader saying so, rather than
+  skip them.
 
 Everything crossing the actor boundary is bytes, ints and strings; values are msgpack
 (``engine.codec``) and row data Arrow IPC. Nothing is unpickled from user-supplied bytes.
@@ -43,7 +60,13 @@ from typing import Any
 
 from engine.clock import Clock
 from engine.codec import pack_exact, unpack_exact
-from engine.sources import Source, SourceBatch, SourceReader
+from engine.sources import (
+    Source,
+    SourceBatch,
+    SourceReader,
+    indexed_partitions,
+    parse_indexed,
+)
 from engine.spark.schema import ColumnSchema, parse_schema
 
 NAMESPACE = "reflow"
@@ -62,23 +85,48 @@ class SparkQueryFailed(RuntimeError):
 
 
 class _Stream:
-    __slots__ = ("newest", "accepted")
+    __slots__ = ("newest", "accepted", "ingested", "partial")
 
     def __init__(self) -> None:
         self.newest = -1  # newest Spark batch id seen
         self.accepted: dict[tuple[int, int], int] = {}  # (batch, partition) -> chunks taken
+        # from resume states (a restore onto a new bridge): chunks of the newest batch that
+        # reflow had emitted whole, and rows it had emitted of others
+        self.ingested: set[tuple[int, int, int]] = set()  # (batch, partition, chunk)
+        self.partial: dict[tuple[int, int, int], int] = {}
+
+
+class _Lane:
+    """One partition of the source: chunks in lane order, kept until emitted.
+
+    Entries are ``[seq, stream, batch, part, chunk, rows, skip, put_ms, ipc, handed]``;
+    ``seq`` numbers a lane's chunks 1, 2, ...; every chunk with ``seq <= trimmed`` was
+    emitted by reflow and is gone; ``sent`` is the newest seq handed to a reader (the
+    chunks after it count against the lane's room)."""
+
+    __slots__ = ("chunks", "next_seq", "trimmed", "sent", "read")
+
+    def __init__(self) -> None:
+        self.chunks: deque[list[Any]] = deque()
+        self.next_seq = 1
+        self.trimmed = 0
+        self.sent = 0
+        self.read = False  # a reader has asked for it (it may adopt a resume state's seq)
+
+    def waiting(self) -> int:
+        return sum(1 for c in self.chunks if c[0] > self.sent)
 
 
 class BridgeActor:
-    """The bounded, deduplicating hand-over point between Spark and reflow's source tasks."""
+    """The bounded, deduplicating hand-over point between Spark and reflow's source tasks:
+    one lane per partition of the ``SparkSource``."""
 
     def __init__(self, config: bytes) -> None:
         cfg = unpack_exact(config)
         self.cfg = cfg
         self.queue_chunks: int = cfg["queue_chunks"]
-        self.parallelism: int | None = None
-        self.queues: list[deque[list[Any]]] = []
-        self.next_queue = 0
+        self.lanes: list[_Lane] = []
+        self.next_lane = 0
         self.streams: dict[str, _Stream] = {}
         self.outstanding: dict[tuple[str, int, int], int] = {}
         self.ended = False
@@ -101,10 +149,15 @@ class BridgeActor:
         if self.failed is not None:
             raise BridgeError(self.failed)
 
+    def _connected(self) -> bool:
+        """Every lane has had its reader (so every resume state is known)."""
+        return bool(self.lanes) and all(lane.read for lane in self.lanes)
+
     async def put(self, stream: str, batch: int, part: int, seq: int, rows: int, bad: int,
                   put_ms: int, ipc: bytes) -> str:
         """Chunk ``seq`` of (stream, batch, partition): 'ok' once queued, 'dup' if it was
-        taken before (a replay). Waits for room in a queue and for the chunk before it."""
+        taken before (a replay). Waits for every lane's reader, for room in a lane and for
+        the chunk before it."""
         cond = self._cond()
         deadline = time.monotonic() + self.cfg["connect_timeout_s"]
         async with cond:
@@ -117,17 +170,24 @@ class BridgeActor:
                     self.stats["batches"] += 1
                     st.newest = batch
                     st.accepted = {}  # Spark committed every older batch of the stream
+                    st.ingested = {k for k in st.ingested if k[0] == batch}
+                    st.partial = {k: v for k, v in st.partial.items() if k[0] == batch}
                 taken = st.accepted.get((batch, part), 0)
                 if seq < taken:
                     return self._dup(rows)
                 if self.ended:
                     raise BridgeError(f"bridge {self.cfg['name']}: input was ended; "
                                       f"no more data is taken")
-                if self.parallelism is None:
+                if seq == taken and (batch, part, seq) in st.ingested:
+                    st.accepted[(batch, part)] = taken + 1  # reflow had it before a restore
+                    cond.notify_all()
+                    return self._dup(rows)
+                if not self._connected():
                     if time.monotonic() > deadline:
                         raise BridgeError(
-                            f"bridge {self.cfg['name']}: no reflow source task connected within "
-                            f"{self.cfg['connect_timeout_s']} s; is the reflow job running?")
+                            f"bridge {self.cfg['name']}: not every reflow source task connected "
+                            f"within {self.cfg['connect_timeout_s']} s; is the reflow job "
+                            "running?")
                 elif seq == taken and (rows == 0 or self._room() is not None):
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
@@ -137,9 +197,11 @@ class BridgeActor:
             self.stats["chunks_in"] += 1
             self.stats["last_batch_id"] = max(self.stats["last_batch_id"], batch)
             if rows:
-                q = self._room()
-                assert q is not None
-                self.queues[q].append([stream, batch, part, rows, put_ms, ipc])
+                lane = self.lanes[self._room()]  # type: ignore[index]
+                skip = st.partial.pop((batch, part, seq), 0)
+                lane.chunks.append([lane.next_seq, stream, batch, part, seq, rows, skip, put_ms,
+                                    ipc, False])
+                lane.next_seq += 1
                 key = (stream, batch, part)
                 self.outstanding[key] = self.outstanding.get(key, 0) + 1
                 self.stats["rows_in"] += rows
@@ -152,16 +214,16 @@ class BridgeActor:
         return "dup"
 
     def _room(self) -> int | None:
-        """The queue with the most room (ties: round robin), or None when all are full."""
+        """The lane with the most room (ties: round robin), or None when all are full."""
         best, best_len = None, self.queue_chunks
-        p = len(self.queues)
-        for k in range(p):
-            i = (self.next_queue + k) % p
-            n = len(self.queues[i])
-            if n < best_len:
-                best, best_len = i, n
+        n = len(self.lanes)
+        for k in range(n):
+            i = (self.next_lane + k) % n
+            waiting = self.lanes[i].waiting()
+            if waiting < best_len:
+                best, best_len = i, waiting
         if best is not None:
-            self.next_queue = (best + 1) % p
+            self.next_lane = (best + 1) % n
         return best
 
     async def drained(self, stream: str, batch: int, part: int) -> None:
@@ -173,48 +235,99 @@ class BridgeActor:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(cond.wait(), 1.0)
 
-    async def get(self, task_index: int, parallelism: int, max_chunks: int) -> bytes:
-        """Chunks for source task ``task_index``: ``["data", [[batch, rows, put_ms, ipc],
-        ...]]``, ``["end"]`` once input ended and its queue is empty, or ``["failed", msg]``."""
+    def _adopt(self, lane: _Lane, after: int, taken: Any) -> None:
+        """A lane's first reader: a lane nobody read yet continues the numbering of the
+        reader's resume state (a restore onto a new bridge), and that state's record of
+        what reflow had emitted of the newest Spark batches is where dedupe starts."""
+        lane.read = True
+        self.stats["readers"] += 1
+        if after > lane.trimmed:
+            shift = after - lane.trimmed
+            for c in lane.chunks:
+                c[0] += shift
+            lane.next_seq += shift
+            lane.trimmed = after
+            lane.sent = max(lane.sent + shift, after)
+        for stream, batch, part, chunk, done, rows in taken or ():
+            st = self.streams.setdefault(stream, _Stream())
+            if batch < st.newest:
+                continue
+            if batch > st.newest:
+                st.newest, st.accepted = batch, {}
+                st.ingested = {k for k in st.ingested if k[0] == batch}
+                st.partial = {k: v for k, v in st.partial.items() if k[0] == batch}
+            if done >= rows:
+                st.ingested.add((batch, part, chunk))
+            elif done > 0:
+                st.partial[(batch, part, chunk)] = done
+
+    async def get(self, lane_index: int, lanes: int, after: int, consumed: int,
+                  max_chunks: int, taken: Any = None) -> bytes:
+        """Chunks of lane ``lane_index`` (of ``lanes``) after lane seq ``after``, once the
+        reader has emitted every chunk up to ``consumed`` (those go):
+        ``["data", [[seq, stream, batch, part, chunk, rows, skip, put_ms, ipc], ...]]``,
+        ``["end"]`` once input ended and nothing is left after ``after``, ``["failed",
+        msg]``, or ``["gone", msg]`` when chunks after ``after`` were dropped already.
+        Chunks stay in the lane until emitted, so a lane moved to another reader (a source
+        rescale) is read on from where its last reader's resume state says."""
         cond = self._cond()
         async with cond:
-            if self.parallelism is None:
-                self.parallelism = parallelism
-                self.queues = [deque() for _ in range(parallelism)]
+            if not self.lanes:
+                self.lanes = [_Lane() for _ in range(lanes)]
                 cond.notify_all()
-            elif parallelism != self.parallelism:
+            elif lanes != len(self.lanes) or not 0 <= lane_index < lanes:
                 return pack_exact(["failed", (
-                    f"bridge {self.cfg['name']} serves {self.parallelism} source tasks; a task "
-                    f"of parallelism {parallelism} connected (one bridge feeds one source)")])
-            q = self.queues[task_index]
-            while not q and self.failed is None and not self.ended:
+                    f"bridge {self.cfg['name']} serves {len(self.lanes)} partitions; a reader of "
+                    f"partition {lane_index} of {lanes} connected (one bridge feeds one source)")])
+            lane = self.lanes[lane_index]
+            if not lane.read:
+                self._adopt(lane, after, taken)
+                cond.notify_all()
+            if after < lane.trimmed:
+                return pack_exact(["gone", (
+                    f"bridge {self.cfg['name']}: partition {lane_index} cannot resume after chunk "
+                    f"{after}: chunks up to {lane.trimmed} were emitted and dropped; the bridge "
+                    "keeps chunks until emitted, so a reflow restore onto a running Spark query "
+                    "needs that query restarted from its checkpoint too")])
+            while lane.chunks and lane.chunks[0][0] <= consumed:
+                lane.chunks.popleft()
+            lane.trimmed = max(lane.trimmed, min(consumed, after))
+            while not any(c[0] > after for c in lane.chunks) and self.failed is None \
+                    and not self.ended:
                 await cond.wait()
             if self.failed is not None:
                 return pack_exact(["failed", self.failed])
-            if not q:
-                return pack_exact(["end"])
             out = []
             now = int(time.time() * 1000)
             st = self.stats
-            while q and len(out) < max_chunks:
-                stream, batch, part, rows, put_ms, ipc = q.popleft()
-                wait = max(0, now - put_ms)  # hand-over -> taken by a source task
-                st["chunks_taken"] += 1
-                st["wait_ms_sum"] += wait
-                st["wait_ms_max"] = max(st["wait_ms_max"], wait)
-                key = (stream, batch, part)
-                left = self.outstanding[key] - 1
-                if left:
-                    self.outstanding[key] = left
-                else:
-                    del self.outstanding[key]
-                self.stats["rows_taken"] += rows
-                out.append([batch, rows, put_ms, ipc])
+            for c in lane.chunks:
+                if c[0] <= after:
+                    continue
+                if len(out) >= max_chunks:
+                    break
+                seq, stream, batch, part, chunk, rows, skip, put_ms, ipc, handed = c
+                if not handed:  # first hand-over: it counts as taken (a re-read does not)
+                    c[9] = True
+                    wait = max(0, now - put_ms)
+                    st["chunks_taken"] += 1
+                    st["wait_ms_sum"] += wait
+                    st["wait_ms_max"] = max(st["wait_ms_max"], wait)
+                    st["rows_taken"] += rows
+                    key = (stream, batch, part)
+                    left = self.outstanding[key] - 1
+                    if left:
+                        self.outstanding[key] = left
+                    else:
+                        del self.outstanding[key]
+                out.append([seq, stream, batch, part, chunk, rows, skip, put_ms, ipc])
+                lane.sent = max(lane.sent, seq)
             cond.notify_all()
+            if not out:
+                return pack_exact(["end"])
             return pack_exact(["data", out])
 
     async def end_input(self) -> None:
-        """No more input: readers end once their queues are empty."""
+        """No more input: readers end once their lanes are read."""
         cond = self._cond()
         async with cond:
             self.ended = True
@@ -230,8 +343,7 @@ class BridgeActor:
 
     def get_stats(self) -> bytes:
         s = dict(self.stats)
-        s["queued_chunks"] = sum(len(q) for q in self.queues)
-        s["readers"] = self.parallelism or 0
+        s["queued_chunks"] = sum(lane.waiting() for lane in self.lanes)
         s["ended"] = self.ended
         s["failed"] = self.failed or ""
         s["wait_ms_mean"] = (round(s["wait_ms_sum"] / s["chunks_taken"], 1)
@@ -356,7 +468,10 @@ class BridgeClient:
 
 
 def _safe(stream: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in stream)[-48:]
+    """A file-name-safe stream name that never starts with '_' or '.' (Spark and pyarrow
+    skip such files when they read a directory)."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in stream)[-48:]
+    return safe.lstrip("_-") or "stream"
 
 
 def foreach_batch_writer(bridge_name: str, stream: str, address: str | None = None) -> Any:
@@ -382,9 +497,12 @@ class SparkSource(Source):
       directory when None) and are counted in ``stats()["dead_letters"]``.
     * ``timestamp_column``: a TIMESTAMP or BIGINT (ms) column giving record timestamps;
       otherwise a record's timestamp is when Spark handed it to the bridge.
-    * ``chunk_rows`` rows per chunk; each source task's queue holds at most
-      ``queue_chunks`` chunks (so the bridge buffers at most ``parallelism * queue_chunks
-      * chunk_rows`` rows).
+    * ``partitions``: lanes of the bridge, the source's partitions (None: one per initial
+      source task), so the source can be rescaled up to that many tasks.
+    * ``chunk_rows`` rows per chunk; each lane holds at most ``queue_chunks`` chunks not
+      yet handed to its reader, plus those handed and not yet emitted (so the bridge
+      buffers about ``partitions * (queue_chunks + 10) * chunk_rows`` rows at most), and
+      in a job that checkpoints those emitted since the last complete checkpoint.
     * ``columnar=True``: the Arrow batches Spark handed over go on as column batches
       (``engine.columnar``; no per-row conversion), timestamps as int64 ms and dates as
       int32 days as on the rows path; per-record operators after it get dict rows
@@ -407,9 +525,15 @@ class SparkSource(Source):
         queue_chunks: int = 2,
         connect_timeout_s: float = 300.0,
         columnar: bool = False,
+        partitions: int | None = None,
     ) -> None:
         self.schema: ColumnSchema = parse_schema(schema)
         self.columnar = bool(columnar)
+        if partitions is not None and (isinstance(partitions, bool)
+                                       or not isinstance(partitions, int) or partitions < 1):
+            raise ValueError(f"SparkSource partitions must be an int >= 1 or None (one per "
+                             f"initial source task); got {partitions!r}")
+        self.num_partitions = partitions
         if timestamp_column is not None and timestamp_column not in self.schema.names:
             raise ValueError(f"SparkSource timestamp_column {timestamp_column!r} is not a "
                              f"declared column ({self.schema.names})")
@@ -501,35 +625,64 @@ class SparkSource(Source):
         return d
 
     # -- task side
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        if parallelism < 1 or not 0 <= task_index < parallelism:
-            raise ValueError(f"bad task_index {task_index} for parallelism {parallelism}")
-        if offset is not None and not (isinstance(offset, (list, tuple)) and len(offset) == 2):
-            raise ValueError(f"SparkSource offset must be [batch_id, rows]; got {offset!r}")
-        return _BridgeReader(self, task_index, parallelism, offset, clock)
+    def partitions(self, parallelism: int) -> list[str]:
+        return indexed_partitions(self.num_partitions or parallelism)
+
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        index, count = parse_indexed(partition, "SparkSource")
+        if resume is not None and not (isinstance(resume, dict)
+                                       and {"seq", "rows", "taken"} <= set(resume)):
+            raise ValueError(f"SparkSource resume state must be {{'seq', 'rows', 'batch', "
+                             f"'taken'}} (from a reader's offset()); got {resume!r:.200}")
+        return _BridgeReader(self, index, count, resume, clock)
 
 
 class _BridgeReader(SourceReader):
+    """Reads one lane. Keeps one ``get`` outstanding and checks its future in ``poll``, so
+    it never blocks the task's loop; hands out one chunk's rows per poll at most.
+
+    Resume state (``offset()``): ``{"seq": lane seq of the last chunk emitted whole,
+    "head": [stream, batch, partition, chunk] of the next one if emitted in part, "rows":
+    rows emitted of it, "batch": newest Spark batch id emitted,
+    "taken": [[stream, batch, partition, chunk, rows emitted, rows], ...]}``, the last for
+    the chunks of each stream's newest batch this lane emitted (how a new bridge, after a
+    restore, knows which chunks of a replayed micro-batch reflow has had)."""
+
     MAX_CHUNKS = 8
     MAX_IDLE_HINT_S = 0.005
 
-    def __init__(self, src: SparkSource, task_index: int, parallelism: int, offset: Any,
+    def __init__(self, src: SparkSource, index: int, count: int, resume: Any,
                  clock: Clock) -> None:
         self._name = src.bridge_name
         self._ts_col = src.timestamp_column
         self._columnar = getattr(src, "columnar", False)
-        self._task = task_index
-        self._p = parallelism
+        self._lane = index
+        self._lanes = count
         self._clock = clock
         self._actor: Any = None
         self._next_lookup = 0.0
         self._fut: Any = None
-        self._values: list[Any] = []
-        self._ts: list[int] = []
-        self._i = 0
         self._ended = False
-        self._batch, self._rows = (-1, 0) if offset is None else (int(offset[0]), int(offset[1]))
         self._hint = 0.0005
+        state = resume or {"seq": 0, "rows": 0, "head": None, "batch": -1, "taken": []}
+        self._done = int(state["seq"])  # lane seq of the last chunk emitted whole
+        # the chunk after it, emitted in part: its Spark identity and rows emitted of it
+        # (counted in the chunk as Spark put it, so a bridge that skips rows of a replay
+        # and one that does not agree)
+        self._head = None if state.get("head") is None else tuple(state["head"])
+        self._rows = int(state["rows"])
+        self._batch = int(state.get("batch", -1))
+        self._taken: dict[tuple[str, int, int, int], list[int]] = {
+            (t[0], int(t[1]), int(t[2]), int(t[3])): [int(t[4]), int(t[5])]
+            for t in state["taken"]}
+        self._register: Any = list(state["taken"])  # sent with the first get only
+        self._after = self._done  # newest lane seq fetched
+        # the job checkpoints: the lane keeps chunks up to the last complete checkpoint's
+        # seq (a recovery reopens the lane there), not only up to what was emitted
+        self._retain = False
+        self._committed = self._done
+        # fetched chunks: [seq, stream, batch, part, chunk, rows, skip, values, ts, pos]
+        self._buffer: deque[list[Any]] = deque()
 
     def _request(self) -> None:
         if self._actor is None:
@@ -543,88 +696,78 @@ class _BridgeReader(SourceReader):
             except ValueError:
                 self._next_lookup = now + 0.2  # not created yet: look again soon
                 return
-        self._fut = self._actor.get.remote(self._task, self._p, self.MAX_CHUNKS).future()
+        consumed = self._committed if self._retain else self._done
+        self._fut = self._actor.get.remote(self._lane, self._lanes, self._after, consumed,
+                                           self.MAX_CHUNKS, self._register).future()
+        self._register = None
 
     def _take(self) -> None:
-        from engine.spark.schema import column_ms, from_ipc, to_records
-
         fut, self._fut = self._fut, None
         try:
             reply = unpack_exact(fut.result())
         except Exception as exc:
             raise SparkQueryFailed(f"bridge {self._name} is gone: {_cause(exc)}") from None
         kind = reply[0]
-        if kind == "failed":
+        if kind in ("failed", "gone"):
             raise SparkQueryFailed(reply[1])
         if kind == "end":
             self._ended = True
             return
-        if self._columnar:
-            self._take_columns(reply[1])
-            self._request()
-            return
-        values: list[Any] = []
-        stamps: list[int] = []
-        for batch, _rows, put_ms, ipc in reply[1]:
-            table = from_ipc(ipc)
-            recs = to_records(table)
-            values.extend(recs)
-            if self._ts_col is None:
-                stamps.extend([put_ms] * len(recs))
-            else:
-                stamps.extend(put_ms if t is None else t for t in column_ms(table, self._ts_col))
-            self._batch = max(self._batch, batch)
-        self._values = self._values[self._i:] + values
-        self._ts = self._ts[self._i:] + stamps
-        self._i = 0
+        for seq, stream, batch, part, chunk, rows, skip, put_ms, ipc in reply[1]:
+            if seq <= self._after:
+                continue
+            values, ts = self._decode(ipc, put_ms, skip)
+            pos = 0
+            if self._head == (stream, batch, part, chunk):  # emitted in part before
+                pos = max(0, self._rows - skip)
+            self._buffer.append([seq, stream, batch, part, chunk, rows, skip, values, ts, pos])
+            self._after = seq
         self._request()  # prefetch the next chunks while these are processed
 
-    def _take_columns(self, chunks: Any) -> None:
-        """The chunks as one column batch (after what is left of the last), no rows made."""
-        import numpy as np
-        import pyarrow as pa
+    def _decode(self, ipc: bytes, put_ms: int, skip: int) -> tuple[Any, Any]:
+        """A chunk's records (tuples, or a column batch) and timestamps, less ``skip`` rows
+        that reflow had emitted before a restore."""
+        from engine.spark.schema import column_ms, from_ipc
 
-        from engine.columnar import ColumnBatch
-        from engine.spark.schema import column_ms, from_ipc, plain_columns
-
-        parts = [] if self._i >= len(self._values) else [self._values.slice(
-            self._i, len(self._values))]
-        stamps = [] if not parts else [self._ts[self._i:]]
-        for batch, _rows, put_ms, ipc in chunks:
-            table = from_ipc(ipc)
-            if table.num_rows == 0:
-                continue
-            parts.append(ColumnBatch.of(plain_columns(table)))
-            if self._ts_col is None:
-                stamps.append(np.full(table.num_rows, put_ms, dtype=np.int64))
-            else:
-                stamps.append(np.asarray([put_ms if t is None else t
-                                          for t in column_ms(table, self._ts_col)],
-                                         dtype=np.int64))
-            self._batch = max(self._batch, batch)
-        if parts:
-            self._values = ColumnBatch.concat(parts)  # type: ignore[assignment]
-            self._ts = np.concatenate(stamps)  # type: ignore[assignment]
+        table = from_ipc(ipc)
+        if skip:
+            table = table.slice(skip)
+        if self._ts_col is None:
+            stamps: Any = [put_ms] * table.num_rows
         else:
-            self._values = ColumnBatch(pa.RecordBatch.from_pylist([]))  # type: ignore[assignment]
-            self._ts = np.zeros(0, dtype=np.int64)  # type: ignore[assignment]
-        self._i = 0
+            stamps = [put_ms if t is None else t for t in column_ms(table, self._ts_col)]
+        if self._columnar:
+            import numpy as np
+
+            from engine.columnar import ColumnBatch
+            from engine.spark.schema import plain_columns
+
+            return ColumnBatch.of(plain_columns(table)), np.asarray(stamps, dtype=np.int64)
+        from engine.spark.schema import to_records
+
+        return to_records(table), stamps
 
     def poll(self, max_records: int) -> SourceBatch | None:
-        if self._i >= len(self._values) and not self._ended:
+        if not self._buffer and not self._ended:
             if self._fut is None:
                 self._request()
             if self._fut is not None and self._fut.done():
                 self._take()
-        if self._i < len(self._values):
-            end = min(len(self._values), self._i + max(1, max_records))
-            values = (self._values.slice(self._i, end)  # type: ignore[attr-defined]
-                      if self._columnar else self._values[self._i:end])
-            out = SourceBatch(values, self._ts[self._i:end])
-            self._rows += end - self._i
-            self._i = end
-            if self._i >= len(self._values) and not self._columnar:
-                self._values, self._ts, self._i = [], [], 0
+        elif self._fut is not None and self._fut.done() and len(self._buffer) < 2:
+            self._take()
+        if self._buffer:
+            head = self._buffer[0]
+            seq, stream, batch, part, chunk, rows, skip, values, ts, pos = head
+            end = min(len(values), pos + max(1, max_records))
+            out = SourceBatch(values[pos:end] if isinstance(values, list)
+                              else values.slice(pos, end), ts[pos:end])
+            head[9] = end
+            self._note(stream, batch, part, chunk, skip + end, rows)
+            if end >= len(values):
+                self._buffer.popleft()
+                self._done, self._head, self._rows = seq, None, 0
+            else:
+                self._head, self._rows = (stream, batch, part, chunk), skip + end
             self._hint = 0.0005
             return out
         if self._ended:
@@ -632,14 +775,34 @@ class _BridgeReader(SourceReader):
         self._hint = min(self.MAX_IDLE_HINT_S, self._hint * 2)
         return SourceBatch()
 
+    def _note(self, stream: str, batch: int, part: int, chunk: int, done: int,
+              rows: int) -> None:
+        """Rows emitted of a chunk; only each stream's newest batch is kept (Spark commits
+        a batch before it plans the next)."""
+        self._batch = max(self._batch, batch)
+        newest = max((k[1] for k in self._taken if k[0] == stream), default=-1)
+        if batch > newest:
+            self._taken = {k: v for k, v in self._taken.items() if k[0] != stream}
+        elif batch < newest:
+            return
+        self._taken[(stream, batch, part, chunk)] = [done, rows]
+
+    def retain_until_committed(self) -> None:
+        self._retain = True
+
+    def committed(self, state: Any) -> None:
+        self._committed = max(self._committed, int(state["seq"]))
+
     def offset(self) -> Any:
-        return [self._batch, self._rows]
+        return {"seq": self._done, "head": None if self._head is None else list(self._head),
+                "rows": self._rows, "batch": self._batch,
+                "taken": [[s, b, p, c, d, r] for (s, b, p, c), (d, r) in self._taken.items()]}
 
     def seconds_until_ready(self) -> float:
-        if self._i < len(self._values) or (self._fut is not None and self._fut.done()):
+        if self._buffer or (self._fut is not None and self._fut.done()):
             return 0.0
         return self._hint
 
     def close(self) -> None:
         self._fut = None
-        self._values, self._ts = [], []
+        self._buffer.clear()

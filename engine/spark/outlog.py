@@ -7,6 +7,11 @@ incarnation, id ``<open time ns>-t<task>-<uuid8>``) appends **segments**
 (a background thread, so an idle job still publishes its last rows), and on ``flush()``
 (drain, rescale, end of stream). Segments appear atomically (temp name, then rename).
 
+**Exactly-once** in a job that checkpoints (two-phase commit, ``engine.sinks``): segments
+are written to ``.pending/`` and renamed into the log when the checkpoint that covers them
+completes, in segment order, so Spark's reader, which lists only the log's own segments,
+sees committed segments only. Without checkpointing a segment is visible once written.
+
 The log's **offset** is ``{writer id: number of segments}``, counting for each writer the
 contiguous prefix 0..k of its visible segments: a writer writes its segments in order, so
 offsets only grow, and a segment a directory listing has not seen yet is never skipped.
@@ -34,7 +39,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from engine.clock import Clock
-from engine.sinks import Sink, SinkWriter, _atomic_write
+from engine.sinks import PendingFiles, Sink, SinkWriter, _atomic_write
 from engine.spark.schema import ColumnSchema, parse_schema
 
 SCHEMA_FILE = "_schema.json"
@@ -161,8 +166,10 @@ class OutputLogSink(Sink):
     A record that does not fit is written to ``dead_letter_dir`` (default
     ``<directory>/_dead_letters``) with the reason, and counted (``dead_letters()``); it
     never fails the job. ``timestamp_column``: also store each record's timestamp (ms) as a
-    TIMESTAMP column of that name.
+    TIMESTAMP column of that name. Exactly-once (module docstring).
     """
+
+    exactly_once = True
 
     def __init__(
         self,
@@ -215,6 +222,7 @@ class OutputLogSink(Sink):
             p = os.path.join(self.directory, marker)
             if os.path.exists(p):
                 os.remove(p)
+        PendingFiles.clean(self.directory)
 
     def open(self, task_index: int, parallelism: int, clock: Clock) -> SinkWriter:
         os.makedirs(self.directory, exist_ok=True)
@@ -251,10 +259,11 @@ class _LogWriter(SinkWriter):
         self._ts: list[int] = []
         self._first: float | None = None
         self._lock = threading.Lock()  # the buffer
-        self._io = threading.Lock()  # segment order
+        self._io = threading.RLock()  # segment order (pre_commit holds it around a write)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._pending: PendingFiles | None = None
 
     def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
         if self._error is not None:
@@ -310,7 +319,9 @@ class _LogWriter(SinkWriter):
                     pa.array([t * 1000 for t in good_ts], type=pa.timestamp("us", tz="UTC")))
             if not table.num_rows:
                 return
-            path = os.path.join(self._sink.directory, segment_name(self._id, self._n))
+            name = segment_name(self._id, self._n)
+            path = (os.path.join(self._sink.directory, name) if self._pending is None
+                    else self._pending.path(name))
             _atomic_write(path, lambda tmp: pq.write_table(table, tmp))
             self._n += 1
 
@@ -328,10 +339,26 @@ class _LogWriter(SinkWriter):
     def flush(self) -> None:
         self._write_segment()
 
+    def begin_transactions(self) -> None:
+        self._pending = PendingFiles(self._sink.directory, f"outlog-{self._id}")
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        with self._io:  # no segment half-way between written and sealed
+            self._write_segment()
+            return None if self._pending is None else self._pending.seal(checkpoint_id)
+
+    def commit(self, transactions: Sequence[Any]) -> None:
+        PendingFiles.commit(self._sink.directory, transactions,
+                            f"OutputLogSink({self._sink.directory!r})")
+
     def close(self) -> None:
+        """Writes what is buffered; with transactions on it stays pending (published only
+        by a ``pre_commit`` and ``commit`` before the close)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
         self._write_segment()
+        if self._pending is not None:
+            self._pending.close()
 

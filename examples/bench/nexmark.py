@@ -96,7 +96,7 @@ def generator_speed(events: int) -> dict[str, Any]:
     for label, kinds in (("bids", ("bids",)), ("persons+auctions", ("persons", "auctions")),
                          ("all", ("persons", "auctions", "bids"))):
         src = NexmarkSource(cfg, event_time=True, num_events=events, kinds=kinds)
-        reader = src.open(0, 1, None, SystemClock())
+        reader = src.open_partition("0-of-1", None, SystemClock())
         n = 0
         t = time.perf_counter()
         while (batch := reader.poll(1000)) is not None:

@@ -18,6 +18,11 @@ Scenarios (``--scenario``; one fresh job per run, every run the same job and tim
   rescaled operator the bottleneck; on this machine's two cores, shared by every task, a
   CPU-bound run (``--service-us 0``) gains no capacity from a scale-out.
 * ``micro-in``: the same, scaled in (12 -> 8).
+* ``source``: the same job with the *source* rescaled: a GeneratorSource of ``--partitions``
+  (8) partitions read by ``--from`` -> ``--to`` (2 -> 4; quick 1 -> 2) source tasks, the
+  aggregator at ``--agg-p`` (4; quick 2) tasks. Protocols: ``drrs`` stands for any live
+  one (a source's live rescale hands its partitions over: report protocol "handover") and
+  ``stop-restart``; the default runs both.
 * ``skew``: the same job on Zipf keys (exponent 1.0), ``agg`` *rebalanced* (same
   parallelism unless ``--to`` says otherwise) to an assignment that evens the per-key-group
   load; the loads are counted on the generator's deterministic key sequence up to the request
@@ -121,7 +126,7 @@ from examples.bench.harness.run import RunStatus
 from migration.protocols import PROTOCOLS
 
 NONE = "none"  # the run without a rescale
-SCENARIOS = ("micro", "micro-in", "skew", "q7", "q8")
+SCENARIOS = ("micro", "micro-in", "skew", "source", "q7", "q8")
 COLORS = {NONE: "0.45", "drrs": "tab:blue", "stop-restart": "tab:red",
           "pause-resume": "tab:orange", "fluid": "tab:green", "batched": "tab:olive",
           "non-disruptive": "tab:purple"}
@@ -135,6 +140,9 @@ DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {
                  "service_us": (1000.0, 300.0)},
     "skew": {"rate": (5000.0, 2000.0), "keys": (20_000, 2_000), "skew": ("1.0", "1.0"),
              "from_p": (8, 2), "to_p": (None, None), "service_us": (0.0, 0.0)},
+    "source": {"rate": (5000.0, 2000.0), "keys": (20_000, 2_000),
+               "skew": ("uniform", "uniform"), "from_p": (2, 1), "to_p": (4, 2),
+               "service_us": (0.0, 0.0), "partitions": (8, 4), "agg_p": (4, 2)},
     "q7": {"rate": (10_000.0, 5_000.0), "from_p": (4, 1), "to_p": (6, 2)},
     "q8": {"rate": (20_000.0, 10_000.0), "from_p": (4, 1), "to_p": (6, 2)},
 }
@@ -170,7 +178,8 @@ class Scenario:
         self.args = args
         self.name = args.scenario
         self.nexmark = self.name in ("q7", "q8")
-        self.op = {"q7": "q7-partial-max", "q8": "q8-join"}.get(self.name, "agg")
+        self.op = {"q7": "q7-partial-max", "q8": "q8-join", "source": "gen"}.get(self.name,
+                                                                                "agg")
         self.action = "rebalance" if self.name == "skew" else "rescale"
         self.empty_ok = self.nexmark  # window results are sparse
         self.assignment: tuple[int, ...] | None = None
@@ -217,6 +226,9 @@ class Scenario:
                 f"{self.info['imbalance_before']:.2f} -> {self.info['imbalance_after']:.2f}, "
                 f"{self.info['planned_groups_moved']} groups planned)"
                 if self.action == "rebalance" else f"{self.op} {a.from_p} -> {a.to_p}")
+        if self.name == "source":
+            what = (f"source {self.op} ({a.partitions} partitions) {a.from_p} -> {a.to_p} "
+                    f"tasks, agg at {a.agg_p}")
         service = (f", {a.service_us:,.0f} us per record per task" if a.service_us
                    else ", CPU-bound")
         return (f"{a.keys:,} keys ({skew}) x {a.state_bytes:,} B (~"
@@ -238,13 +250,17 @@ class Scenario:
             queries.build(self.name, job, src, sink, parallelism=a.from_p, source_parallelism=1,
                           size_ms=a.size_ms, slide_ms=a.slide_ms)
             return job
+        source = self.name == "source"
         src = jobs.generator(rate=None if full_speed else a.rate, keys=a.keys, zipf=self.zipf,
-                             state_bytes=a.state_bytes, num_records=num_records)
+                             state_bytes=a.state_bytes, num_records=num_records,
+                             partitions=a.partitions if source else None)
         # at full speed (the overhead measurement) the tasks' CPU is what is measured
         service = 0.0 if full_speed else a.service_us
-        return jobs.keyed_count_job(f"rescale-{self.name}", src, sink, parallelism=a.from_p,
+        return jobs.keyed_count_job(f"rescale-{self.name}", src, sink,
+                                    parallelism=a.agg_p if source else a.from_p,
                                     key_groups=a.key_groups, config=config,
-                                    function=jobs.PaddedCount(service))
+                                    function=jobs.PaddedCount(service),
+                                    source_parallelism=a.from_p if source else 1)
 
     def request(self, handle: Any, protocol: str) -> Any:
         strategy, theta = self.args.assignment, self.args.balance
@@ -700,6 +716,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "run CPU-bound")
     ap.add_argument("--from", dest="from_p", type=int, help="start parallelism")
     ap.add_argument("--to", dest="to_p", type=int, help="target parallelism")
+    ap.add_argument("--partitions", type=int,
+                    help="source scenario: the generator's partitions (8; quick 4)")
+    ap.add_argument("--agg-p", type=int,
+                    help="source scenario: the aggregator's parallelism (4; quick 2)")
     ap.add_argument("--assignment", help="how the rescale chooses its target assignment "
                                          "(migration.assignment: uniform, consistent-hashing, "
                                          "ssm); default: uniform ranges, and the skew "
@@ -748,15 +768,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cli.fill_defaults(args, {  # what the scenario leaves open (q7/q8 have no keys)
         "key_groups": (128, 128), "service_us": (0.0, 0.0), "keys": (20_000, 20_000),
         "skew": ("uniform", "uniform"), "replication_cost": (True, False),
+        "partitions": (8, 4), "agg_p": (4, 2),
     } | DEFAULTS[args.scenario] | TIMING)
     if args.to_p is None:
         args.to_p = args.from_p
     if args.warm_standby is None:
         args.warm_standby = args.to_p
-    args.protocols = [p for p in cli.comma_list(args.protocols) or map(str, PROTOCOLS)
-                      if p != NONE]
+    every = ["drrs", "stop-restart"] if args.scenario == "source" else map(str, PROTOCOLS)
+    args.protocols = [p for p in cli.comma_list(args.protocols) or every if p != NONE]
     args.out = cli.out_dir(args, "rescale", args.scenario)
-    if args.scenario in ("micro", "micro-in", "skew"):
+    if args.scenario in ("micro", "micro-in", "skew", "source"):
         parse_skew(args.skew)
     if not 1 <= args.from_p <= args.key_groups or not 1 <= args.to_p <= args.key_groups:
         ap.error("parallelism must be between 1 and --key-groups")

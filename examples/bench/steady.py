@@ -254,7 +254,7 @@ def run_half_load(p: int, variant: str, rate: float, args: argparse.Namespace,
         "rate": rate,
         "duration_s": args.duration,
         "warmup_s": args.warmup,
-        "records_expected": src.task_records(0, 1) if args.source_parallelism == 1 else None,
+        "records_expected": src.partition_records(0, 1) if args.source_parallelism == 1 else None,
         "records_at_sink": sink.summary()["count"],
         "job_span_s": s["span"],
         "latency_after_warmup": {**an.latency_stats(h, (0.5, 0.99, 0.999)),
@@ -271,7 +271,7 @@ def run_half_load(p: int, variant: str, rate: float, args: argparse.Namespace,
 
 def measure_ceiling(records: int, repeats: int = 3) -> dict[str, Any]:
     """Single-process loop over the same records; best of ``repeats``."""
-    reader = source(None, records, None).open(0, 1, None, SystemClock())
+    reader = source(None, records, None).open_partition("0-of-1", None, SystemClock())
     data: list[Any] = []
     while True:
         b = reader.poll(65536)

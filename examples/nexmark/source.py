@@ -19,15 +19,17 @@ Records are plain tuples of the standard snake_case fields, in this order:
 The kinds have different lengths (8, 10, 7 fields), so :func:`kind_of_record` tells them
 apart in a source that emits several kinds. ``date_time`` and ``expires`` are int ms.
 
-Parallelism: event numbers are cut into blocks of ``split_events`` consecutive events
-(default 4096, the generator's randomness chunk) and task ``i`` of ``p`` takes blocks
-``i, i + p, i + 2p, ...``; within a task events come in event-number (= event-time) order.
-The offset is the next event number this task will read (an int), so opening at an offset
-resumes exactly. With the default split a task generates only its own chunks; a smaller split
-interleaves the tasks more finely (useful for small inputs and for open-loop runs at p > 1,
-where a task otherwise sits idle for ``(p - 1) * split_events / rate`` seconds between its
-blocks and holds back the downstream watermark meanwhile) at the cost of every task
-generating every chunk it touches.
+Partitions: event numbers are cut into blocks of ``split_events`` consecutive events
+(default 4096, the generator's randomness chunk) and partition ``j`` of ``n`` (id
+``"j-of-n"``; ``partitions=n``, or one per initial source task) takes blocks
+``j, j + n, j + 2n, ...``; within a partition events come in event-number (= event-time)
+order, whichever task reads it. A partition's resume state is the next event number it will
+read (an int), so opening at it resumes exactly. With the default split a partition
+generates only its own chunks; a smaller split interleaves the partitions more finely
+(useful for small inputs and for open-loop runs at n > 1, where a partition otherwise sits
+idle for ``(n - 1) * split_events / rate`` seconds between its blocks and holds back the
+downstream watermark meanwhile) at the cost of every partition generating every chunk it
+touches.
 
 Timestamps (explicit, ``event_time`` has no default):
 
@@ -61,7 +63,13 @@ from typing import Any
 import numpy as np
 
 from engine.clock import Clock, now_ms
-from engine.sources import Source, SourceBatch, SourceReader
+from engine.sources import (
+    Source,
+    SourceBatch,
+    SourceReader,
+    indexed_partitions,
+    parse_indexed,
+)
 from examples.nexmark.generator import (
     AUCTION,
     AUCTION_FIELDS,
@@ -122,7 +130,8 @@ class NexmarkSource(Source):
       (:class:`RateSchedule`); None = full speed.
     * ``start_time_ms``: wall-clock ms at which event 0 is due (rate only); None = when the
       reader opens.
-    * ``split_events``: the block size of the task split.
+    * ``split_events``: the block size of the partitions.
+    * ``partitions``: how many partitions (None: one per initial source task).
     """
 
     def __init__(
@@ -135,6 +144,7 @@ class NexmarkSource(Source):
         rate: float | Sequence[tuple[float, float]] | None = None,
         start_time_ms: float | None = None,
         split_events: int = CHUNK_SIZE,
+        partitions: int | None = None,
     ) -> None:
         if not isinstance(event_time, bool):
             raise ValueError("NexmarkSource event_time must be True (date_time) or False "
@@ -147,6 +157,11 @@ class NexmarkSource(Source):
             raise ValueError("NexmarkSource start_time_ms needs a rate")
         if isinstance(split_events, bool) or not isinstance(split_events, int) or split_events < 1:
             raise ValueError(f"NexmarkSource split_events must be an int >= 1; got {split_events!r}")
+        if partitions is not None and (isinstance(partitions, bool)
+                                       or not isinstance(partitions, int) or partitions < 1):
+            raise ValueError(f"NexmarkSource partitions must be an int >= 1 or None (one per "
+                             f"initial source task); got {partitions!r}")
+        self.num_partitions = partitions
         self.config = config or NexmarkConfig()
         self.event_time = event_time
         self.num_events = num_events
@@ -177,14 +192,14 @@ class NexmarkSource(Source):
         return out
 
     # -- sizes
-    def task_events(self, task_index: int, parallelism: int) -> int | None:
-        """Events (of every kind) in task ``task_index``'s share; None when unbounded."""
+    def partition_events(self, index: int, count: int) -> int | None:
+        """Events (of every kind) in partition ``index`` of ``count``; None when unbounded."""
         if self.num_events is None:
             return None
         s = self.split_events
         full, rest = divmod(self.num_events, s)
-        mine = len(range(task_index, full, parallelism)) * s
-        if rest and full % parallelism == task_index:
+        mine = len(range(index, full, count)) * s
+        if rest and full % count == index:
             mine += rest
         return mine
 
@@ -196,23 +211,26 @@ class NexmarkSource(Source):
         counts = {"persons": persons, "auctions": auctions, "bids": bids}
         return {k: counts[k] for k in self.kinds}
 
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Clock) -> SourceReader:
-        if parallelism < 1 or not 0 <= task_index < parallelism:
-            raise ValueError(f"bad task_index {task_index} for parallelism {parallelism}")
-        pos = 0 if offset is None else offset
+    def partitions(self, parallelism: int) -> list[str]:
+        return indexed_partitions(self.num_partitions or parallelism)
+
+    def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
+        index, count = parse_indexed(partition, "NexmarkSource")
+        pos = 0 if resume is None else resume
         if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
-            raise ValueError(f"NexmarkSource offset must be an event number >= 0; got {offset!r}")
-        return NexmarkReader(self, task_index, parallelism, int(pos), clock)
+            raise ValueError(f"NexmarkSource resume state must be an event number >= 0; "
+                             f"got {resume!r}")
+        return NexmarkReader(self, index, count, int(pos), clock)
 
 
 class NexmarkReader(SourceReader):
-    """One task's share of a :class:`NexmarkSource`."""
+    """One partition of a :class:`NexmarkSource`."""
 
-    def __init__(self, src: NexmarkSource, task_index: int, parallelism: int, pos: int,
+    def __init__(self, src: NexmarkSource, index: int, count: int, pos: int,
                  clock: Clock) -> None:
         self._src = src
-        self._task = task_index
-        self._p = parallelism
+        self._task = index
+        self._p = count
         self._split = src.split_events
         self._end = src.num_events  # global bound (None: unbounded)
         self._kinds = [_KIND_INDEX[k] for k in src.kinds]

@@ -206,7 +206,10 @@ class FailingOpen(KeyedProcessFunction):
 
 
 class FailingSource(Source):
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Any) -> Any:
+    def partitions(self, parallelism: int) -> list[str]:
+        return ["topic-0"]
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> Any:
         raise OSError("no such topic")
 
 

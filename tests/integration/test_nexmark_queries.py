@@ -105,7 +105,7 @@ def test_sliding_q7_outputs_one_row_per_window_and_top_bid(expected):
 
 
 def _drain(src: NexmarkSource, task: int, p: int, max_records: int = 333) -> list:
-    reader = src.open(task, p, None, ManualClock())
+    reader = src.open_partition(f"{task}-of-{p}", None, ManualClock())
     out = []
     while (batch := reader.poll(max_records)) is not None:
         assert batch.timestamps == sorted(batch.timestamps)
@@ -130,18 +130,18 @@ def test_source_tasks_split_the_stream(kinds, p, split):
     if p == 1:
         assert got == want  # event order, timestamps = date_time
     assert Counter(got) == Counter(want)
-    assert sum(src.task_events(t, p) for t in range(p)) == EVENTS
+    assert sum(src.partition_events(t, p) for t in range(p)) == EVENTS
     assert sum(src.count().values()) == len(want)
 
 
 def test_source_resumes_at_its_offset():
     src = NexmarkSource(CONFIG, event_time=True, num_events=EVENTS, kinds="bids",
                         split_events=300)
-    reader = src.open(1, 3, None, ManualClock())
+    reader = src.open_partition("1-of-3", None, ManualClock())
     reader.poll(250)
     offset = reader.offset()
     rest = _drain_reader(reader)
-    assert _drain_reader(src.open(1, 3, offset, ManualClock())) == rest
+    assert _drain_reader(src.open_partition("1-of-3", offset, ManualClock())) == rest
     assert (offset // 300) % 3 == 1  # an event number in one of task 1's blocks
 
 
@@ -155,7 +155,7 @@ def _drain_reader(reader) -> list:
 def test_source_open_loop_emits_on_schedule():
     clock = ManualClock(1000.0)
     src = NexmarkSource(CONFIG, event_time=False, num_events=EVENTS, kinds="bids", rate=1000)
-    reader = src.open(0, 1, None, clock)
+    reader = src.open_partition("0-of-1", None, clock)
     first = reader.poll(1000)  # only event 0 (a person) is due
     assert len(first) == 0 and reader.offset() == 1
     assert reader.seconds_until_ready() == pytest.approx(0.001)
@@ -172,7 +172,7 @@ def test_realtime_source_has_event_time_equal_to_the_schedule():
                                  num_events=100)
     assert src.config.first_event_rate == 2000 and src.config.base_time_ms == 5_000_000
     clock = ManualClock(5_000.02)  # 20 ms after event 0 was due: events 0..40
-    batch = src.open(0, 1, None, clock).poll(1000)
+    batch = src.open_partition("0-of-1", None, clock).poll(1000)
     assert batch.timestamps == [v[5] for v in batch.values]
     assert batch.timestamps[-1] == 5_000_020
 

@@ -19,7 +19,6 @@ import pytest
 from hypothesis import HealthCheck, example, given, note, seed, settings
 from hypothesis import strategies as st
 
-from engine.errors import RescaleRefused
 from engine.testing import TestingSink
 from tests.jobs import (
     check_reports,
@@ -31,6 +30,7 @@ from tests.jobs import (
     per_key,
     profile_job,
     profile_reference,
+    rescale_at,
     running_sum_job,
     running_sum_reference,
 )
@@ -56,22 +56,8 @@ def _run(kind: str, records: list[tuple[int, int]], start_p: int, plan: list[tup
                 "columnar": (columnar_agg_job, "agg")}[kind]
     points = moments(len(records), [f for f, _ in plan], MARGIN)
     handle = make(records, start_p, sink, rate=2500.0, gates=gates_of(points)).run()
-    reports, refused = [], []
-
-    def rescale(p: int) -> None:
-        try:
-            reports.append(handle.rescale(op, p, protocol="stop-restart"))
-        except RescaleRefused as exc:
-            refused.append(f"rescale to {p}: {exc}")
-
-    try:
-        for (_, p), moment in zip(plan, points, strict=True):
-            moment.act(handle, lambda p=p: rescale(p))
-        handle.wait(180)
-    finally:
-        for moment in points:
-            moment.release()
-        handle.stop()
+    reports, refused = rescale_at(handle, op, list(zip(points, [p for _, p in plan],
+                                                        strict=True)), "stop-restart", 180)
     assert not refused, f"requests refused with input left: {refused}; {example_}"
     assert reports, f"no rescale was accepted, so nothing was tested; {example_}"
     check_reports(reports, example_)

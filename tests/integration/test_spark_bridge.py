@@ -126,7 +126,7 @@ def run_pipeline(spark, tmp_path, mode: str, rescale: list[tuple[str, int]] | No
     total = n_files * lines_per_file
     write_files(inp, groups[0], lines_per_file, seed=7)
     src = SparkSource("line STRING NOT NULL", name=f"lines-{mode}-{time.time_ns()}",
-                      chunk_rows=250, queue_chunks=2)
+                      chunk_rows=250, queue_chunks=2, partitions=4)
     out = OutputLogSink(os.path.join(work, "log"), WC_SCHEMA, linger_s=0.1)
     job = StreamJob(f"wc-{mode}", parallelism=2, config=CFG)
     build_wordcount(job, src, out, source_parallelism=2)
@@ -147,7 +147,9 @@ def run_pipeline(spark, tmp_path, mode: str, rescale: list[tuple[str, int]] | No
             for (op, n), group in zip(rescale, groups[1:], strict=True):
                 wait_for(lambda lv=level: src.stats()["rows_taken"] > lv, what="rows to flow")
                 taken = src.stats()["rows_taken"]
-                report = handle.rescale(op, n, protocol="stop-restart")
+                # the source hands its lanes over live; the counts restart
+                report = handle.rescale(op, n, protocol="drrs" if op == "lines"
+                                        else "stop-restart")
                 info["rescales"].append((taken, report.new_parallelism))
                 level = src.stats()["rows_taken"]
                 write_files(inp, group, lines_per_file, seed=7)
@@ -171,14 +173,101 @@ def test_files_spark_reflow_spark_parquet_equals_spark_batch(spark, tmp_path):
 
 def test_rescale_mid_spark_fed_run_changes_nothing(spark, tmp_path):
     # the Data Source writer (executors push their partitions); the query keeps running
-    # and picks up new files before, between and after the two rescales
+    # and picks up new files before, between and after the rescales: of the counts
+    # (stop-restart) and of the Spark-fed source itself (its lanes handed over live)
     out, inp, info = run_pipeline(
-        spark, tmp_path, "datasource", rescale=[("count", 3), ("count", 1)], n_files=6,
-        lines_per_file=500)
-    assert [p for _, p in info["rescales"]] == [3, 1]
-    assert all(0 < taken < 6 * 500 for taken, _ in info["rescales"])  # mid-run, both
-    assert info["stats"]["rows_taken"] == 6 * 500
+        spark, tmp_path, "datasource", rescale=[("count", 3), ("lines", 4), ("count", 1),
+                                                ("lines", 1)], n_files=10,
+        lines_per_file=300)
+    assert [p for _, p in info["rescales"]] == [3, 4, 1, 1]
+    assert all(0 < taken < 10 * 300 for taken, _ in info["rescales"])  # mid-run, all
+    assert info["stats"]["rows_taken"] == 10 * 300
     assert_same_rows(spark.read.parquet(out), spark_reference(spark, inp))
+
+
+# ----------------------------------------------------------------- exactly-once output
+
+
+def test_a_spark_fed_job_that_checkpoints_recovers_a_killed_task_exactly(spark, tmp_path):
+    """A task killed while the Spark query goes on: the job restarts from its last complete
+    checkpoint, the source's lanes are read on from that checkpoint's states (the bridge
+    kept what the checkpoint did not cover; Spark will not replay what it committed), and
+    the exactly-once sink holds every running count once."""
+    import dataclasses
+
+    import ray
+
+    from tests.jobs import task_actors, wait_until
+
+    inp = str(tmp_path / "in")
+    write_files(inp, range(0, 2), 300, seed=11)
+    src = SparkSource("line STRING NOT NULL", name=f"ckpt-{time.time_ns()}", chunk_rows=50,
+                      queue_chunks=2, partitions=2)
+    sink = TestingSink(str(tmp_path / "out"))  # exactly-once: the job checkpoints
+    cfg = dataclasses.replace(CFG, checkpoint_interval_s=0.5,
+                              checkpoint_dir=str(tmp_path / "chk"), restart_delay_s=0.1,
+                              restart_attempts=5)
+    job = StreamJob("wc-recovery", parallelism=2, config=cfg)
+    build_wordcount(job, src, sink, source_parallelism=2)
+    handle = job.run()
+    with SparkLink(spark, handle, poll_interval_s=0.1) as link:
+        link.feed(src, lines_df(spark, inp), trigger={"processingTime": "200 milliseconds"},
+                  checkpoint=str(tmp_path / "ckpt-in"))
+        wait_for(lambda: src.stats()["rows_taken"] == 600, what="the first files taken")
+        done = handle.status().checkpoints.completed
+        wait_until(lambda: handle.status().checkpoints.completed > done, "a checkpoint",
+                   handle)
+        write_files(inp, range(2, 4), 300, seed=11)
+        wait_for(lambda: src.stats()["rows_taken"] > 600, what="rows after the checkpoint")
+        ray.kill(ray.get_actor(task_actors(handle, "count")[0], namespace="reflow"))
+        wait_until(lambda: handle.status().restarts >= 1, "the restart", handle)
+        wait_for(lambda: src.stats()["rows_taken"] == 1200, what="all lines taken")
+        link.stop_feeds()
+        st_ = handle.wait(180)
+    assert st_.restarts >= 1, "no restart: the kill tested nothing"
+    want = Counter((r["word"], r["count"]) for r in spark_reference(spark, inp).collect())
+    assert Counter(sink.results()) == want, "running counts lost or twice"
+
+
+def test_the_output_logs_reader_sees_committed_segments_only(spark, tmp_path):
+    """Two-phase commit of the output log (what a checkpointing job does with it): what a
+    writer pre-committed is durable but Spark's reader does not see it; a commit shows it,
+    once; data of a writer that died before pre-committing is never seen."""
+    from engine.clock import ManualClock
+
+    log_dir, out_dir, ckpt = (str(tmp_path / n) for n in ("log", "out", "ckpt"))
+    sink = OutputLogSink(log_dir, WC_SCHEMA, rows_per_segment=50, linger_s=3600.0)
+    sink.prepare()
+    w = sink.open(0, 1, ManualClock())
+    w.begin_transactions()
+    dead = sink.open(1, 2, ManualClock())
+    dead.begin_transactions()
+    dead.write([("lost", i) for i in range(30)], [0] * 30)
+    dead.flush()  # durable, pending, never pre-committed: a failure came first
+    w.write([(f"w{i % 5}", i) for i in range(120)], [0] * 120)
+    t1 = w.pre_commit(1)
+    w.write([(f"w{i % 5}", i) for i in range(120, 150)], [0] * 30)
+    t2 = w.pre_commit(2)
+
+    def read_all() -> list[tuple[str, int]]:
+        q = (spark.readStream.format("reflow").load(log_dir).writeStream.format("parquet")
+             .option("path", out_dir).option("checkpointLocation", ckpt)
+             .trigger(availableNow=True).start())
+        q.awaitTermination(120)
+        assert q.exception() is None
+        if not os.path.exists(out_dir) or not any(n.endswith(".parquet")
+                                                  for n in os.listdir(out_dir)):
+            return []
+        return sorted((r["word"], r["count"]) for r in spark.read.parquet(out_dir).collect())
+
+    assert read_all() == [], "pre-committed segments are invisible"
+    w.commit([t1])
+    assert read_all() == sorted((f"w{i % 5}", i) for i in range(120))
+    dead.close()  # its process is gone
+    w.commit([t1, t2])  # a recovery commits the restored checkpoint's again: no-op for t1
+    assert read_all() == sorted((f"w{i % 5}", i) for i in range(150)), "each row once"
+    w.close()
+    assert not any("lost" in str(p) for p in os.listdir(log_dir))
 
 
 # ----------------------------------------------------------------- replay

@@ -44,6 +44,9 @@ def test_main_example_with_a_venv_python_off_path(tmp_path):
     assert "msgpack" not in out
 
 
+# a second run of the main example (138 s at load 20 here) with a 10 s wait built in;
+# tests/unit/test_spark_workers.py covers QueryRestarts' decisions in the default suite
+@pytest.mark.slow
 def test_a_python_worker_that_never_connects_back_restarts_the_query(tmp_path):
     """Spark waits a fixed 10 s for a new Python worker to connect back, which a machine
     at load 30 misses. Here the first start of the output query's reader on the driver

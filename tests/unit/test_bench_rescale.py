@@ -381,7 +381,7 @@ def test_write_log_sink_logs_segments_count_and_span(tmp_path) -> None:
 
 def test_generator_keys_is_the_sources_own_sequence() -> None:
     src = jobs.generator(rate=None, keys=300, zipf=1.0, num_records=70_000)
-    reader = src.open(0, 1, None, ManualClock())
+    reader = src.open_partition("0-of-1", None, ManualClock())
     got: list[int] = []
     while (batch := reader.poll(30_000)) is not None:
         got.extend(v[0] for v in batch.values)

@@ -44,7 +44,7 @@ def _inject(net: DNet, version: int) -> dict[str, int]:
     for u in net.dep.tasks["src"]:
         ids = tuple(net.ids.get(0, u, t) for t in net.dep.tasks["sum"])
         assert net.cores[u].handle(wire(InjectLogicBarrier(version, ids))) == Ack()
-        read[u] = net.cores[u].reader.offset()
+        read[u] = sum(net.cores[u].source_offsets().values())  # one partition per task
     return read
 
 

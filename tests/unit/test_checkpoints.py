@@ -268,8 +268,10 @@ def checkpoint_of(plan, job_id: str = "old", sum_groups: bool = True) -> Checkpo
             groups = tuple((kg, kg * 10, 10, kg) for kg in dep.key_groups_of(v.name, i)) \
                 if v.keyed and sum_groups else ()
             txns = tuple((w, f"{w}-{i}") for w in ("out",) if v.has_sink)
+            states = ({p: 100 + i for p in dep.partitions_of(v.name, i)} if v.is_source
+                      else None)
             tasks.append(TaskState(t, v.name, i, f"{v.name}-{i}.state" if groups else "",
-                                   groups, 100 + i if v.is_source else None, txns))
+                                   groups, states, txns))
     return CheckpointMetadata(5, "savepoint", job_id, "j", 0.0, plan.num_key_groups,
                               cc.vertices_of(dep), tuple(tasks), location="/sp")
 
@@ -285,7 +287,8 @@ def test_a_restore_at_the_same_layout_gives_each_task_what_it_had():
         assert tuple(sorted(g[0] for g in rp.tasks[name].groups)) == dep.key_groups_of("sum", i)
         assert all(g[1] == f"/sp/sum-{i}.state" for g in rp.tasks[name].groups)
     [src] = dep.tasks["src"]
-    assert rp.tasks[src].source_state == 100
+    assert rp.tasks[src].source_state == {"0-of-1": 100}
+    assert dep.partitions == {"src": ("0-of-1",)}, "the list the checkpoint recorded"
     [out] = dep.tasks["out"]
     assert rp.tasks[out].transactions == (("out", ("out-0",)),)
     assert "restored savepoint 5" in rp.reason and rp.dropped == ()
@@ -313,8 +316,6 @@ def test_state_the_job_cannot_take_is_refused_unless_dropped():
     assert err.value.reason == "unmapped" and "allow_non_restored_state" in str(err.value)
     rp = plan_restore(meta, renamed, "new", 1, allow_non_restored_state=True)
     assert all(not r.groups for r in rp.tasks.values()) and len(rp.dropped) == 1
-    with pytest.raises(RestoreError, match="source 'src' ran 1 tasks in the checkpoint and 2"):
-        plan_restore(meta, job(src_p=2), "new", 1)
     other = StreamJob("j", num_key_groups=2 * N, config=CFG)
     (other.source(TestingSource([]), name="src").key_by(lambda r: r)
         .reduce(lambda a, b: a, name="sum").sink(TestingSink(), name="out"))
@@ -327,9 +328,39 @@ def test_state_the_job_cannot_take_is_refused_unless_dropped():
 
 
 def test_a_fresh_deployment_names_a_new_generation():
-    dep = fresh_deployment(job(sum_p=3), "j", 7)
+    dep = fresh_deployment(job(sum_p=3), "j", 7, {"src": ("0-of-1",)})
     assert dep.tasks["sum"] == ("j/sum/0/g7", "j/sum/1/g7", "j/sum/2/g7")
     assert dep.generation == 7 and dep.assignments["sum"] == uniform_assignment(N, 3)
+    assert dep.partitions == {"src": ("0-of-1",)}
+
+
+def test_a_source_is_restored_at_any_parallelism_by_its_recorded_partitions():
+    """The partition list is the checkpoint's, whatever the source says now; each new
+    task gets the states of the partitions j % p == i."""
+    old = job(src_p=3)
+    dep = initial_deployment(old, "old")
+    states = {p: 10 * j for j, p in enumerate(dep.partitions["src"])}
+    tasks = [TaskState(t, v.name, i, "", (), {p: states[p] for p in dep.partitions_of(
+        v.name, i)} if v.is_source else None) for v in old.vertices
+        for i, t in enumerate(dep.tasks[v.name])]
+    meta = CheckpointMetadata(5, "savepoint", "old", "j", 0.0, N, cc.vertices_of(dep),
+                              tuple(tasks), location="/sp")
+    for p in (1, 2, 3, 5):
+        rp = plan_restore(meta, job(src_p=p), "new", 1, partitions={"src": ("x",)})
+        got = rp.deployment
+        assert got.partitions["src"] == ("0-of-3", "1-of-3", "2-of-3")
+        merged = {}
+        for i, t in enumerate(got.tasks["src"]):
+            mine = rp.tasks[t].source_state or {}
+            assert set(mine) <= set(got.partitions_of("src", i))
+            merged.update(mine)
+        assert merged == states, p
+    # a checkpoint of an older format (a state that is not by partition) is refused
+    bad = CheckpointMetadata(5, "savepoint", "old", "j", 0.0, N, cc.vertices_of(dep),
+                             (TaskState(dep.tasks["src"][0], "src", 0, "", (), 42),),
+                             location="/sp")
+    with pytest.raises(RestoreError, match="not by partition"):
+        plan_restore(bad, job(src_p=3), "new", 1)
 
 
 # ------------------------------------------------------------------ restart strategy

@@ -305,7 +305,7 @@ def test_map_batches_failure_goes_whole_to_dead_letters_or_fails(tmp_path: Any) 
 
 def test_columnar_source_wraps_a_row_source() -> None:
     rows = [{"k": i % 3, "v": i} for i in range(10)]
-    reader = ColumnarSource(TestingSource(rows)).open(0, 1, None, ManualClock())
+    reader = ColumnarSource(TestingSource(rows)).open_partition("0-of-1", None, ManualClock())
     b = reader.poll(4)
     assert type(b.values) is ColumnBatch and b.values.rows() == rows[:4]
     assert reader.offset() == 4

@@ -279,7 +279,7 @@ def test_stop_restart_takes_a_stopping_savepoint_then_restores_the_job_from_it()
     assert coord.phase == Phase.SAVEPOINT
     meta = CheckpointMetadata(
         4, "checkpoint", "j", "j", 0.0, N, vertices_of(ctx.deployment),
-        (PartState("j/src/0/g0", "src", 0, source_state=42),
+        (PartState("j/src/0/g0", "src", 0, source_state={"0-of-1": 42}),
          PartState("j/sum/0/g0", "sum", 0, "f", ((0, 0, 1, 0),)),
          PartState("j/sum/1/g0", "sum", 1)))
     [restore] = coord.on_result(first[0], meta)
@@ -290,7 +290,7 @@ def test_stop_restart_takes_a_stopping_savepoint_then_restores_the_job_from_it()
     assert coord.on_result(restore, new_dep) == [] and coord.done
     report = coord.report()
     assert [p for p, _ in report.phases] == [str(p) for p in PHASES]
-    assert report.source_offsets == (("j/src/0/g0", 42),)
+    assert report.source_offsets == (("j/src/0/g0", {"0-of-1": 42}),)
     assert report.bytes_moved == 1 and report.new_parallelism == 3
     assert report.key_groups_moved == len(moved_key_groups(uniform_assignment(N, 2),
                                                             uniform_assignment(N, 3)))

@@ -32,6 +32,7 @@ from engine.deployment import (
     Deployment,
     connect_messages,
     initial_deployment,
+    start_messages,
     task_name,
 )
 from engine.functions import KeyedProcessFunction
@@ -55,7 +56,6 @@ from engine.messages import (
     ReplicaAck,
     ReplicasRefreshed,
     ReplicaUpdate,
-    Start,
     StopTask,
     SubscaleDone,
     SubscaleTriggered,
@@ -82,7 +82,7 @@ from migration.protocols import LIVE, PROTOCOLS, PlanRequest, make_plan
 from migration.protocols.drrs import plan_subscales
 from migration.scheduling import SubscaleScheduler
 from tests import harness
-from tests.harness import make_spec, wire
+from tests.harness import make_spec, records_left, wire
 from tests.jobs import CommittingSink
 
 N = 16  # key groups; uniform over 2 tasks: 0-7 -> task 0, 8-15 -> task 1
@@ -114,9 +114,10 @@ class DNet:
                 self.cores[name] = new_task_core(make_spec(self.dep, v.name, i, name, self.config), clock)
         for name, msg in connect_messages(self.dep, self.ids).items():
             assert self.cores[name].handle(wire(msg)) == Ack()
+        starts = start_messages(self.dep)
         for v in reversed(self.plan.vertices):
             for name in self.dep.tasks[v.name]:
-                assert self.cores[name].handle(Start()) == Ack()
+                assert self.cores[name].handle(wire(starts[name])) == Ack()
         self.frames: list[OutFrame] = []
         self.prio: list[tuple[str, Any]] = []
         self.seen_reports: dict[int, dict[str, SubscaleDone]] = {}
@@ -316,8 +317,7 @@ class DNet:
 
     def _random_round(self, rng: random.Random, keep_back: int) -> None:
         for src in self.sources():
-            reader = src.reader
-            left = len(reader._records) - reader.offset()  # type: ignore[union-attr]
+            left = records_left(src)
             if left > keep_back and rng.random() < 0.6:
                 src.poll_source(rng.randint(1, 4))
         cores = list(self.cores.values())

@@ -166,7 +166,10 @@ class Helper:
 
 
 class FailingSource(Source):
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Any) -> Any:
+    def partitions(self, parallelism: int) -> list[str]:
+        return ["topic"]
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> Any:
         raise Boom("no topic")
 
 
@@ -197,7 +200,7 @@ def _raised_by(call: Any) -> BaseException:
 def test_open_failure_names_the_operator_whose_open_raised(which):
     fn, src, sink, dead = FailingFn(), FailingSource(), FailingSink(), FailingSink()
     ops = _operators(fn, src, sink, dead)
-    call = {"fn": lambda: fn.open(None), "src": lambda: src.open(0, 1, None, None),
+    call = {"fn": lambda: fn.open(None), "src": lambda: src.open_partition("topic", None, None),
             "out": lambda: sink.open(0, 1, None), "dead": lambda: dead.open(0, 1, None)}[which]
     err = open_failure(_raised_by(call), ops, "j/x/1/g0", 1)
     assert err is not None

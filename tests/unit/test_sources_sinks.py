@@ -24,7 +24,7 @@ from engine.latency import LatencyHistogram
 from engine.messages import TaskFailed
 from engine.operators import ErrorPolicy, StatelessRunner
 from engine.sinks import LatencySink, ParquetSink, Sink, SinkWriter
-from engine.sources import GeneratorSource, ParquetSource, SourceReader
+from engine.sources import GeneratorSource, ParquetSource, PartitionedReader, SourceReader
 from engine.testing import TestingSink, TestingSource
 
 # -- helpers ---------------------------------------------------------------------------------
@@ -37,6 +37,18 @@ def drain(reader: SourceReader, batch: int = 1000) -> tuple[list[Any], list[int]
         assert len(b.values) == len(b.timestamps)
         values.extend(b.values)
         timestamps.extend(b.timestamps)
+    return values, timestamps
+
+
+def read_in_order(src: Any, batch: int = 1000,
+                  clock: ManualClock | None = None) -> tuple[list[Any], list[int]]:
+    """Every partition of ``src`` read to its end, one after the other in list order."""
+    values: list[Any] = []
+    timestamps: list[int] = []
+    for p in src.partitions(1):
+        v, t = drain(src.open_partition(p, None, clock or ManualClock()), batch)
+        values += v
+        timestamps += t
     return values, timestamps
 
 
@@ -54,8 +66,8 @@ def read_n(reader: SourceReader, n: int, batch: int) -> list[Any]:
 
 def test_generator_is_deterministic_and_seq_counts_up() -> None:
     src = GeneratorSource(None, num_records=150_000, num_keys=50, seed=7)
-    a, ts_a = drain(src.open(0, 1, None, ManualClock()), batch=777)
-    b, _ = drain(src.open(0, 1, None, ManualClock()), batch=4096)
+    a, ts_a = drain(src.open_partition("0-of-1", None, ManualClock()), batch=777)
+    b, _ = drain(src.open_partition("0-of-1", None, ManualClock()), batch=4096)
     assert len(a) == 150_000
     assert a == b
     assert [r[1] for r in a] == list(range(150_000))
@@ -64,7 +76,7 @@ def test_generator_is_deterministic_and_seq_counts_up() -> None:
     assert min(keys) == 0 and max(keys) == 49
     assert set(ts_a) == {1_000_000}  # full speed: timestamps are the (manual) poll time
     other_seed, _ = drain(GeneratorSource(None, num_records=1000, num_keys=50, seed=8)
-                          .open(0, 1, None, ManualClock()))
+                          .open_partition("0-of-1", None, ManualClock()))
     assert [r[0] for r in other_seed] != keys[:1000]
 
 
@@ -73,32 +85,32 @@ def test_generator_is_deterministic_and_seq_counts_up() -> None:
 def test_generator_resume_at_offset_continues_the_same_sequence(skew: str, cut: int) -> None:
     src = GeneratorSource(None, num_records=140_000, num_keys=300, skew=skew,
                           state_bytes_per_key=128, seed=3)
-    full, _ = drain(src.open(1, 2, None, ManualClock()))
+    full, _ = drain(src.open_partition("1-of-2", None, ManualClock()))
     assert len(full) == 70_000
-    reader = src.open(1, 2, None, ManualClock())
+    reader = src.open_partition("1-of-2", None, ManualClock())
     head = read_n(reader, cut, batch=997)
     offset = reader.offset()
     assert offset == cut
     assert pack_exact(offset)  # msgpack-able
-    tail, _ = drain(src.open(1, 2, unpack_exact(pack_exact(offset)), ManualClock()))
+    tail, _ = drain(src.open_partition("1-of-2", unpack_exact(pack_exact(offset)), ManualClock()))
     assert head + tail == full
     assert full[5] == (full[5][0], 5, 128)
 
 
 def test_generator_splits_records_and_rate_over_tasks() -> None:
     src = GeneratorSource(None, num_records=10, num_keys=1000, seed=1)
-    per_task = [drain(src.open(i, 3, None, ManualClock()))[0] for i in range(3)]
+    per_task = [drain(src.open_partition(f"{i}-of-3", None, ManualClock()))[0] for i in range(3)]
     assert [len(v) for v in per_task] == [4, 3, 3]
     assert sum(len(v) for v in per_task) == 10
     assert [[r[1] for r in v] for v in per_task] == [[0, 1, 2, 3], [0, 1, 2], [0, 1, 2]]
     assert per_task[1] != per_task[2]  # each task has its own random stream
-    assert GeneratorSource(None, num_records=2).task_records(3, 4) == 0
-    assert drain(src.open(0, 20, None, ManualClock()))[0] != []
-    assert drain(src.open(15, 20, None, ManualClock()))[0] == []
+    assert GeneratorSource(None, num_records=2).partition_records(3, 4) == 0
+    assert drain(src.open_partition("0-of-20", None, ManualClock()))[0] != []
+    assert drain(src.open_partition("15-of-20", None, ManualClock()))[0] == []
 
     # rate 100/s over 4 tasks: each task emits 25/s, i.e. one record every 40 ms.
     clock = ManualClock(2_000.0)
-    reader = GeneratorSource(100.0, num_records=1000).open(2, 4, None, clock)
+    reader = GeneratorSource(100.0, num_records=1000).open_partition("2-of-4", None, clock)
     clock.advance(1.0)
     batch = reader.poll(10_000)
     assert batch is not None and len(batch) == 26  # records 0..25 due at 0, 40, ..., 1000 ms
@@ -108,9 +120,9 @@ def test_generator_splits_records_and_rate_over_tasks() -> None:
 def test_zipf_is_skewed_and_uniform_is_not() -> None:
     n = 200_000
     zipf, _ = drain(GeneratorSource(None, num_records=n, num_keys=1000, skew="zipf",
-                                    zipf_exponent=1.2).open(0, 1, None, ManualClock()))
+                                    zipf_exponent=1.2).open_partition("0-of-1", None, ManualClock()))
     uniform, _ = drain(GeneratorSource(None, num_records=n, num_keys=1000)
-                       .open(0, 1, None, ManualClock()))
+                       .open_partition("0-of-1", None, ManualClock()))
     zc = Counter(r[0] for r in zipf)
     uc = Counter(r[0] for r in uniform)
     weights = np.arange(1, 1001, dtype=float) ** -1.2
@@ -127,7 +139,7 @@ def test_zipf_is_skewed_and_uniform_is_not() -> None:
 def test_open_loop_timestamps_are_the_schedule_when_polled_late() -> None:
     clock = ManualClock(1_000.0)
     src = GeneratorSource(100.0, num_records=2000, num_keys=10)  # p=2: 50/s per task
-    reader = src.open(0, 2, None, clock)
+    reader = src.open_partition("0-of-2", None, clock)
     first = reader.poll(100)
     assert first is not None and first.timestamps == [1_000_000]  # record 0 due at open
     assert reader.poll(100) == first.__class__()  # nothing else due yet: empty batch
@@ -147,7 +159,7 @@ def test_open_loop_timestamps_are_the_schedule_when_polled_late() -> None:
 
     # Reopening at an offset continues the schedule from that offset at the open time.
     clock2 = ManualClock(5_000.0)
-    resumed = src.open(0, 2, reader.offset(), clock2)
+    resumed = src.open_partition("0-of-2", reader.offset(), clock2)
     b = resumed.poll(100)
     assert b is not None and [r[1] for r in b.values] == [501] and b.timestamps == [5_000_000]
     clock2.advance(0.1)
@@ -157,7 +169,7 @@ def test_open_loop_timestamps_are_the_schedule_when_polled_late() -> None:
 
 
 def test_poll_returns_none_at_the_end() -> None:
-    reader = GeneratorSource(None, num_records=5).open(0, 1, None, ManualClock())
+    reader = GeneratorSource(None, num_records=5).open_partition("0-of-1", None, ManualClock())
     assert len(reader.poll(3) or []) == 3
     assert len(reader.poll(3) or []) == 2
     assert reader.poll(3) is None
@@ -165,18 +177,18 @@ def test_poll_returns_none_at_the_end() -> None:
     assert reader.offset() == 5
 
     clock = ManualClock()
-    reader = GeneratorSource(10.0, duration_s=1.0).open(0, 1, None, clock)  # 10 records
+    reader = GeneratorSource(10.0, duration_s=1.0).open_partition("0-of-1", None, clock)  # 10 records
     clock.advance(100.0)
     values, _ = drain(reader)
     assert [r[1] for r in values] == list(range(10))
 
     clock = ManualClock()
-    reader = GeneratorSource(None, duration_s=2.0).open(0, 1, None, clock)
+    reader = GeneratorSource(None, duration_s=2.0).open_partition("0-of-1", None, clock)
     assert len(reader.poll(50) or []) == 50
     clock.advance(2.0)
     assert reader.poll(50) is None
 
-    assert GeneratorSource(None, num_records=0).open(0, 1, None, ManualClock()).poll(9) is None
+    assert GeneratorSource(None, num_records=0).open_partition("0-of-1", None, ManualClock()).poll(9) is None
 
 
 @pytest.mark.parametrize(
@@ -223,11 +235,10 @@ def test_parquet_round_trip_with_timestamps(tmp_path: Any) -> None:
     assert pq.read_table(os.path.join(out, names[3])).num_rows == 100
     assert pq.read_schema(os.path.join(out, names[0])).names == ["k", "name", "x", "timestamp"]
 
-    values, ts = drain(ParquetSource(out, timestamp_column="timestamp").open(
-        0, 1, None, ManualClock()), batch=128)
+    values, ts = read_in_order(ParquetSource(out, timestamp_column="timestamp"), batch=128)
     assert values == records
     assert ts == stamps
-    values, _ = drain(ParquetSource(out, columns=["x", "k"]).open(0, 1, None, ManualClock()))
+    values, _ = read_in_order(ParquetSource(out, columns=["x", "k"]))
     assert values == [(r[2], r[0]) for r in records]
 
 
@@ -236,13 +247,13 @@ def test_parquet_scalars_dicts_and_ingestion_time(tmp_path: Any) -> None:
     write_all(ParquetSink(scalars), list(range(50)), [0] * 50)
     assert pq.read_schema(os.path.join(scalars, os.listdir(scalars)[0])).names == ["value"]
     clock = ManualClock(1_234.5)
-    values, ts = drain(ParquetSource(scalars).open(0, 1, None, clock))
+    values, ts = read_in_order(ParquetSource(scalars), clock=clock)
     assert values == list(range(50))
     assert set(ts) == {1_234_500}
 
     dicts = str(tmp_path / "dicts")
     write_all(ParquetSink(dicts), [{"a": i, "b": str(i)} for i in range(20)], [0] * 20)
-    values, _ = drain(ParquetSource(dicts, columns=["b"]).open(0, 1, None, ManualClock()))
+    values, _ = read_in_order(ParquetSource(dicts, columns=["b"]))
     assert values == [str(i) for i in range(20)]
 
     with pytest.raises(ValueError, match="does not fit"):
@@ -267,34 +278,41 @@ def test_parquet_sink_writes_atomically_and_only_on_flush(tmp_path: Any) -> None
     assert len(os.listdir(out)) == 2
 
 
-def test_parquet_source_resume_at_offset(tmp_path: Any) -> None:
+def test_parquet_source_resume_at_a_partitions_state(tmp_path: Any) -> None:
     out = str(tmp_path / "out")
     records = [(i, i * i) for i in range(1000)]
     write_all(ParquetSink(out, schema=["a", "b"], rows_per_file=250), records, [0] * 1000)
     src = ParquetSource(out, batch_rows=64)
-    for cut in (0, 1, 249, 250, 251, 777, 1000):
-        reader = src.open(0, 1, None, ManualClock())
+    parts = src.partitions(1)
+    assert len(parts) == 4 and parts == sorted(parts)  # one per file, by name
+    second = parts[1]
+    want = records[250:500]
+    for cut in (0, 1, 63, 64, 249, 250):
+        reader = src.open_partition(second, None, ManualClock())
         head = read_n(reader, cut, batch=50) if cut else []
-        offset = unpack_exact(pack_exact(reader.offset()))
+        state = unpack_exact(pack_exact(reader.offset()))
+        assert state == cut
         reader.close()
-        tail, _ = drain(src.open(0, 1, offset, ManualClock()), batch=90)
-        assert head + tail == records, cut
-    reader = src.open(0, 1, None, ManualClock())
-    read_n(reader, 300, batch=300)
-    assert reader.offset() == [1, 50]
-    with pytest.raises(ValueError, match="offset"):
-        src.open(0, 1, 5, ManualClock())
+        tail, _ = drain(src.open_partition(second, state, ManualClock()), batch=90)
+        assert head + tail == want, cut
+    with pytest.raises(ValueError, match="resume state"):
+        src.open_partition(second, [0, 5], ManualClock())
+    with pytest.raises(ValueError, match="not one of its partitions"):
+        src.open_partition("other.parquet", None, ManualClock())
 
 
-def test_parquet_source_splits_files_over_tasks(tmp_path: Any) -> None:
+def test_parquet_source_has_a_partition_per_file_read_by_task_j_mod_p(tmp_path: Any) -> None:
     out = str(tmp_path / "out")
     records = list(range(1000))
     write_all(ParquetSink(out, rows_per_file=100), records, [0] * 1000)  # 10 files
     src = ParquetSource(out)
-    per_task = [drain(src.open(i, 3, None, ManualClock()))[0] for i in range(3)]
+    parts = src.partitions(3)
+    per_task = [drain(PartitionedReader.for_task(src, i, 3, ManualClock()))[0]
+                for i in range(3)]
     assert [len(v) for v in per_task] == [400, 300, 300]  # files 0,3,6,9 / 1,4,7 / 2,5,8
-    assert per_task[0][:100] == list(range(100)) and per_task[0][100:200] == list(range(300, 400))
+    assert sorted(per_task[1]) == [v for f in (1, 4, 7) for v in range(f * 100, f * 100 + 100)]
     assert sorted(v for vs in per_task for v in vs) == records
+    assert parts == src.partitions(1), "files, not tasks, make the partitions"
 
 
 def test_parquet_source_splits_row_groups_of_a_single_file(tmp_path: Any) -> None:
@@ -303,17 +321,20 @@ def test_parquet_source_splits_row_groups_of_a_single_file(tmp_path: Any) -> Non
     pq.write_table(pa.table({"v": list(range(1000)), "t": ts}), path, row_group_size=100)
     assert pq.ParquetFile(path).metadata.num_row_groups == 10
     src = ParquetSource(path, timestamp_column="t", batch_rows=30)
-    got = [drain(src.open(i, 2, None, ManualClock())) for i in range(2)]
+    assert src.partitions(2) == [f"one.parquet#{k}" for k in range(10)]
+    got = [drain(PartitionedReader.for_task(src, i, 2, ManualClock())) for i in range(2)]
     assert [len(v) for v, _ in got] == [500, 500]
-    assert got[1][0][:100] == list(range(100, 200))  # task 1 has row groups 1, 3, 5, ...
+    assert sorted(got[1][0]) == [v for g in (1, 3, 5, 7, 9) for v in range(g * 100, g * 100 + 100)]
     assert sorted(got[0][0] + got[1][0]) == list(range(1000))
-    assert got[1][1][:2] == [5_000 + 100, 5_000 + 101]  # microseconds -> ms
-    # resume inside the task's second row group
-    reader = src.open(1, 2, None, ManualClock())
-    head = read_n(reader, 130, batch=70)
-    assert reader.offset() == [0, 130]
-    tail, _ = drain(src.open(1, 2, reader.offset(), ManualClock()))
-    assert head + tail == got[1][0]
+    values, stamps = drain(src.open_partition("one.parquet#1", None, ManualClock()))
+    assert values == list(range(100, 200))
+    assert stamps[:2] == [5_000 + 100, 5_000 + 101]  # microseconds -> ms
+    # resume inside a row group
+    reader = src.open_partition("one.parquet#3", None, ManualClock())
+    head = read_n(reader, 70, batch=40)
+    assert reader.offset() == 70
+    tail, _ = drain(src.open_partition("one.parquet#3", reader.offset(), ManualClock()))
+    assert head + tail == list(range(300, 400))
 
 
 # -- LatencyHistogram ------------------------------------------------------------------------
@@ -590,7 +611,7 @@ def test_parquet_writer_is_all_or_nothing_on_a_record_that_does_not_fit(tmp_path
         w.write([(3, 4), (5, 6, 7), (8, 9)], [0, 0, 0])
     w.write([(10, 11)], [0])
     w.flush()
-    values, _ = drain(ParquetSource(out).open(0, 1, None, ManualClock()))
+    values, _ = read_in_order(ParquetSource(out))
     assert values == [(1, 2), (10, 11)]  # nothing of the failed batch
 
 
@@ -603,7 +624,7 @@ def test_parquet_writer_first_record_that_does_not_fit_leaves_it_usable(tmp_path
         w.write([7, (1, 2)], [0, 0])
     w.write([(1, 2)], [0])
     w.flush()
-    assert drain(ParquetSource(out).open(0, 1, None, ManualClock()))[0] == [(1, 2)]
+    assert read_in_order(ParquetSource(out))[0] == [(1, 2)]
 
 
 def test_parquet_writer_keeps_earlier_rows_and_drops_the_batch_when_a_file_fails(
@@ -626,5 +647,5 @@ def test_parquet_writer_keeps_earlier_rows_and_drops_the_batch_when_a_file_fails
     assert os.listdir(out) == []
     w.write([4], [0])
     w.flush()
-    values, _ = drain(ParquetSource(out).open(0, 1, None, ManualClock()))
+    values, _ = read_in_order(ParquetSource(out))
     assert values == [1, 4]  # the earlier row kept; the failed batch's rows nowhere

@@ -78,3 +78,14 @@ def test_the_users_python_wins_and_a_launcher_left_in_the_env_is_not_a_choice(mo
     monkeypatch.setenv("PYSPARK_PYTHON", worker_launcher(sys.executable))
     assert python_worker_executable() == sys.executable
     assert link._launchers[sys.executable] == os.environ["PYSPARK_PYTHON"]
+
+
+def test_no_launcher_where_the_temp_dir_cannot_execute(monkeypatch, tmp_path):
+    class NoExec:
+        f_flag = os.ST_NOEXEC
+
+    monkeypatch.setattr(link.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(link.os, "statvfs", lambda _: NoExec())
+    assert worker_launcher("/opt/elsewhere/python") == "/opt/elsewhere/python"
+    assert "/opt/elsewhere/python" not in link._launchers
+    assert list(tmp_path.iterdir()) == []  # its directory went again

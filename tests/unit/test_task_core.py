@@ -23,6 +23,8 @@ from engine.deployment import (
     Deployment,
     connect_messages,
     initial_deployment,
+    start_message,
+    start_messages,
     task_name,
 )
 from engine.errors import UserFunctionError
@@ -84,9 +86,10 @@ class Net:
                 self.cores[name] = TaskCore(make_spec(self.dep, v.name, i, name, self.config), clock)
         self.connect()
         if start:
+            starts = start_messages(self.dep)
             for v in reversed(self.plan.vertices):  # sources last
                 for name in self.dep.tasks[v.name]:
-                    assert self.cores[name].handle(Start()) == Ack()
+                    assert self.cores[name].handle(wire(starts[name])) == Ack()
 
     def connect(self) -> None:
         for name, msg in connect_messages(self.dep, self.ids).items():
@@ -292,7 +295,7 @@ def test_a_checkpoint_barrier_waits_on_every_live_input(clock, sink):
     src0 = net["src/0"]
     assert src0.handle(wire(trigger)) == Ack()
     [snap] = src0.snapshots
-    assert (snap.checkpoint_id, snap.source_state, snap.groups) == (7, 2, ())
+    assert (snap.checkpoint_id, snap.source_state, snap.groups) == (7, {"0-of-2": 2}, ())
     barrier = [decode_frame(f.payload).event for f in src0.router.outbox]
     assert barrier == [CheckpointBarrier(7, "/nowhere")]
     net.pump()
@@ -360,7 +363,7 @@ def test_a_checkpoint_barrier_travels_through_every_stage(clock, sink, tmp_path)
     cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
     meta = cps.take()
     assert [t.task for t in meta.tasks] == net.dep.task_names()
-    assert [t.source_state for t in meta.tasks if t.vertex == "src"] == [20]
+    assert [t.source_state for t in meta.tasks if t.vertex == "src"] == [{"0-of-1": 20}]
     # the sums' key groups hold the running sums of exactly the first 20 records
     groups = {kg for t in meta.tasks if t.vertex == "sum" for kg, *_ in t.groups}
     assert groups == set(range(N))
@@ -380,7 +383,7 @@ def test_a_finished_task_takes_part_in_checkpoints(clock, sink, tmp_path):
     cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
     meta = cps.take()
     states = {t.task: t.source_state for t in meta.tasks if t.vertex == "src"}
-    assert states == {src0.name: 15, net["src/1"].name: 0}
+    assert states == {src0.name: {"0-of-2": 15}, net["src/1"].name: {"1-of-2": 0}}
     net.run_sources()
     meta = cps.take()  # the job's final checkpoint: every task has finished
     assert meta.checkpoint_id == 2
@@ -503,7 +506,7 @@ def test_a_savepoint_restored_at_another_parallelism_continues_exactly(clock, si
         net.pump(random.Random(1))
     cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
     meta = cps.take(CheckpointKind.SAVEPOINT, str(tmp_path / "sp"), stop=True)
-    assert [t.source_state for t in meta.tasks if t.vertex == "src"] == [140]
+    assert [t.source_state for t in meta.tasks if t.vertex == "src"] == [{"0-of-1": 140}]
     held = {t.index: sorted(kg for kg, *_ in t.groups) for t in meta.tasks if t.vertex == "sum"}
     assert held == {0: list(range(N // 2)), 1: list(range(N // 2, N))}
     assert not src.poll_source(10)  # stopped at the barrier: reads nothing
@@ -625,7 +628,7 @@ def test_timers_travel_with_the_key_group_snapshot(clock, sink):
     # one new task owning every key group (a different spec: parallelism 1)
     plan = net.plan.rescaled("timed", 1)
     tasks = dict(net.dep.tasks, timed=(task_name("j", "timed", 0, 1),))
-    dep = Deployment(plan, "j", tasks, {"timed": (0,) * N}, 1)
+    dep = Deployment(plan, "j", tasks, {"timed": (0,) * N}, 1, net.dep.partitions)
     b = TaskCore(make_spec(dep, "timed", 0, tasks["timed"][0], CFG), clock)
     assert b.spec.parallelism == 1 and b.spec.key_groups == tuple(range(N))
     b.handle(InstallKeyGroups(tuple(groups)))
@@ -810,7 +813,7 @@ def test_control_messages_before_and_after_start(clock, sink):
     src = net["src/0"]
     assert src.status == "created"
     assert not src.poll_source(10) and not net["sum/0"].step()
-    assert src.handle(Start(None)) == Ack() and src.status == "running"
+    assert src.handle(start_message(net.dep, "src", 0)) == Ack() and src.status == "running"
     with pytest.raises(ValueError, match="unknown control message"):
         src.handle(Watermark(1))
     assert now_ms(clock) == T0_MS
@@ -923,3 +926,66 @@ def test_keyed_runner_reduce_and_unowned_group_is_never_dead_lettered():
     with pytest.raises(UnknownKeyGroupError, match="does not own"):
         r.process([1], [0], [other], [key_group_of(other, N)])
     assert dead.rows == []
+
+
+class _TellingReader:
+    """A partition reader that records what the task tells it (retain, committed)."""
+
+    def __init__(self, inner: Any, pid: str, told: list) -> None:
+        self.inner, self.pid, self.told = inner, pid, told
+
+    def poll(self, max_records: int) -> Any:
+        return self.inner.poll(max_records)
+
+    def offset(self) -> Any:
+        return self.inner.offset()
+
+    def seconds_until_ready(self) -> float:
+        return self.inner.seconds_until_ready()
+
+    def backlog(self) -> Any:
+        return None
+
+    def retain_until_committed(self) -> None:
+        self.told.append(("retain", self.pid))
+
+    def committed(self, state: Any) -> None:
+        self.told.append(("committed", self.pid, state))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _TellingSource(TestingSource):
+    told: list = []
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> Any:
+        return _TellingReader(super().open_partition(partition, resume, clock), partition,
+                              _TellingSource.told)
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_a_source_reader_learns_which_positions_a_complete_checkpoint_holds(
+        clock, sink, tmp_path, checkpointing):
+    """In a job that checkpoints, each partition's reader is told to retain what it read
+    until committed, and, once a checkpoint completes, the position it holds (a source
+    that drops what it read, like the Spark bridge, keeps what a recovery may replay)."""
+    _TellingSource.told = told = []
+    cfg = JobConfig(batch_size=5, linger_ms=0, metrics_port=None,
+                    checkpoint_interval_s=60.0 if checkpointing else None)
+    job = StreamJob("rs", num_key_groups=N, config=cfg)
+    (job.source(_TellingSource(records_for(40)), name="src", parallelism=1)
+        .key_by(lambda r: r[0]).reduce(lambda a, b: (a[0], a[1] + b[1]), name="sum",
+                                       parallelism=2)
+        .sink(sink, name="out"))
+    net = Net(job, clock)
+    assert told == ([("retain", "0-of-1")] if checkpointing else [])
+    net["src/0"].poll_source(15)
+    net.pump()
+    cps = harness.Checkpoints(net, str(tmp_path / "chk"), net.pump)
+    cps.take()
+    net["src/0"].poll_source(10)  # read on after the checkpoint: not committed
+    net.pump()
+    assert told[1:] == ([("committed", "0-of-1", 15)] if checkpointing else [])
+    cps.take()
+    assert told[2:] == ([("committed", "0-of-1", 25)] if checkpointing else [])

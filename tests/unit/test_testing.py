@@ -33,7 +33,7 @@ def drain(reader, max_records: int = 7, limit: int = 10_000) -> tuple[list, str]
 
 def test_the_source_holds_after_k_records_until_the_gate_opens():
     gate = SourceGate(after=30)
-    reader = TestingSource(range(100), gate=gate).open(0, 1, None, ManualClock())
+    reader = TestingSource(range(100), gate=gate).open_partition("0-of-1", None, ManualClock())
     assert not gate.reached()
     got, how = drain(reader)
     assert (got, how) == (list(range(30)), "held")
@@ -52,7 +52,7 @@ def test_the_source_holds_after_k_records_until_the_gate_opens():
 def test_tasks_of_a_parallel_source_emit_exactly_the_first_k_records_together():
     gate = SourceGate(after=10)
     src = TestingSource(range(40), gate=gate)
-    readers = [src.open(i, 3, None, ManualClock()) for i in range(3)]
+    readers = [src.open_partition(f"{i}-of-3", None, ManualClock()) for i in range(3)]
     emitted = []
     for i, r in enumerate(readers):
         got, how = drain(r)
@@ -71,23 +71,23 @@ def test_tasks_of_a_parallel_source_emit_exactly_the_first_k_records_together():
 def test_a_reader_reopened_from_its_offset_holds_at_the_same_record():
     gate = SourceGate(after=12)
     src = TestingSource(range(50), gate=gate)
-    first = src.open(0, 2, None, ManualClock())
+    first = src.open_partition("0-of-2", None, ManualClock())
     got = first.poll(4).values
     assert got == [0, 2, 4, 6]
     # stop-restart: a new reader at the snapshot offset resumes right after it
-    second = src.open(0, 2, first.offset(), ManualClock())
+    second = src.open_partition("0-of-2", first.offset(), ManualClock())
     rest, how = drain(second)
     assert (rest, how) == ([8, 10], "held")
     assert second.offset() == 6
     gate.open()
-    third = src.open(0, 2, second.offset(), ManualClock())
+    third = src.open_partition("0-of-2", second.offset(), ManualClock())
     tail, how = drain(third)
     assert (tail, how) == (list(range(12, 50, 2)), "end")
 
 
 def test_a_gate_at_the_end_keeps_the_source_from_ending_until_open():
     gate = SourceGate(after=5)
-    reader = TestingSource(range(5), gate=gate).open(0, 1, None, ManualClock())
+    reader = TestingSource(range(5), gate=gate).open_partition("0-of-1", None, ManualClock())
     assert drain(reader) == ([0, 1, 2, 3, 4], "held")
     assert reader.poll(10) is not None, "the source must not end while held"
     gate.open()
@@ -96,7 +96,7 @@ def test_a_gate_at_the_end_keeps_the_source_from_ending_until_open():
 
 def test_several_gates_hold_in_order_and_gates_at_one_record_all_report_reached():
     a, b, c = SourceGate(after=10), SourceGate(after=25), SourceGate(after=25)
-    reader = TestingSource(range(40), gate=[c, a, b]).open(0, 1, None, ManualClock())
+    reader = TestingSource(range(40), gate=[c, a, b]).open_partition("0-of-1", None, ManualClock())
     assert drain(reader) == (list(range(10)), "held")
     assert a.reached() and not b.reached() and not c.reached()
     b.open()  # opening a later gate first does not release the earlier one
@@ -110,7 +110,7 @@ def test_several_gates_hold_in_order_and_gates_at_one_record_all_report_reached(
 
 def test_a_gate_at_zero_holds_before_the_first_record():
     gate = SourceGate(after=0)
-    reader = TestingSource(["x", "y"], gate=gate).open(0, 1, None, ManualClock())
+    reader = TestingSource(["x", "y"], gate=gate).open_partition("0-of-1", None, ManualClock())
     assert drain(reader) == ([], "held") and gate.reached()
     gate.open()
     assert drain(reader) == (["x", "y"], "end")
@@ -119,7 +119,7 @@ def test_a_gate_at_zero_holds_before_the_first_record():
 def test_the_rate_still_throttles_a_gated_source():
     clock = ManualClock()
     gate = SourceGate(after=60)
-    reader = TestingSource(range(100), rate=100.0, gate=gate).open(0, 1, None, clock)
+    reader = TestingSource(range(100), rate=100.0, gate=gate).open_partition("0-of-1", None, clock)
     got, polls = [], 0
     while len(got) < 60:
         batch = reader.poll(1000).values
@@ -158,7 +158,7 @@ def test_the_gate_signals_across_processes(tmp_path):
         import pickle, sys
         from engine.clock import ManualClock
         src = pickle.loads(open({str(blob)!r}, "rb").read())
-        reader = src.open(0, 1, int(sys.argv[1]), ManualClock())
+        reader = src.open_partition("0-of-1", int(sys.argv[1]), ManualClock())
         out = []
         while True:
             batch = reader.poll(3)

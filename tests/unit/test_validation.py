@@ -18,7 +18,7 @@ from engine.api import StreamJob
 from engine.channel import KeyFunctionError, OutputRouter
 from engine.clock import ManualClock
 from engine.config import JobConfig, check_count
-from engine.deployment import ChannelIds, connect_messages, initial_deployment
+from engine.deployment import ChannelIds, connect_messages, initial_deployment, start_messages
 from engine.errors import (
     ConfigError,
     InvalidKeyError,
@@ -35,7 +35,7 @@ from engine.keygroups import (
     uniform_assignment,
     validate_assignment,
 )
-from engine.messages import Ack, OutputChannel, OutputEdge, Start, TaskFailed
+from engine.messages import Ack, OutputChannel, OutputEdge, TaskFailed
 from engine.physical import plan_physical
 from engine.sinks import ParquetSink
 from engine.sources import GeneratorSource, ParquetSource
@@ -347,9 +347,10 @@ def task_cores(job: StreamJob, clock: ManualClock) -> dict[str, TaskCore]:
             cores[name] = TaskCore(make_spec(dep, v.name, i, name, job.config), clock)
     for name, msg in connect_messages(dep, ChannelIds()).items():
         assert cores[name].handle(msg) == Ack()
+    starts = start_messages(dep)
     for v in reversed(plan.vertices):
         for name in dep.tasks[v.name]:
-            assert cores[name].handle(Start()) == Ack()
+            assert cores[name].handle(starts[name]) == Ack()
     return cores
 
 

@@ -95,22 +95,25 @@ def key_of(record: Any) -> Any:
 
 
 def generator(*, rate: float | None, keys: int, zipf: float | None, state_bytes: int = 0,
-              num_records: int | None = None) -> GeneratorSource:
-    """The benchmarks' generator: ``zipf`` None for uniform keys, else the Zipf exponent."""
+              num_records: int | None = None, partitions: int | None = None,
+              ) -> GeneratorSource:
+    """The benchmarks' generator: ``zipf`` None for uniform keys, else the Zipf exponent;
+    ``partitions`` None: one per initial source task."""
     return GeneratorSource(rate=rate, num_records=num_records, num_keys=keys,
                            skew="uniform" if zipf is None else "zipf",
                            zipf_exponent=zipf or 1.0, state_bytes_per_key=state_bytes,
-                           seed=SEED)
+                           seed=SEED, partitions=partitions)
 
 
 def keyed_count_job(name: str, source: GeneratorSource, sink: Sink, *, parallelism: int,
                     key_groups: int, config: JobConfig,
-                    function: KeyedProcessFunction | None = None) -> StreamJob:
-    """``source`` (one task) -> key_by(``key_of``) -> ``function`` (default
-    ``PaddedCount()``) as operator ``"agg"`` at ``parallelism`` -> ``sink`` (chained into
-    the aggregator's tasks)."""
+                    function: KeyedProcessFunction | None = None,
+                    source_parallelism: int = 1) -> StreamJob:
+    """``source`` (``source_parallelism`` tasks, operator ``"gen"``) -> key_by(``key_of``)
+    -> ``function`` (default ``PaddedCount()``) as operator ``"agg"`` at ``parallelism``
+    -> ``sink`` (chained into the aggregator's tasks)."""
     job = StreamJob(name, num_key_groups=key_groups, parallelism=parallelism, config=config)
-    (job.source(source, name="gen", parallelism=1)
+    (job.source(source, name="gen", parallelism=source_parallelism)
         .key_by(key_of)
         .process(function or PaddedCount(), name="agg", parallelism=parallelism)
         .sink(sink, name="sink"))
@@ -119,11 +122,11 @@ def keyed_count_job(name: str, source: GeneratorSource, sink: Sink, *, paralleli
 
 def generator_keys(n: int, *, keys: int, zipf: float | None) -> Any:
     """The first ``n`` keys (a numpy int64 array) that ``generator(keys=keys, zipf=zipf)``
-    emits as task 0 of 1, read from the source at full speed on a manual clock."""
+    emits as its only partition, read at full speed on a manual clock."""
     import numpy as np
 
-    reader = generator(rate=None, keys=keys, zipf=zipf, num_records=n).open(
-        0, 1, None, ManualClock())
+    reader = generator(rate=None, keys=keys, zipf=zipf, num_records=n).open_partition(
+        "0-of-1", None, ManualClock())
     out = np.empty(n, dtype=np.int64)
     i = 0
     while (batch := reader.poll(1 << 16)) is not None:

@@ -394,6 +394,9 @@ class JobMaster:
         await self._teardown()
 
     async def _teardown(self) -> None:
+        # a checkpoint or savepoint still pending can no longer complete: its caller hears
+        # so now, not after checkpoint_timeout_s
+        await self.checkpointing.abort(f"the job is {self.state}")
         self.collector.running = 0
         for h in [*self.handles.values(), *self.pool.clear()]:
             with contextlib.suppress(Exception):

@@ -14,8 +14,8 @@ task, uniform keys) -> key_by -> PaddedCount (``--parallelism`` tasks; per key a
    setting is reported, and overhead = 1 - throughput(setting) / throughput(off). The
    target is <= 5 % at 10 s.
 2. Duration by state size: for each ``--state-mb``, keys x padding of that size; once the
-   source emitted every key (``--keys`` records, at full speed, then it holds), a savepoint
-   is taken (``handle.savepoint``); reported: trigger-to-complete duration, bytes, the
+   count tasks took every key (the source goes on at full speed, over the same keys: the
+   state stops growing, and the savepoint is taken from a busy job), a savepoint is taken (``handle.savepoint``); reported: trigger-to-complete duration, bytes, the
    slowest task's synchronous snapshot and its asynchronous write.
 3. Recovery: the largest state again, an open-loop source at ``--rate`` records/s and
    checkpoints every ``--interval`` s; once a checkpoint holding the whole state completed,
@@ -119,7 +119,7 @@ def duration_by_size(args: Any, root: str) -> list[dict[str, Any]]:
     for mb in args.state_mb:
         state_bytes = max(1, mb * 1_000_000 // args.keys)
         source = jobs.generator(rate=None, keys=args.keys, zipf=None,
-                                state_bytes=state_bytes, num_records=args.keys * 3)
+                                state_bytes=state_bytes)  # unbounded: it must not end first
         job = jobs.keyed_count_job("ckpt-size", source, jobs.NullSink(),
                                    parallelism=args.parallelism, key_groups=128,
                                    config=config(root, None))

@@ -459,10 +459,11 @@ class SteppedSource(Source):
             raise ValueError("SteppedSource needs one rate more than gates")
         self.rates, self.gates, self.tail, self.keys = tuple(rates), tuple(gates), tail, keys
 
-    def open(self, task_index: int, parallelism: int, offset: Any, clock: Any) -> SourceReader:
-        if parallelism != 1:
-            raise ValueError("SteppedSource runs as one task")
-        return _SteppedReader(self, int(offset or 0), clock)
+    def partitions(self, parallelism: int) -> list[str]:
+        return ["stepped"]  # one partition: the steps are one sequence
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> SourceReader:
+        return _SteppedReader(self, int(resume or 0), clock)
 
 
 class _SteppedReader(SourceReader):

@@ -181,8 +181,7 @@ def step_figures(args: Any, t0: float, start: float, end: float, samples: list[d
     acts = [d for d in decisions if d["kind"] == "scale" and d["outcome"] == "executed"
             and start <= d["at"] - t0 < end]
     done = max((d["at"] - t0 + d["seconds"] for d in acts), default=start)
-    by = {int(r["second"] - t0): r
-          for r in (rows.values() if isinstance(rows, dict) else rows)}
+    by = {int(r["second"] - t0): r for r in an.by_second(rows).values()}
     before = [by[s] for s in range(int(start - args.baseline), int(start)) if s in by]
     level = an.level(before)
     period = an.scaling_period({int(t0) + s: r for s, r in by.items()}, int(t0 + start),

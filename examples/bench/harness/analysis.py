@@ -88,7 +88,8 @@ def empty_row(second: int) -> dict[str, Any]:
             "max_ms": None}
 
 
-def _by_second(rows: Iterable[Row] | Mapping[int, Row]) -> dict[int, Row]:
+def by_second(rows: Iterable[Row] | Mapping[int, Row]) -> dict[int, Row]:
+    """Second -> row, from rows or from a mapping of them (``histogram_rows``'s)."""
     if isinstance(rows, Mapping):
         return {int(s): r for s, r in rows.items()}
     return {int(r["second"]): r for r in rows}
@@ -96,13 +97,13 @@ def _by_second(rows: Iterable[Row] | Mapping[int, Row]) -> dict[int, Row]:
 
 def dense(rows: Iterable[Row] | Mapping[int, Row], lo: int, hi: int) -> list[dict[str, Any]]:
     """One row per second ``lo <= s < hi``; seconds without a row get an empty row."""
-    by = _by_second(rows)
+    by = by_second(rows)
     return [dict(by[s]) if s in by else empty_row(s) for s in range(lo, hi)]
 
 
 def window(rows: Iterable[Row] | Mapping[int, Row], lo: int, hi: int) -> list[Row]:
     """The rows of seconds ``lo <= s < hi`` that have records, ascending."""
-    by = _by_second(rows)
+    by = by_second(rows)
     return [by[s] for s in sorted(by) if lo <= s < hi and by[s]["count"]]
 
 
@@ -128,7 +129,7 @@ def rate(rows: Iterable[Row] | Mapping[int, Row], lo: int, hi: int) -> float | N
     """Records per second at the sink over the seconds ``lo <= s < hi`` (empty ones count)."""
     if hi <= lo:
         return None
-    by = _by_second(rows)
+    by = by_second(rows)
     return sum(by[s]["count"] for s in range(lo, hi) if s in by) / (hi - lo)
 
 
@@ -171,7 +172,7 @@ def scaling_period(rows: Iterable[Row] | Mapping[int, Row], request_s: int, comp
     A second without records fails the window unless ``empty_ok`` (sparse outputs such as
     window results, where a stall shows as later high latency); a window still needs one
     second with records."""
-    by = _by_second(rows)
+    by = by_second(rows)
     stable = max(1, int(stable_s))
     if level_ms is None:
         return Period(request_s, max(end_s, request_s + 1), False, None)
@@ -232,7 +233,7 @@ def measure(rows: Iterable[Row] | Mapping[int, Row], requested: float, completed
       (mean and records/s from the request to the end).
 
     ``ended`` is the time the run stopped observing (the second it fell in is not counted)."""
-    by = _by_second(rows)
+    by = by_second(rows)
     req_s, done_s, end_s = int(requested), int(completed), int(ended)
     b0 = req_s - int(baseline_s)
     base = window(by, b0, req_s)

@@ -2,7 +2,8 @@
 
 For each of drrs, pause-resume, fluid, batched and non-disruptive, hypothesis draws the
 job (running sum, multi-state keyed process, event-time sliding windows, processing-time
-windows, the columnar path's map_batches and vectorised aggregations), the start parallelism and a sequence of actions — scale-out, scale-in, a random
+windows, the columnar path's map_batches and vectorised aggregations, vectorised sliding
+window aggregates with allowed lateness), the start parallelism and a sequence of actions — scale-out, scale-in, a random
 rebalance, and a request that supersedes one still running — each at a random point of
 the input, with parallelism up to 12. Per key the outputs equal the run without
 rescaling; the final state equals the reference; every record is accounted for.
@@ -34,6 +35,9 @@ from tests.jobs import (
     columnar_agg_job,
     columnar_agg_reference,
     columnar_agg_rows,
+    columnar_window_job,
+    columnar_window_reference,
+    columnar_window_rows,
     disordered,
     gates_of,
     moments,
@@ -126,13 +130,15 @@ def _oracle(protocol: str, hypothesis_seed: int, examples: int):
 
     @example(kind="columnar", start_p=2, actions=[("rescale", 0.2, 5),
                                                   ("rebalance", 0.2, 3)], data_seed=20)
+    @example(kind="cwindow", start_p=3, actions=[("rescale", 0.3, 7)], data_seed=2020)
     @example(kind="window", start_p=4, actions=[("rescale", 0.3, 9)], data_seed=1516)
     @example(kind="profile", start_p=3, actions=[("rebalance", 0.2, 4),
                                                  ("supersede", 0.1, 2)], data_seed=7)
     @seed(hypothesis_seed)
     @settings(max_examples=examples, deadline=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
-    @given(kind=st.sampled_from(["sum", "profile", "window", "ptwindow", "columnar"]),
+    @given(kind=st.sampled_from(["sum", "profile", "window", "ptwindow", "columnar",
+                                 "cwindow"]),
            start_p=st.integers(1, 4), actions=st.lists(any_action, min_size=1, max_size=3),
            data_seed=st.integers(0, 2**16))
     def test(ray_cluster, kind, start_p, actions, data_seed):
@@ -158,10 +164,11 @@ def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
     sink = TestingSink()
     plan = moments(RECORDS, [f for _, f, _ in actions], MARGIN)
     gates = gates_of(plan)
-    if kind == "window":
+    if kind in ("window", "cwindow"):
         records = disordered(RECORDS, data_seed)
-        handle = windowed_sum_job(records, start_p, sink, rate=2000, gates=gates).run()
-        op = "win"
+        make, op = ((windowed_sum_job, "win") if kind == "window"
+                    else (columnar_window_job, "cwin"))
+        handle = make(records, start_p, sink, rate=2000, gates=gates).run()
     else:
         records = [(rng.randrange(60), rng.randrange(100)) for _ in range(RECORDS)]
         make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile"),
@@ -201,9 +208,12 @@ def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
         assert counts == expected  # every record counted exactly once
         return
     reference = {"sum": running_sum_reference, "profile": profile_reference,
-                 "columnar": columnar_agg_reference}[kind](records)
+                 "columnar": columnar_agg_reference,
+                 "cwindow": columnar_window_reference}[kind](records)
     if kind == "columnar":
         results = columnar_agg_rows(results)
+    if kind == "cwindow":  # every window fires once, per key in the order of their ends
+        results = columnar_window_rows(results)
     got_k, want_k = per_key(results), per_key(reference)
     assert set(got_k) == set(want_k)
     for k in want_k:

@@ -33,6 +33,7 @@ from tests.jobs import (
     running_sum_reference,
     sliding_sums_reference,
     task_actors,
+    wait_until,
 )
 
 pytestmark = pytest.mark.ray
@@ -53,9 +54,10 @@ def records_for(kind: str, data_seed: int) -> list[tuple[int, ...]]:
 
 
 def source_job(kind: str, records: list[Any], source_p: int, sink: TestingSink,
-               gates: list[SourceGate], config: JobConfig = SMALL) -> StreamJob:
+               gates: list[SourceGate], config: JobConfig = SMALL,
+               partitions: int = PARTITIONS) -> StreamJob:
     job = StreamJob(f"src-{kind}", num_key_groups=32, parallelism=2, config=config)
-    src = TestingSource(records, rate=2000, gate=gates, partitions=PARTITIONS,
+    src = TestingSource(records, rate=2000, gate=gates, partitions=partitions,
                         timestamp_fn=(lambda r: r[2]) if kind == "window" else None)
     stream = job.source(src, name="src", parallelism=source_p,
                         watermarks=WatermarkStrategy(0, interval_ms=10)
@@ -181,6 +183,38 @@ def test_a_source_is_restored_from_a_savepoint_at_another_parallelism(ray_cluste
         h2.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
+
+def test_a_source_restored_at_more_tasks_than_partitions_has_idle_tasks(ray_cluster,
+                                                                       tmp_path):
+    """2 partitions restored at 4 source tasks (Flink's surplus source subtasks): tasks 2
+    and 3 read nothing and end at once, so they hold back neither the watermark nor the
+    checkpoints; the job checkpoints on, finishes, and the output is exact. Keys are of one
+    partition (record i: partition i % 2), so per-key order is exact."""
+    records = records_for("sum", 9)
+    sink = TestingSink(str(tmp_path / "out"))
+    cfg = dataclasses.replace(SMALL, checkpoint_interval_s=0.3,
+                              checkpoint_dir=str(tmp_path / "chk"))
+    held, later = SourceGate(after=2000), SourceGate(after=3500)
+    h = source_job("sum", records, 2, sink, [held], cfg, partitions=2).run()
+    try:
+        held.wait_reached()
+        path = h.stop(savepoint=str(tmp_path / "sp"))
+    finally:
+        held.open()
+        h.stop()
+    h2 = source_job("sum", records, 4, sink, [later], cfg, partitions=2).run(restore_from=path)
+    try:
+        later.wait_reached()
+        done = h2.status().checkpoints.completed
+        wait_until(lambda: h2.status().checkpoints.completed > done,
+                   "a checkpoint with two idle source tasks", h2)
+        later.open()
+        st_ = h2.wait(240)
+    finally:
+        later.open()
+        h2.stop()
+    assert st_.state == "finished" and st_.checkpoints.restored_from == path, st_
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
 def test_a_source_rescaled_by_stop_restart_reads_on_exactly(ray_cluster):

@@ -9,19 +9,15 @@ ends first.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine import KeyedProcessFunction, StreamJob
-from engine.codec import pack_exact, unpack_exact
 from engine.config import JobConfig
 from engine.names import JobState
-from engine.sinks import Sink, SinkWriter
+from engine.sinks import Sink
 from engine.sources import Source, SourceBatch, SourceReader
 from engine.testing import SourceGate, TestingSink, TestingSource
 
@@ -174,72 +170,6 @@ def check_reports(reports: Sequence[Any], context: str = "") -> None:
             cut_short.add(r.operator)
         else:
             cut_short.discard(r.operator)
-
-
-# ------------------------------------------------------------------------ exactly-once sink
-
-class CommittingSink(Sink):
-    """A test sink with two-phase commit (Flink's ``TwoPhaseCommitSinkFunction``): records
-    are visible in ``results()`` only once a checkpoint that covers them completed, so
-    after any failure and recovery the output holds every record once.
-
-    Format: one directory; ``pre_commit`` writes the records since the last one to
-    ``.pending-<uuid>.bin`` and returns that name (the transaction); ``commit`` renames it to
-    ``committed-<uuid>.bin`` (idempotent: a name already committed, or never written because
-    its writer died first, is skipped). Records keep the monotonic time they were written,
-    as ``TestingSink``'s do, so per-key order is exact. ``flush`` and ``close`` make nothing
-    visible: use it with checkpoints on."""
-
-    __test__ = False
-
-    def __init__(self, directory: str | None = None) -> None:
-        self.directory = directory or tempfile.mkdtemp(prefix="reflow-committing-sink-")
-        os.makedirs(self.directory, exist_ok=True)
-
-    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
-        return _CommittingWriter(self.directory)
-
-    def results(self) -> list[Any]:
-        entries = []
-        for name in os.listdir(self.directory):
-            if name.startswith("committed-"):
-                with open(os.path.join(self.directory, name), "rb") as f:
-                    for stamp, i, value in unpack_exact(f.read()):
-                        entries.append((stamp, name, i, value))
-        entries.sort(key=lambda e: (e[0], e[1], e[2]))
-        return [e[3] for e in entries]
-
-    def pending(self) -> int:
-        """Transactions written and never committed (a writer died, or not yet)."""
-        return sum(1 for n in os.listdir(self.directory) if n.startswith(".pending-"))
-
-
-class _CommittingWriter(SinkWriter):
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.rows: list[list[Any]] = []
-
-    def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
-        stamp = time.monotonic_ns()
-        self.rows.extend([stamp, len(self.rows), v] for v in values)
-
-    def pre_commit(self, checkpoint_id: int) -> Any:
-        if not self.rows:
-            return None
-        name = f"{uuid.uuid4().hex}.bin"
-        with open(os.path.join(self.directory, f".pending-{name}"), "wb") as f:
-            f.write(pack_exact(self.rows))
-        self.rows = []
-        return name
-
-    def commit(self, transactions: Sequence[Any]) -> None:
-        for name in transactions:
-            pending = os.path.join(self.directory, f".pending-{name}")
-            if os.path.exists(pending):
-                os.replace(pending, os.path.join(self.directory, f"committed-{name}"))
-
-    def flush(self) -> None:
-        pass
 
 
 # ------------------------------------------------------------------------------------ jobs

@@ -47,6 +47,7 @@ from engine import graph as g
 from engine.clock import Clock
 from engine.columnar import ColumnarError, ColumnBatch
 from engine.errors import UserFunctionError
+from engine.names import NameEnum
 from engine.operators import Batch, ErrorPolicy, KeyedRunner, describe
 from engine.sinks import SinkWriter
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
@@ -64,7 +65,7 @@ WINDOW_STATE = "win"  # the prefix of a window aggregate's state tables
 WINDOW_START, WINDOW_END = "window_start", "window_end"
 
 
-class OpenOrFired:
+class OpenOrFired(NameEnum):
     """The two phases of a window's state tables (see the module doc)."""
 
     OPEN = "open"
@@ -89,7 +90,7 @@ class ColumnWindowAggregate(ColumnAggregate):
         self.lateness = int(allowed_lateness_ms)
         self.tables = [t for a in aggregations for t in state_tables(a)]
 
-    def table(self, start: int, phase: str, name: str) -> str:
+    def table(self, start: int, phase: OpenOrFired, name: str) -> str:
         """The state table ``name`` of the window starting at ``start`` in ``phase``."""
         return f"{WINDOW_STATE}/{start}/{phase}/{name}"
 

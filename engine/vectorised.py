@@ -37,7 +37,14 @@ import numpy as np
 
 from engine import graph as g
 from engine.clock import Clock
-from engine.columnar import BATCH_FORMATS, ColumnarError, ColumnBatch, ColumnKey, to_format
+from engine.columnar import (
+    BATCH_FORMATS,
+    ColumnarError,
+    ColumnBatch,
+    ColumnKey,
+    stable_order,
+    to_format,
+)
 from engine.errors import UserFunctionError
 from engine.functions import KeyedProcessFunction
 from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner, describe
@@ -302,7 +309,7 @@ class AggregateRunner(KeyedRunner):
         group_kg = np.empty(groups, dtype=np.int64)
         group_kg[codes] = np.asarray(kgs, dtype=np.int64)
         # distinct keys in key-group order: one table lookup per key group, not per key
-        perm = np.argsort(group_kg, kind="stable")
+        perm = stable_order(group_kg, self.backend.num_key_groups)
         rank = np.empty(groups, dtype=np.int64)
         rank[perm] = np.arange(groups)
         codes = rank[codes]
@@ -311,7 +318,7 @@ class AggregateRunner(KeyedRunner):
         cut = np.flatnonzero(np.diff(group_kg)) + 1
         bounds = [0, *cut.tolist(), groups]
         runs = list(zip(group_kg[bounds[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True))
-        order = np.argsort(codes, kind="stable")
+        order = stable_order(codes, groups)
         sc = codes[order]
         sizes = np.bincount(codes, minlength=groups)
         starts = np.zeros(groups, dtype=np.int64)

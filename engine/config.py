@@ -210,7 +210,7 @@ class JobConfig:
     runs (``migration.pacing``), and lets a subscale's new owner have up to
     ``drrs_max_chunk_bytes`` of state in flight beyond one group (pulls several groups at
     once) when at least 1.5 cores are idle, one group at a time below half a core idle,
-    linear between; False: always ``drrs_max_subscales``, one group at a time.
+    linear between; False: always ``drrs_max_subscales`` and ``drrs_max_chunk_bytes``.
     ``group_load_sample_every``: a keyed task counts its records per key group (the load
     rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
     scales the counts to all its records (``engine.groupstats``); 1 counts every frame.

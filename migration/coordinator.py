@@ -742,7 +742,8 @@ class LiveRescale(RescaleCoordinator):
                 for sub in batch:
                     s.first_start = s.first_start if s.first_start is not None else now
                     started_at[sub.subscale_id] = now
-                chunk = 0 if self.pacer is None else self.pacer.chunk_bytes
+                chunk = (self.pacer.chunk_bytes if self.pacer is not None
+                         else cfg.drrs_max_chunk_bytes if self.spec.concurrent else 0)
                 calls = [subscale_calls(sub, self._names, self.dep, vertex,
                                         self.ctx.channel_ids, self.spec, self.ctx.replicas,
                                         chunk)

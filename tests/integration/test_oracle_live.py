@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, example, given, note, seed, settings
+from hypothesis import HealthCheck, assume, example, given, note, seed, settings
 from hypothesis import strategies as st
 
 from engine.errors import RescaleRefused
@@ -162,7 +162,23 @@ for _i, _p in enumerate(LIVE_PROTOCOLS):
         _oracle(_p, 20261200 + _i, max(EXAMPLES, 25), [COLUMNAR, WINDOW, PROFILE]))
 
 
+def _changes_something(start_p: int, actions) -> bool:
+    """Whether the actions, as drawn, ask for a migration: a rebalance (a random assignment)
+    or a parallelism other than the current one. A draw that asks for none (hypothesis's
+    first draw is ``rescale 1 -> 1``) would test nothing, so it is not run."""
+    current = start_p
+    for kind, _, arg in actions:
+        if kind == "rebalance":
+            return True
+        targets = [arg] if kind == "rescale" else [arg, max(1, 12 - arg)]
+        if any(t != current for t in targets):
+            return True
+        current = targets[-1]
+    return False
+
+
 def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
+    assume(_changes_something(start_p, actions))
     example_ = (f"protocol={protocol} hypothesis seed={hypothesis_seed} kind={kind} "
                 f"start_p={start_p} actions={actions} data_seed={data_seed}")
     note(example_)
@@ -191,6 +207,7 @@ def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
     note(f"reports={[(r.old_parallelism, r.new_parallelism, r.key_groups_planned, r.key_groups_moved, r.superseded) for r in reports]}")
     assert not out.refused, f"requests refused with input left: {out.refused}; {example_}"
     assert reports, f"no rescale was accepted, so nothing was tested; {example_}"
+    assert any(r.key_groups_moved for r in reports), f"no key group moved; {example_}"
     assert all(r.protocol == protocol for r in reports), example_
     check_reports(reports, example_)
 

@@ -499,6 +499,7 @@ class ExpectIncoming:
     reroute_channel: int
     confirm_needed: bool = True
     old_owner: str = ""  # drrs: where to pull the groups from
+    chunk_bytes: int = 0  # drrs: state that may be in flight beyond one group (0: one at a time)
 
 
 @wire
@@ -777,6 +778,21 @@ class CheckpointStats:
 
 @wire
 @dataclass(frozen=True, slots=True)
+class SinkGuarantee:
+    """One sink of a job and what a restart does to it (``engine.guarantees``):
+    ``operator`` the operator it belongs to, ``role`` "sink", "dead_letter" or
+    "late_sink", ``sink`` its class name, ``guarantee`` "exactly-once", "at-least-once" or
+    "none", ``reason`` why."""
+
+    operator: str
+    role: str
+    sink: str
+    guarantee: str
+    reason: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
 class JobStatus:
     """``state`` is one of created, running, finished, failed, stopped. On failure,
     ``error`` says what failed; ``operator``/``task_index``/``record`` are set when a user
@@ -785,8 +801,9 @@ class JobStatus:
     JobMaster's latest metrics poll, with the seconds since it last answered (a task stuck
     in user code, e.g. processing the same batch for that long); sorted by task.
     ``restarts``: how often the job was restarted from a checkpoint after a failure, the
-    last of which ``last_failure`` names; ``checkpoints``: ``CheckpointStats``. New fields
-    go at the end: the wire form is positional."""
+    last of which ``last_failure`` names; ``checkpoints``: ``CheckpointStats``; ``sinks``:
+    each sink's delivery guarantee (``SinkGuarantee``). New fields go at the end: the wire
+    form is positional."""
 
     job: str
     state: str
@@ -801,6 +818,7 @@ class JobStatus:
     restarts: int = 0
     last_failure: str = ""
     checkpoints: CheckpointStats = CheckpointStats()
+    sinks: tuple[SinkGuarantee, ...] = ()
 
     def __post_init__(self) -> None:
         for entry in self.unresponsive:

@@ -9,19 +9,15 @@ ends first.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine import KeyedProcessFunction, StreamJob
-from engine.codec import pack_exact, unpack_exact
 from engine.config import JobConfig
 from engine.names import JobState
-from engine.sinks import Sink, SinkWriter
+from engine.sinks import Sink
 from engine.sources import Source, SourceBatch, SourceReader
 from engine.testing import SourceGate, TestingSink, TestingSource
 
@@ -176,72 +172,6 @@ def check_reports(reports: Sequence[Any], context: str = "") -> None:
             cut_short.discard(r.operator)
 
 
-# ------------------------------------------------------------------------ exactly-once sink
-
-class CommittingSink(Sink):
-    """A test sink with two-phase commit (Flink's ``TwoPhaseCommitSinkFunction``): records
-    are visible in ``results()`` only once a checkpoint that covers them completed, so
-    after any failure and recovery the output holds every record once.
-
-    Format: one directory; ``pre_commit`` writes the records since the last one to
-    ``.pending-<uuid>.bin`` and returns that name (the transaction); ``commit`` renames it to
-    ``committed-<uuid>.bin`` (idempotent: a name already committed, or never written because
-    its writer died first, is skipped). Records keep the monotonic time they were written,
-    as ``TestingSink``'s do, so per-key order is exact. ``flush`` and ``close`` make nothing
-    visible: use it with checkpoints on."""
-
-    __test__ = False
-
-    def __init__(self, directory: str | None = None) -> None:
-        self.directory = directory or tempfile.mkdtemp(prefix="reflow-committing-sink-")
-        os.makedirs(self.directory, exist_ok=True)
-
-    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
-        return _CommittingWriter(self.directory)
-
-    def results(self) -> list[Any]:
-        entries = []
-        for name in os.listdir(self.directory):
-            if name.startswith("committed-"):
-                with open(os.path.join(self.directory, name), "rb") as f:
-                    for stamp, i, value in unpack_exact(f.read()):
-                        entries.append((stamp, name, i, value))
-        entries.sort(key=lambda e: (e[0], e[1], e[2]))
-        return [e[3] for e in entries]
-
-    def pending(self) -> int:
-        """Transactions written and never committed (a writer died, or not yet)."""
-        return sum(1 for n in os.listdir(self.directory) if n.startswith(".pending-"))
-
-
-class _CommittingWriter(SinkWriter):
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.rows: list[list[Any]] = []
-
-    def write(self, values: Sequence[Any], timestamps: Sequence[int]) -> None:
-        stamp = time.monotonic_ns()
-        self.rows.extend([stamp, len(self.rows), v] for v in values)
-
-    def pre_commit(self, checkpoint_id: int) -> Any:
-        if not self.rows:
-            return None
-        name = f"{uuid.uuid4().hex}.bin"
-        with open(os.path.join(self.directory, f".pending-{name}"), "wb") as f:
-            f.write(pack_exact(self.rows))
-        self.rows = []
-        return name
-
-    def commit(self, transactions: Sequence[Any]) -> None:
-        for name in transactions:
-            pending = os.path.join(self.directory, f".pending-{name}")
-            if os.path.exists(pending):
-                os.replace(pending, os.path.join(self.directory, f"committed-{name}"))
-
-    def flush(self) -> None:
-        pass
-
-
 # ------------------------------------------------------------------------------------ jobs
 
 def running_sum_job(records: list[tuple[int, int]], parallelism: int, sink: Sink,
@@ -377,6 +307,54 @@ def windowed_sum_job(records: list[tuple[int, int, int]], parallelism: int, sink
                 window_fn=lambda k, w, r: [(k, w.start, w.end, r[1])], name="win")
         .sink(sink, name="out"))
     return job
+
+
+def columnar_window_job(records: list[tuple[int, int, int]], parallelism: int,
+                        sink: TestingSink, rate: float | None = None, bound_ms: int = 40,
+                        gates: Gates = None) -> StreamJob:
+    """The vectorised window aggregates: (key, value, timestamp) as column batches ->
+    ``key_by("k")`` -> sliding event-time windows (400 ms, slide 100 ms, allowed lateness
+    300 ms, so fired windows stay in state) with Count, Sum, Min, Max, Mean (operator
+    ``cwin``)."""
+    from engine.columnar import ColumnarSource
+    from engine.time import WatermarkStrategy, sliding_event_time
+    from engine.vectorised import Count, Max, Mean, Min, Sum
+
+    rows = [{"k": k, "v": v, "ts": t} for k, v, t in records]
+    job = StreamJob("cwindowed", num_key_groups=32, parallelism=parallelism, config=SMALL)
+    (job.source(ColumnarSource(TestingSource(rows, rate=rate, timestamp_fn=_row_ts, gate=gates)),
+                name="src", parallelism=1,
+                watermarks=WatermarkStrategy(bound_ms, interval_ms=10))
+        .key_by("k")
+        .window(sliding_event_time(400, 100), allowed_lateness_ms=300)
+        .aggregate(Count(), Sum("v"), Min("v"), Max("v"), Mean("v"), name="cwin")
+        .sink(sink, name="out"))
+    return job
+
+
+def _row_ts(row: dict[str, Any]) -> int:
+    return row["ts"]
+
+
+def columnar_window_rows(results: list[dict[str, Any]]) -> list[tuple]:
+    """The vectorised window job's rows as tuples (key first), for ``per_key``."""
+    return [(r["k"], r["window_start"], r["window_end"], r["count()"], r["sum(v)"],
+             r["min(v)"], r["max(v)"], r["mean(v)"]) for r in results]
+
+
+def columnar_window_reference(records: list[tuple[int, int, int]], size: int = 400,
+                              slide: int = 100) -> list[tuple]:
+    """Per (key, window) what the job emits, per key in firing order (window end)."""
+    acc: dict[tuple[int, int], list[int]] = {}
+    for k, v, ts in records:
+        start = ts - ts % slide
+        while start > ts - size:
+            a = acc.get((k, start))
+            acc[(k, start)] = [1, v, v, v] if a is None else [a[0] + 1, a[1] + v,
+                                                              min(a[2], v), max(a[3], v)]
+            start -= slide
+    return [(k, s, s + size, a[0], a[1], a[2], a[3], a[1] / a[0])
+            for (k, s), a in sorted(acc.items(), key=lambda e: (e[0][1], e[0][0]))]
 
 
 def sliding_sums_reference(records: list[tuple[int, int, int]], size: int = 400,

@@ -19,8 +19,8 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from engine import JobConfig  # noqa: E402
+from engine.testing import TestingSink  # noqa: E402
 from tests.jobs import (  # noqa: E402
-    CommittingSink,
     Moment,
     per_key,
     running_sum_job,
@@ -49,7 +49,7 @@ def main() -> int:
         # holds no task, or holds the JobMaster (whose loss is another test's), is stopped
         # and run again, at most three times.
         for attempt in range(3):
-            sink = CommittingSink()
+            sink = TestingSink()
             moment = Moment.at(2500, 0, len(records))
             h = running_sum_job(records, 2, sink, rate=3000, gates=moment.gates,
                                 config=cfg).run()

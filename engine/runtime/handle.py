@@ -14,6 +14,7 @@ anything else ``InternalError`` (``engine.runtime.failures.translate``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -34,6 +35,7 @@ from engine.errors import (
     UserFunctionError,
     WaitTimeout,
 )
+from engine.guarantees import at_least_once_warnings, sink_guarantees
 from engine.messages import JobStatus, decode_message
 from engine.metrics import JobMetrics
 from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
@@ -43,6 +45,8 @@ from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
 from migration.assignment import AssignmentSpec, requested_strategy
 from migration.report import RescaleReport
+
+log = logging.getLogger(__name__)
 
 _ACTIVE = ("created", "running", "restarting")
 
@@ -355,6 +359,9 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
                           configure_logging=False)
     for sink in _sinks_of(graph):
         sink.prepare()
+    for warning in at_least_once_warnings(sink_guarantees(graph, config,
+                                                          restoring=restore_from is not None)):
+        log.warning("job %r: %s", graph.name, warning)
     job_id = f"{graph.name}-{uuid.uuid4().hex[:8]}"
     # on the driver's node when it can be (soft): the metrics endpoint is then where the
     # job was started (the head pod under ray job submit, which deploy/k8s scrapes)

@@ -50,6 +50,7 @@ from engine.errors import (
     RescaleRefused,
     RestoreError,
 )
+from engine.guarantees import sink_guarantees
 from engine.messages import (
     JobStatus,
     Resume,
@@ -90,6 +91,7 @@ class JobMaster:
         self.job_id = job_id
         self.restore_from = restore_from
         self.allow_non_restored_state = allow_non_restored_state
+        self.sink_guarantees = sink_guarantees(graph, config, restoring=restore_from is not None)
         self.clock = SystemClock()
         self.deadlines = Deadlines.of(config)
         self.pool = StandbyPool(f"{job_id}/standby", config.warm_standby_tasks,
@@ -412,6 +414,7 @@ class JobMaster:
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
             len(self.pool), self.watch.unresponsive(), self.recovery.restarts,
             self.recovery.last_failure, self.checkpointing.coord.stats(),
+            self.sink_guarantees,
         ))
 
     def rescale_ticks(self) -> int:

@@ -248,17 +248,13 @@ class Rescaler:
                          assignment: tuple[int, ...] | None, planning: Any,
                          strategy: AssignmentSpec | None) -> RescaleRequest:
         """A source rescales by handing its partitions over (any live protocol) or by
-        stop-restart; it has no key groups, and at most one task per partition."""
+        stop-restart; it has no key groups. More tasks than partitions is allowed: the
+        surplus tasks read nothing and end at once (they hold back no watermark and no
+        checkpoint)."""
         if assignment is not None or planning is not None or strategy is not None:
             raise RescaleRefused(f"operator {vertex!r} is a source: it has partitions, not key "
                                  "groups; rescale it without an assignment, strategy or "
                                  "planning")
-        partitions = self.m.dep.partitions.get(vertex, ())
-        if parallelism > len(partitions):
-            raise RescaleRefused(
-                f"source {vertex!r} has {len(partitions)} partition(s): at most "
-                f"{len(partitions)} task(s) can read it, not {parallelism} (give the source "
-                "more partitions when building it, e.g. partitions=N)")
         return RescaleRequest(vertex, parallelism, proto, None, None,
                               "requested through the job handle")
 

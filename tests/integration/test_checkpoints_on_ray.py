@@ -3,7 +3,7 @@
 The oracle with faults (docs/architecture.md): hypothesis draws a job, a live protocol and a
 sequence of actions at moments of the input (``tests.jobs.Moment``): rescales, kills of a
 random task actor, kills in the middle of a running rescale (its subscales). After every
-recovery the exactly-once sink's committed output (``tests.jobs.CommittingSink``) equals
+recovery the exactly-once sink's committed output (``engine.testing.TestingSink``) equals
 the run without failure per key: nothing lost, nothing twice. An example in which no task
 was killed fails. Around it: savepoints restored at another parallelism, torn and foreign
 checkpoints, an unwritable store, a bounded source beside an unbounded one (FLIP-147), and
@@ -27,9 +27,8 @@ from hypothesis import strategies as st
 
 from engine import JobConfig, StreamJob
 from engine.errors import CheckpointFailed, JobFailedError, RestoreError
-from engine.testing import SourceGate, TestingSource
+from engine.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import (
-    CommittingSink,
     Moment,
     moments,
     per_key,
@@ -79,7 +78,7 @@ def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int
     records = [(rng.randrange(50), rng.randrange(100)) for _ in range(RECORDS)]
     plan = moments(RECORDS, [f for _, f, _ in actions], MARGIN)
     gates = [g for m in plan for g in m.gates]
-    sink = CommittingSink()
+    sink = TestingSink()
     cfg = checkpointed(tempfile.mkdtemp(prefix="reflow-ckpt-"))
     make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile")}[kind]
     handle = make(records, start_p, sink, rate=2000, gates=gates, config=cfg).run()
@@ -171,7 +170,7 @@ test_killed_tasks_recover_exactly_during_live_rescales_many = pytest.mark.slow(
 
 def test_a_savepoint_restores_exactly_at_another_parallelism(ray_cluster, tmp_path):
     records = [(i % 60, i % 9) for i in range(5000)]
-    sink = CommittingSink(str(tmp_path / "out"))
+    sink = TestingSink(str(tmp_path / "out"))
     gate = SourceGate(2000)
     cfg = checkpointed(str(tmp_path / "chk"))
     first = running_sum_job(records, 2, sink, rate=4000, gates=[gate], config=cfg)
@@ -198,6 +197,34 @@ def test_a_savepoint_restores_exactly_at_another_parallelism(ray_cluster, tmp_pa
     finally:
         h2.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+def test_an_at_least_once_sink_is_named_at_run_and_in_the_status(ray_cluster, tmp_path,
+                                                                   caplog):
+    """A job that checkpoints with a sink that cannot do two-phase commit: ``job.run()``
+    logs a warning naming the sink operator and what a restart does to it, and
+    ``status().sinks`` gives every sink's guarantee (the exactly-once one too)."""
+    import logging
+
+    from engine.sinks import LatencySink
+
+    job = StreamJob("guarantees", config=checkpointed(str(tmp_path / "chk")))
+    (job.source(TestingSource(list(range(50))), name="src")
+        .map(lambda x: x, name="same", dead_letter=LatencySink())
+        .sink(TestingSink(str(tmp_path / "out")), name="out"))
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.handle"):
+        h = job.run()
+    try:
+        st_ = h.wait(120)
+    finally:
+        h.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("sink 'same' (dead_letter) (LatencySink) is at-least-once" in w
+               and "writes the records after that checkpoint again" in w
+               for w in warnings), warnings
+    assert not any("'out'" in w for w in warnings), "the exactly-once sink was warned about"
+    assert [(s.operator, s.role, s.guarantee) for s in st_.sinks] == [
+        ("same", "dead_letter", "at-least-once"), ("out", "sink", "exactly-once")]
 
 
 def test_a_parquet_sink_writes_every_output_once_across_a_killed_task(ray_cluster, tmp_path):
@@ -237,7 +264,7 @@ def test_a_parquet_sink_writes_every_output_once_across_a_killed_task(ray_cluste
 def test_restore_from_uses_the_last_complete_checkpoint_and_refuses_bad_ones(ray_cluster,
                                                                              tmp_path):
     records = [(i % 30, 1) for i in range(4000)]
-    sink = CommittingSink(str(tmp_path / "out"))
+    sink = TestingSink(str(tmp_path / "out"))
     gate = SourceGate(1500)
     cfg = checkpointed(str(tmp_path / "chk"))
     h = running_sum_job(records, 2, sink, rate=4000, gates=[gate], config=cfg).run()
@@ -268,7 +295,7 @@ def test_restore_from_uses_the_last_complete_checkpoint_and_refuses_bad_ones(ray
     with pytest.raises(RestoreError, match="keyed state of operator 'sum'"):
         renamed.run(restore_from=job_dir)
     first = per_key(sink.results())  # what the first run committed (up to complete[-1])
-    resumed = CommittingSink(str(tmp_path / "out-resumed"))
+    resumed = TestingSink(str(tmp_path / "out-resumed"))
     h2 = running_sum_job(records, 2, resumed, config=cfg).run(restore_from=job_dir)
     try:
         assert h2.wait(180).checkpoints.restored_from == complete[-2]
@@ -300,7 +327,7 @@ def test_an_unwritable_store_fails_checkpoints_the_job_goes_on_then_fails(ray_cl
     gate = SourceGate(500)
     cfg = checkpointed(str(blocker / "chk"), tolerable_checkpoint_failures=2,
                        restart_strategy="none")
-    h = running_sum_job(records, 2, CommittingSink(), rate=4000, gates=[gate],
+    h = running_sum_job(records, 2, TestingSink(), rate=4000, gates=[gate],
                         config=cfg).run()
     try:
         gate.wait_reached()
@@ -326,7 +353,7 @@ def test_a_job_with_a_finished_source_keeps_rescaling_and_checkpointing(ray_clus
     bounded = [(i % 20, 1) for i in range(300)]
     unbounded = [(i % 20, 2) for i in range(4000)]
     gate = SourceGate(1000)
-    sink = CommittingSink(str(tmp_path / "out"))
+    sink = TestingSink(str(tmp_path / "out"))
     cfg = checkpointed(str(tmp_path / "chk"))
     job = StreamJob("union", num_key_groups=32, parallelism=2, config=cfg)
     short = job.source(TestingSource(bounded), name="bounded")
@@ -362,7 +389,7 @@ def test_a_job_with_a_finished_source_keeps_rescaling_and_checkpointing(ray_clus
 @pytest.mark.slow
 def test_a_lost_jobmaster_is_resumed_from_its_latest_checkpoint(ray_cluster, tmp_path):
     records = [(i % 40, i % 5) for i in range(5000)]
-    sink = CommittingSink(str(tmp_path / "out"))
+    sink = TestingSink(str(tmp_path / "out"))
     moment = Moment.at(2000, 0, len(records))
     cfg = checkpointed(str(tmp_path / "chk"))
     h = running_sum_job(records, 2, sink, rate=4000, gates=moment.gates, config=cfg).run()

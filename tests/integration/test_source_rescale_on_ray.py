@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, note, seed, settings
 from hypothesis import strategies as st
+from hypothesis.control import currently_in_test_context
 
 from engine import JobConfig, StreamJob
 from engine.errors import RescaleRefused
@@ -33,6 +34,7 @@ from tests.jobs import (
     running_sum_reference,
     sliding_sums_reference,
     task_actors,
+    wait_until,
 )
 
 pytestmark = pytest.mark.ray
@@ -53,9 +55,10 @@ def records_for(kind: str, data_seed: int) -> list[tuple[int, ...]]:
 
 
 def source_job(kind: str, records: list[Any], source_p: int, sink: TestingSink,
-               gates: list[SourceGate], config: JobConfig = SMALL) -> StreamJob:
+               gates: list[SourceGate], config: JobConfig = SMALL,
+               partitions: int = PARTITIONS) -> StreamJob:
     job = StreamJob(f"src-{kind}", num_key_groups=32, parallelism=2, config=config)
-    src = TestingSource(records, rate=2000, gate=gates, partitions=PARTITIONS,
+    src = TestingSource(records, rate=2000, gate=gates, partitions=partitions,
                         timestamp_fn=(lambda r: r[2]) if kind == "window" else None)
     stream = job.source(src, name="src", parallelism=source_p,
                         watermarks=WatermarkStrategy(0, interval_ms=10)
@@ -88,14 +91,17 @@ def check(kind: str, records: list[Any], results: list[Any], reports: list[Any],
 
 
 def run_example(kind: str, start_p: int, actions: list[tuple[float, int]],
-                data_seed: int) -> None:
-    where = f"kind={kind} start_p={start_p} actions={actions} data_seed={data_seed}"
-    note(where)
+                data_seed: int, partitions: int = PARTITIONS) -> None:
+    where = (f"kind={kind} start_p={start_p} actions={actions} data_seed={data_seed} "
+             f"partitions={partitions}")
+    if currently_in_test_context():  # run_example is also called outside hypothesis
+        note(where)
     print(f"source oracle: {where}")
     records = records_for(kind, data_seed)
     plan = moments(RECORDS, [f for f, _ in actions], MARGIN)
     sink = TestingSink()
-    handle = source_job(kind, records, start_p, sink, gates_of(plan)).run()
+    handle = source_job(kind, records, start_p, sink, gates_of(plan),
+                        partitions=partitions).run()
     reports, refused = rescale_at(handle, "src", list(zip(plan, [p for _, p in actions],
                                                            strict=True)), job_timeout=240)
     assert not refused, f"refused with input left: {refused}; {where}"
@@ -133,15 +139,21 @@ def test_an_example_that_rescaled_nothing_fails_the_oracle():
         check("sum", records, running_sum_reference(records), [], [], "no rescale")
 
 
-def test_a_source_rescale_beyond_its_partitions_is_refused_and_the_job_goes_on(ray_cluster):
+def test_a_source_rescaled_live_beyond_its_partitions_has_idle_tasks(ray_cluster):
+    """2 partitions, rescaled live to 4 source tasks and back to 1: the surplus tasks read
+    nothing and end at once (Flink's idle surplus subtasks), holding back neither the
+    watermark nor the job; the oracle holds for a running sum and for windows."""
+    run_example("sum", 2, [(0.2, 4), (0.3, 1)], 3, partitions=2)
+    run_example("window", 1, [(0.3, 3)], 4, partitions=2)
+
+
+def test_a_source_rebalance_is_refused_and_the_job_goes_on(ray_cluster):
     records = records_for("sum", 2)
     gate = SourceGate(after=1000)
     sink = TestingSink()
     handle = source_job("sum", records, 2, sink, [gate]).run()
     try:
         gate.wait_reached()
-        with pytest.raises(RescaleRefused, match="has 8 partition.*at most 8 task"):
-            handle.rescale("src", PARTITIONS + 1)
         with pytest.raises(RescaleRefused, match="partitions, not key groups"):
             handle.rebalance("src", [0] * 32)
         assert handle.status().state == "running"
@@ -181,6 +193,38 @@ def test_a_source_is_restored_from_a_savepoint_at_another_parallelism(ray_cluste
         h2.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
+
+def test_a_source_restored_at_more_tasks_than_partitions_has_idle_tasks(ray_cluster,
+                                                                       tmp_path):
+    """2 partitions restored at 4 source tasks (Flink's surplus source subtasks): tasks 2
+    and 3 read nothing and end at once, so they hold back neither the watermark nor the
+    checkpoints; the job checkpoints on, finishes, and the output is exact. Keys are of one
+    partition (record i: partition i % 2), so per-key order is exact."""
+    records = records_for("sum", 9)
+    sink = TestingSink(str(tmp_path / "out"))
+    cfg = dataclasses.replace(SMALL, checkpoint_interval_s=0.3,
+                              checkpoint_dir=str(tmp_path / "chk"))
+    held, later = SourceGate(after=2000), SourceGate(after=3500)
+    h = source_job("sum", records, 2, sink, [held], cfg, partitions=2).run()
+    try:
+        held.wait_reached()
+        path = h.stop(savepoint=str(tmp_path / "sp"))
+    finally:
+        held.open()
+        h.stop()
+    h2 = source_job("sum", records, 4, sink, [later], cfg, partitions=2).run(restore_from=path)
+    try:
+        later.wait_reached()
+        done = h2.status().checkpoints.completed
+        wait_until(lambda: h2.status().checkpoints.completed > done,
+                   "a checkpoint with two idle source tasks", h2)
+        later.open()
+        st_ = h2.wait(240)
+    finally:
+        later.open()
+        h2.stop()
+    assert st_.state == "finished" and st_.checkpoints.restored_from == path, st_
+    assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
 def test_a_source_rescaled_by_stop_restart_reads_on_exactly(ray_cluster):

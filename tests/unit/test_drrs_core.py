@@ -83,7 +83,6 @@ from migration.protocols.drrs import plan_subscales
 from migration.scheduling import SubscaleScheduler
 from tests import harness
 from tests.harness import make_spec, records_left, wire
-from tests.jobs import CommittingSink
 
 N = 16  # key groups; uniform over 2 tasks: 0-7 -> task 0, 8-15 -> task 1
 CFG = JobConfig(batch_size=4, linger_ms=0, metrics_port=None)
@@ -1678,7 +1677,7 @@ def test_a_checkpoint_taken_during_a_live_rescale_restores_exactly(
     records = [(rng.randrange(24), rng.randrange(100)) for _ in range(300)]
     cfg = JobConfig(batch_size=4, linger_ms=0, metrics_port=None, checkpoint_interval_s=60,
                     checkpoints_retained=100, drrs_set_aside_cap=rng.choice([1, 3, 200]))
-    sink = CommittingSink(str(tmp_path / "out"))
+    sink = TestingSink(str(tmp_path / "out"))
     start_p, new_p = (3, 2) if change == "scale-in" else (2, 3)
     net = DNet(drrs_job(records, sink, sum_p=start_p, config=cfg), clock)
     round_ = lambda: net._random_round(rng, 12)  # noqa: E731 - the harness's progress

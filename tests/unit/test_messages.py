@@ -121,6 +121,7 @@ FLAT_CONTROL_MESSAGES = [
         "wordcount", "failed", "user function raised", "count", 2, "('a', 1)", "KeyError('a')",
         "http://127.0.0.1:9000/metrics",
     ),
+    m.SinkGuarantee("out", "late_sink", "ParquetSink", "exactly-once", "two-phase commit"),
     DecisionRecord(1.5, "ds2", "scale", "sum", "scale 'sum' to 4 (drrs)", "load 1.9",
                    "executed", "drrs rescale of 'sum' 2 -> 4 done", 1.25, 3, 9.5),
     RescaleRecord("sum", "drrs", 2, 4, 10.0, 11.5, 16, 2048, False, 900.0, 120, 12.5, 80.0,
@@ -132,7 +133,9 @@ FLAT_CONTROL_MESSAGES = [
 NESTED_CONTROL_MESSAGES = [
     m.JobStatus("wordcount", "restarting", restarts=2, last_failure="task t died",
                 checkpoints=m.CheckpointStats(3, 1, 7, "/tmp/chk/j/chk-7", 0.5, 4096,
-                                              (("j/sum/0/g0", 0.01),), "timeout", "/tmp/sp")),
+                                              (("j/sum/0/g0", 0.01),), "timeout", "/tmp/sp"),
+                sinks=(m.SinkGuarantee("out", "sink", "LatencySink", "at-least-once",
+                                       "no two-phase commit"),)),
     m.OutputEdge(0, "forward", (CH0,)),
     m.OutputEdge(1, "rebalance", (CH0, CH1)),
     m.OutputEdge(2, "keyed", (CH0, CH1), (0, 1, 1, 0)),

@@ -452,10 +452,12 @@ def plot(results: dict[str, Any], path: str) -> None:
 
 def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str, Any]) -> int:
     p = args.parallelism[0]
+    variant = args.variants[0] if args.variants and args.variants[0] != "bytewax" else "rows"
+    records = args.columnar_records if variant == "columnar" else args.records
     run.init_ray()
     try:
-        print(f"p={p}: full speed, {args.records:,} records, profiled ...")
-        full = run_full_speed(p, "rows", args, config, profile_it=True)
+        print(f"p={p}: full speed, {variant}, {records:,} records, profiled ...")
+        full = run_full_speed(p, variant, args, config, profile_it=True)
     finally:
         run.shutdown_ray()
     print(f"  job {full['job_throughput']:,.0f}/s over {full['job_span_s']:.2f} s (with py-spy "
@@ -546,7 +548,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--profile-gil", action="store_true",
                     help="py-spy --gil: sample only the thread holding the GIL")
     ap.add_argument("--profile-only", action="store_true",
-                    help="only the profiled full-speed run at the first parallelism; writes "
+                    help="only the profiled full-speed run at the first parallelism, of the "
+                         "first of --variants (rows for bytewax); writes "
                          "profile.json (not results.json)")
     args = ap.parse_args(argv)
     cli.fill_defaults(args, TIMING)

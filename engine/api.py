@@ -355,11 +355,46 @@ class WindowedStream:
         _check_callable(fn, "window reduce", name)
         return self._op("reduce", fn, window_fn, name, parallelism)
 
-    def aggregate(self, agg: AggregateFunction, window_fn: Any = None,
+    def aggregate(self, agg: Any, *more: Any, window_fn: Any = None,
                   name: str | None = None, parallelism: int | None = None) -> Stream:
+        """Aggregate each window's records, in one of two forms.
+
+        ``aggregate(AggregateFunction, window_fn=None)``: per record; emits
+        ``window_fn(key, window, result)`` (or the result) when the window fires.
+
+        ``aggregate(Count(), Sum("v"), ...)`` (``engine.vectorised``'s aggregations, on
+        event-time windows): vectorised a batch at a time (``engine.window_aggregates``),
+        with the same windows, firing and lateness rule; emits per (key, window) a row
+        ``{key column, "window_start", "window_end", "count()", "sum(v)", ...}`` as a
+        column batch."""
+        from engine.vectorised import Aggregation
+
+        if isinstance(agg, Aggregation):
+            return self._vectorised((agg, *more), window_fn, name, parallelism)
+        if len(more) > 1 or (more and window_fn is not None):
+            raise JobDefinitionError(f"aggregate {name or ''!r}: takes one AggregateFunction "
+                                     "and a window_fn, or Count(), Sum(col), ... aggregations")
         if not isinstance(agg, AggregateFunction):
-            raise JobDefinitionError(f"aggregate {name or ''!r}: needs an AggregateFunction")
-        return self._op("aggregate", agg, window_fn, name, parallelism)
+            raise JobDefinitionError(f"aggregate {name or ''!r}: needs an AggregateFunction, "
+                                     "or Count(), Sum(col), Min(col), Max(col), Mean(col)")
+        return self._op("aggregate", agg, more[0] if more else window_fn, name, parallelism)
+
+    def _vectorised(self, aggregations: tuple[Any, ...], window_fn: Any, name: str | None,
+                    parallelism: int | None) -> Stream:
+        from engine.columnar import ColumnarError
+        from engine.vectorised import key_name_of
+        from engine.window_aggregates import ColumnWindowAggregate
+
+        if window_fn is not None:
+            raise JobDefinitionError(f"aggregate {name or ''!r}: vectorised aggregations emit "
+                                     "rows of their own; map them after, not with window_fn")
+        try:
+            fn = ColumnWindowAggregate(self._assigner, aggregations,
+                                       key_name_of(self._keyed._key_fn), self._lateness)
+        except ColumnarError as exc:
+            raise JobDefinitionError(f"aggregate {name or ''!r}: {exc}") from None
+        return self._keyed._keyed(g.WINDOW_AGGREGATE, fn, name, parallelism, None,
+                                  self._late_sink)
 
     def process(self, fn: Callable[[Any, Window, list[Any]], Any], name: str | None = None,
                 parallelism: int | None = None) -> Stream:

@@ -32,6 +32,7 @@ from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner
 from engine.sinks import SinkWriter
 from engine.state import KeyedStateBackend
 from engine.vectorised import AggregateRunner, MapBatchesRunner
+from engine.window_aggregates import WindowAggregateRunner
 
 
 def writer_names(operators: tuple[g.OperatorDef, ...]) -> list[str]:
@@ -83,7 +84,8 @@ class OperatorChain:
             if head.late_sink is not None:
                 late = head.late_sink.open(task_index, parallelism, clock)
                 self.writers[late_writer(head.name)] = late
-            keyed_runner = AggregateRunner if head.kind == g.AGGREGATE else KeyedRunner
+            keyed_runner = {g.AGGREGATE: AggregateRunner,
+                            g.WINDOW_AGGREGATE: WindowAggregateRunner}.get(head.kind, KeyedRunner)
             self.keyed = keyed_runner(head, self._policy(head), self.backend, task_index, clock,
                                       watermark, late)
         rest = operators[1:] if (head.kind == g.SOURCE or head.keyed) else operators

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.columnar import ColumnBatch, ColumnKey, as_rows, column_key_groups
+from engine.columnar import ColumnBatch, ColumnKey, as_rows, column_key_groups, stable_order
 from engine.errors import CodecError, OutputCodecError
 from engine.keygroups import KeyGroupCache
 from engine.messages import (
@@ -399,7 +399,7 @@ class OutputRouter:
                 self._append_cols(bufs[0], batch, ts, kgs)
                 continue
             targets = np.asarray(edge.routing, dtype=np.int32)[kgs]
-            order = np.argsort(targets, kind="stable")
+            order = stable_order(targets, len(bufs))
             counts = np.bincount(targets, minlength=len(bufs))
             taken = batch.take(order)
             ts_o, kgs_o = ts[order], kgs[order]

@@ -271,6 +271,15 @@ def _per_distinct(column: pa.Array, num_key_groups: int) -> np.ndarray:
 # ---------------------------------------------------------------- frames
 
 
+def stable_order(codes: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(codes, kind="stable")`` for codes in ``[0, bound)``: as int16 when
+    they fit (numpy sorts 16-bit integers stably by radix, ~20x faster than the merge
+    sort of int32/int64 on a batch of 16,384)."""
+    if bound <= 32767:
+        return np.argsort(codes.astype(np.int16, copy=False), kind="stable")
+    return np.argsort(codes, kind="stable")
+
+
 def encode_columnar_frame(batch: ColumnBatch, timestamps: np.ndarray,
                           key_groups: np.ndarray | None, event_wire: Any,
                           key_column: str | None, pack: Callable[[Any], bytes]) -> bytes:

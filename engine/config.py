@@ -207,7 +207,10 @@ class JobConfig:
     rescaling support costs in steady state.
     ``drrs_pacing``: drrs starts at most as many subscales at once as the machine's idle
     cores allow (half a core each, between 1 and ``drrs_max_subscales``), measured while it
-    runs (``migration.pacing``); False: always ``drrs_max_subscales``.
+    runs (``migration.pacing``), and lets a subscale's new owner have up to
+    ``drrs_max_chunk_bytes`` of state in flight beyond one group (pulls several groups at
+    once) when at least 1.5 cores are idle, one group at a time below half a core idle,
+    linear between; False: always ``drrs_max_subscales`` and ``drrs_max_chunk_bytes``.
     ``group_load_sample_every``: a keyed task counts its records per key group (the load
     rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
     scales the counts to all its records (``engine.groupstats``); 1 counts every frame.
@@ -245,6 +248,7 @@ class JobConfig:
     max_frame_bytes: int = 64 * 1024 * 1024
     group_load_sample_every: int = 8
     drrs_pacing: bool = True
+    drrs_max_chunk_bytes: int = 4_000_000
     checkpoint_interval_s: float | None = None
     checkpoint_dir: str | None = None
     checkpoints_retained: int = 3
@@ -297,6 +301,8 @@ class JobConfig:
             ("tls", self.tls is None or self.transport == "tcp",
              "None with transport='ray' (TLS is for the tcp transport's sockets)"),
             ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
+            ("drrs_max_chunk_bytes", self.drrs_max_chunk_bytes >= 0,
+             ">= 0 bytes (0: one group in flight at a time)"),
             ("group_load_sample_every", self.group_load_sample_every >= 1,
              ">= 1 (1: count every frame)"),
             ("checkpoint_interval_s",

@@ -87,7 +87,12 @@ class Deployment:
                     assignment: tuple[int, ...] | None = None,
                     generation: int | None = None) -> Deployment:
         """This deployment with ``vertex`` run by ``tasks`` (its parallelism follows) and,
-        for a keyed vertex, owning key groups by ``assignment`` (unchanged when None)."""
+        for a keyed vertex, owning key groups by ``assignment`` (unchanged when None), at
+        ``generation`` or the current one, whichever is higher. The generation never goes
+        back: rescales of two vertices run at once, each from the deployment it started
+        with, and one that started before the other bumped the generation twice must not
+        set it back, or the next rescale would name a new task as an existing or removed
+        one (seen as a ``KeyError`` on a task name in a controller-driven rescale)."""
         plan = self.plan
         if plan.vertex(vertex).parallelism != len(tasks):
             plan = plan.rescaled(vertex, len(tasks))
@@ -95,7 +100,8 @@ class Deployment:
         if assignment is not None:
             assignments[vertex] = tuple(assignment)
         return Deployment(plan, self.job_id, {**self.tasks, vertex: tuple(tasks)}, assignments,
-                          self.generation if generation is None else generation,
+                          self.generation if generation is None
+                          else max(self.generation, generation),
                           self.partitions)
 
 

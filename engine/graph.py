@@ -23,9 +23,10 @@ REDUCE = "reduce"
 SINK = "sink"
 MAP_BATCHES = "map_batches"  # engine.vectorised: a user function per column batch
 AGGREGATE = "aggregate"  # engine.vectorised: running keyed aggregations, vectorised
+WINDOW_AGGREGATE = "window_aggregate"  # engine.window_aggregates: vectorised, per window
 
 STATELESS_KINDS = frozenset({MAP, FLAT_MAP, FILTER, SINK, MAP_BATCHES})
-KEYED_KINDS = frozenset({PROCESS, REDUCE, AGGREGATE})
+KEYED_KINDS = frozenset({PROCESS, REDUCE, AGGREGATE, WINDOW_AGGREGATE})
 ALL_KINDS = STATELESS_KINDS | KEYED_KINDS | {SOURCE}
 
 

@@ -499,6 +499,7 @@ class ExpectIncoming:
     reroute_channel: int
     confirm_needed: bool = True
     old_owner: str = ""  # drrs: where to pull the groups from
+    chunk_bytes: int = 0  # drrs: state that may be in flight beyond one group (0: one at a time)
 
 
 @wire

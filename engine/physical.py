@@ -83,6 +83,12 @@ class PhysicalPlan:
     def outputs_of(self, vertex: str) -> list[Edge]:
         return [e for e in self.edges if e.src == vertex]
 
+    def neighbours(self, vertex: str) -> frozenset[str]:
+        """The other vertices that exchange records with ``vertex``: its inputs' sources
+        and its outputs' destinations."""
+        return frozenset({e.src for e in self.inputs_of(vertex)}
+                         | {e.dst for e in self.outputs_of(vertex)}) - {vertex}
+
     def rescaled(self, vertex: str, parallelism: int) -> PhysicalPlan:
         """The same plan with one vertex at a new parallelism; chaining is kept, forward
         edges that would join unequal parallelisms become rebalance edges."""

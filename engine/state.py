@@ -86,11 +86,17 @@ class KeyedStateBackend:
     # -- timers
     def register_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
         """A timer for the current key; one per (key, time, domain)."""
-        entry = (int(time_ms), self.current_key, domain)
-        ts = self.timers[self.current_group]
+        self.add_timer(self.current_group, time_ms, self.current_key, domain)
+
+    def add_timer(self, key_group: int, time_ms: int, key: Any,
+                  domain: int = PROCESSING_TIME) -> None:
+        """A timer for ``key`` of ``key_group`` (an owned group); one per (key, time,
+        domain). Vectorised operators register one per group with a key of their own."""
+        entry = (int(time_ms), key, domain)
+        ts = self.timers[key_group]
         if entry not in ts:
             ts.add(entry)
-            self._push_timer(entry[0], self.current_group, self.current_key, domain)
+            self._push_timer(entry[0], key_group, key, domain)
 
     def _push_timer(self, time_ms: int, key_group: int, key: Any, domain: int) -> None:
         self._tie += 1

@@ -37,7 +37,14 @@ import numpy as np
 
 from engine import graph as g
 from engine.clock import Clock
-from engine.columnar import BATCH_FORMATS, ColumnarError, ColumnBatch, ColumnKey, to_format
+from engine.columnar import (
+    BATCH_FORMATS,
+    ColumnarError,
+    ColumnBatch,
+    ColumnKey,
+    stable_order,
+    to_format,
+)
 from engine.errors import UserFunctionError
 from engine.functions import KeyedProcessFunction
 from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner, describe
@@ -180,7 +187,26 @@ class MapBatchesRunner(StatelessRunner):
         pol.dead_letters += len(rows)
 
 
-def _factorize(keys: Any) -> tuple[np.ndarray, list[Any]]:
+def numeric_columns(values: Any, names: list[str]) -> dict[str, np.ndarray]:
+    """The columns ``names`` of a batch (or of dict rows) as int64 or float64 arrays;
+    ``ColumnarError`` when one has nulls or is not numeric."""
+    if not names:
+        return {}
+    batch = values if type(values) is ColumnBatch else ColumnBatch.from_rows(values)
+    out = {}
+    for name in dict.fromkeys(names):
+        col = batch.column(name)
+        if col.null_count:
+            raise ColumnarError(f"aggregate column {name!r} has nulls; drop or fill them "
+                                "first (e.g. with map_batches)")
+        arr = col.to_numpy(zero_copy_only=False)
+        if arr.dtype.kind not in "iuf":
+            raise ColumnarError(f"aggregate column {name!r} is {col.type}, not numeric")
+        out[name] = arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64, copy=False)
+    return out
+
+
+def factorize(keys: Any) -> tuple[np.ndarray, list[Any]]:
     """Per record the index of its key among the distinct keys (in order of first
     appearance for lists), and the distinct keys as Python values."""
     if isinstance(keys, list | tuple):
@@ -239,22 +265,7 @@ class AggregateRunner(KeyedRunner):
                                     str(exc)) from exc
 
     def _columns(self, values: Any) -> dict[str, np.ndarray]:
-        needed = [a.on for a in self.spec.aggregations if a.on is not None]
-        if not needed:
-            return {}
-        batch = values if type(values) is ColumnBatch else ColumnBatch.from_rows(values)
-        out = {}
-        for name in dict.fromkeys(needed):
-            col = batch.column(name)
-            if col.null_count:
-                raise ColumnarError(f"aggregate column {name!r} has nulls; drop or fill them "
-                                    "first (e.g. with map_batches)")
-            arr = col.to_numpy(zero_copy_only=False)
-            if arr.dtype.kind not in "iuf":
-                raise ColumnarError(f"aggregate column {name!r} is {col.type}, not numeric")
-            out[name] = arr.astype(np.float64 if arr.dtype.kind == "f" else np.int64,
-                                   copy=False)
-        return out
+        return numeric_columns(values, [a.on for a in self.spec.aggregations if a.on])
 
     def _tables(self, runs: list[tuple[int, int, int]], name: str) -> list[dict[Any, Any]]:
         """Table ``name`` of each key group of ``runs`` (created when missing)."""
@@ -293,12 +304,12 @@ class AggregateRunner(KeyedRunner):
         n = len(values)
         ts = np.asarray(timestamps, dtype=np.int64)
         cols = self._columns(values)
-        codes, uniques = _factorize(keys)
+        codes, uniques = factorize(keys)
         groups = len(uniques)
         group_kg = np.empty(groups, dtype=np.int64)
         group_kg[codes] = np.asarray(kgs, dtype=np.int64)
         # distinct keys in key-group order: one table lookup per key group, not per key
-        perm = np.argsort(group_kg, kind="stable")
+        perm = stable_order(group_kg, self.backend.num_key_groups)
         rank = np.empty(groups, dtype=np.int64)
         rank[perm] = np.arange(groups)
         codes = rank[codes]
@@ -307,7 +318,7 @@ class AggregateRunner(KeyedRunner):
         cut = np.flatnonzero(np.diff(group_kg)) + 1
         bounds = [0, *cut.tolist(), groups]
         runs = list(zip(group_kg[bounds[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True))
-        order = np.argsort(codes, kind="stable")
+        order = stable_order(codes, groups)
         sc = codes[order]
         sizes = np.bincount(codes, minlength=groups)
         starts = np.zeros(groups, dtype=np.int64)
@@ -331,39 +342,40 @@ class AggregateRunner(KeyedRunner):
              runs: list[tuple[int, int, int]], keys: list[Any]) -> np.ndarray:
         """Per sorted record the running value of ``agg``; its accumulators (tables
         ``state_tables(agg)``) updated for every key."""
-        groups = len(keys)
-        zeros = [0] * groups
-        if agg.kind == "count":
-            (name,) = state_tables(agg)
-            tables = self._tables(runs, name)
-            base = np.asarray(self._read(tables, runs, keys, zeros), dtype=np.int64)
-            self._write(tables, runs, keys, (base + sizes).tolist())
-            return base[sc] + pos + 1
-        xs = cols[agg.on][order]  # type: ignore[index]
-        if agg.kind in ("sum", "mean"):
-            names = state_tables(agg)
-            tables = self._tables(runs, names[0])
-            base = np.asarray(self._read(tables, runs, keys, zeros))
-            kind = np.result_type(base.dtype, xs.dtype)
-            run, fin = _segmented(np.add, xs.astype(kind, copy=False), sc, pos, sizes, starts,
-                                  base.astype(kind, copy=False))
-            self._write(tables, runs, keys, fin.tolist())
-            if agg.kind == "sum":
-                return run
-            counts_t = self._tables(runs, names[1])
-            n0 = np.asarray(self._read(counts_t, runs, keys, zeros), dtype=np.int64)
-            self._write(counts_t, runs, keys, (n0 + sizes).tolist())
-            return run / (n0[sc] + pos + 1)
-        (name,) = state_tables(agg)
-        tables = self._tables(runs, name)
-        first = xs[starts]
-        base = np.asarray(self._read(tables, runs, keys, first.tolist()))
-        kind = np.result_type(base.dtype, xs.dtype)
-        op = np.minimum if agg.kind == "min" else np.maximum
-        run, fin = _segmented(op, xs.astype(kind, copy=False), sc, pos, sizes, starts,
-                              base.astype(kind, copy=False))
-        self._write(tables, runs, keys, fin.tolist())
-        return run
+        xs = None if agg.on is None else cols[agg.on][order]
+        defaults = [0] * len(keys) if xs is None or agg.kind in ("sum", "mean") \
+            else xs[starts].tolist()
+        tables = [self._tables(runs, name) for name in state_tables(agg)]
+        bases = [np.asarray(self._read(t, runs, keys, defaults if i == 0 else [0] * len(keys)))
+                 for i, t in enumerate(tables)]
+        running, finals = fold(agg.kind, xs, sc, pos, sizes, starts, bases)
+        for t, fin in zip(tables, finals, strict=True):
+            self._write(t, runs, keys, fin.tolist())
+        return running
+
+
+def fold(kind: str, xs: np.ndarray | None, sc: np.ndarray, pos: np.ndarray,
+         sizes: np.ndarray, starts: np.ndarray, bases: list[np.ndarray]
+         ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One aggregation folded over groups of records sorted by group (``xs`` the sorted
+    values, None for a count; ``sc`` each record's group, ``pos`` its place in the group's
+    run, ``sizes``/``starts`` the runs), from the accumulators ``bases`` (per state table of
+    ``state_tables``, per group; a min/max group without one starts from its first value).
+    Returns (per sorted record the running value, per state table the final accumulators).
+    Sequential per group: floats add exactly as one record at a time would."""
+    if kind == "count":
+        base = bases[0].astype(np.int64, copy=False)
+        return base[sc] + pos + 1, [base + sizes]
+    assert xs is not None
+    base = bases[0]
+    dtype = np.result_type(base.dtype, xs.dtype)
+    op = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum}[kind]
+    run, fin = _segmented(op, xs.astype(dtype, copy=False), sc, pos, sizes, starts,
+                          base.astype(dtype, copy=False))
+    if kind != "mean":
+        return run, [fin]
+    n0 = bases[1].astype(np.int64, copy=False)
+    return run / (n0[sc] + pos + 1), [fin, n0 + sizes]
 
 
 def state_tables(agg: Aggregation) -> tuple[str, ...]:

@@ -568,7 +568,8 @@ class LiveRescale(RescaleCoordinator):
         self._sched: SubscaleScheduler | StepScheduler | None = None
         self._names: list[str] = []
         # drrs: subscales at once follow the machine's idle cores (migration.pacing)
-        self.pacer = (HeadroomPacer(ctx.max_subscales)
+        self.pacer = (HeadroomPacer(ctx.max_subscales,
+                                    max_chunk_bytes=ctx.config.drrs_max_chunk_bytes)
                       if self.spec.concurrent and ctx.config.drrs_pacing else None)
 
     def on_headroom(self, idle_cores: float) -> None:
@@ -741,8 +742,11 @@ class LiveRescale(RescaleCoordinator):
                 for sub in batch:
                     s.first_start = s.first_start if s.first_start is not None else now
                     started_at[sub.subscale_id] = now
+                chunk = (self.pacer.chunk_bytes if self.pacer is not None
+                         else cfg.drrs_max_chunk_bytes if self.spec.concurrent else 0)
                 calls = [subscale_calls(sub, self._names, self.dep, vertex,
-                                        self.ctx.channel_ids, self.spec, self.ctx.replicas)
+                                        self.ctx.channel_ids, self.spec, self.ctx.replicas,
+                                        chunk)
                          for sub in batch]
                 # both owners know a subscale before any predecessor acts on it
                 yield from self._send(Phase.SUBSCALES, (c for ex, _ in calls for c in ex))
@@ -782,9 +786,11 @@ def _predecessors(dep: Deployment, vertex: str) -> list[tuple[Any, str]]:
 
 def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex: str,
                    ids: ChannelIds, spec: ProtocolSpec,
-                   replicas: Mapping[int, tuple[str, int]]) -> tuple[list[Call], list[Call]]:
+                   replicas: Mapping[int, tuple[str, int]], chunk_bytes: int = 0
+                   ) -> tuple[list[Call], list[Call]]:
     """The calls that start subscale ``sub`` of ``vertex`` (whose tasks are ``names``):
-    first both owners' expectations, then the injection at every predecessor."""
+    first both owners' expectations, then the injection at every predecessor.
+    ``chunk_bytes``: drrs, the state the new owner may have in flight beyond one group."""
     s_name, d_name = names[sub.old], names[sub.new]
     rcid = ids.get(-1 - sub.subscale_id, s_name, d_name)
     preds = _predecessors(dep, vertex)
@@ -793,7 +799,7 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
                          if kg in replicas and replicas[kg][0] == d_name)
     expect = [
         Call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
-                                    spec.trigger, s_name), (s_name,)),
+                                    spec.trigger, s_name, chunk_bytes), (s_name,)),
         Call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
                                     OutputChannel(rcid, d_name, REROUTE_PORT), len(direct),
                                     spec.aligned, spec.block_aligned, with_replica), (d_name,)),

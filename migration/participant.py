@@ -289,6 +289,7 @@ class _Incoming:
     sizes: dict[int, int] = field(default_factory=dict)
     requested: set[int] | None = None  # None until the old owner was triggered
     bytes_in: int = 0
+    chunk_bytes: int = 0  # state that may be in flight beyond one group
 
 
 class NewOwnerRole:
@@ -312,12 +313,12 @@ class NewOwnerRole:
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
                direct_channels: tuple[int, ...], reroute_channel: int,
-               confirm_needed: bool = True, old_owner: str = "") -> None:
+               confirm_needed: bool = True, old_owner: str = "", chunk_bytes: int = 0) -> None:
         if subscale_id in self.subscales:
             return
         self.subscales[subscale_id] = _Incoming(
             subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel,
-            confirm_needed, old_owner)
+            confirm_needed, old_owner, chunk_bytes=chunk_bytes)
         for kg in key_groups:
             self.group_subscale[kg] = subscale_id
 
@@ -330,15 +331,18 @@ class NewOwnerRole:
             inc.sizes = dict(sizes)
 
     def next_pull(self, subscale_id: int) -> int | None:
-        """The group to pull next, or None (not triggered yet, one pull still on its way,
-        or all pulled): the one with the most records set aside, then the smallest state,
-        then the subscale's order. One pull at a time, so the order can follow the records
-        as they arrive."""
+        """The group to pull next, or None (not triggered yet, all pulled, or the pulls on
+        their way hold the subscale's ``chunk_bytes``): the one with the most records set
+        aside, then the smallest state, then the subscale's order. With ``chunk_bytes`` 0
+        one pull at a time, so the order can follow the records as they arrive; otherwise
+        further groups while the state in flight (by the old owner's sizes) stays within
+        ``chunk_bytes`` beyond one group (``migration.pacing``)."""
         inc = self.subscales.get(subscale_id)
-        if inc is None or inc.requested is None or len(inc.requested) > len(inc.state_in):
+        if inc is None or inc.requested is None:
             return None
+        in_flight = [kg for kg in inc.requested if kg not in inc.state_in]
         left = [kg for kg in inc.key_groups if kg not in inc.requested]
-        if not left:
+        if not left or (in_flight and not inc.chunk_bytes):
             return None
         waiting = {kg: 0 for kg in left}
         for (_, kg), recs in self.aside.items():
@@ -346,6 +350,11 @@ class NewOwnerRole:
                 waiting[kg] += len(recs)
         best = min(left, key=lambda kg: (-waiting[kg], inc.sizes.get(kg, 0),
                                          inc.key_groups.index(kg)))
+        if in_flight:
+            flying = sum(inc.sizes.get(kg, 0) for kg in in_flight)
+            if flying - max(inc.sizes.get(kg, 0) for kg in in_flight) \
+                    + inc.sizes.get(best, 0) > inc.chunk_bytes:
+                return None
         inc.requested.add(best)
         return best
 
@@ -462,8 +471,8 @@ class MigrationParticipant:
                 return Ack()
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
                                 reroute_channel=rcid, confirm_needed=confirm_needed,
-                                old_owner=old_owner):
-                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner)
+                                old_owner=old_owner, chunk_bytes=chunk):
+                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner, chunk)
                 if confirm_needed:
                     self.host.add_input(rcid, REROUTE_PORT)
                 return Ack()
@@ -740,10 +749,12 @@ class MigrationParticipant:
             host.check_finish()
 
     def _pull_next(self, sid: int) -> None:
-        """Ask for the next group of the subscale (one at a time)."""
+        """Ask for the next groups of the subscale (one at a time, or as many as its chunk
+        of state in flight allows)."""
         kg = self.new_role.next_pull(sid)
-        if kg is not None:
+        while kg is not None:
             self.host.send_priority(self.new_role.subscales[sid].old_owner, PullState(sid, kg))
+            kg = self.new_role.next_pull(sid)
 
     # ------------------------------------------------------------ replication
     def _refresh_replicas(self, targets: tuple[tuple[int, str, int], ...]) -> ReplicasRefreshed:

@@ -7,7 +7,24 @@ lives in pure classes (``engine.task.TaskCore``, ``migration.participant``,
 every control deadline, ``failures``: Ray's errors as reflow's); the shells move bytes,
 apply commands and wait."""
 
-from engine.runtime.handle import JobHandle, deploy
-from engine.runtime.job_master import NAMESPACE
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.runtime.handle import JobHandle, deploy
+    from engine.runtime.job_master import NAMESPACE
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: a task actor's worker imports engine.runtime.task_actor, which must not pull in
+    # the JobMaster, the handle and the migration coordinator (each new actor pays it)
+    if name in ("JobHandle", "deploy"):
+        from engine.runtime import handle
+
+        return getattr(handle, name)
+    if name == "NAMESPACE":
+        from engine.runtime.job_master import NAMESPACE
+
+        return NAMESPACE
+    raise AttributeError(f"module 'engine.runtime' has no attribute {name!r}")
 
 __all__ = ["NAMESPACE", "JobHandle", "deploy"]

@@ -58,6 +58,7 @@ from engine.reconfiguration import (
 from migration.assignment import requested_strategy
 
 if TYPE_CHECKING:
+    from engine.physical import PhysicalPlan
     from engine.runtime.job_master import JobMaster
 
 log = logging.getLogger("reflow.controllers")
@@ -80,6 +81,37 @@ class _Finished:
     started: float
     ended: float
     by: str
+
+
+def neighbourhoods(plan: PhysicalPlan, per_op: dict[str, list[Any]]) -> list[list[Any]]:
+    """One round's decisions (by operator) in groups that may run at once: operators
+    whose vertices exchange records (directly, or through other vertices decided in the
+    same round) go in one group, in the order decided, since the rescaler refuses a
+    rescale beside a running neighbour's. An operator the plan does not know is a group
+    of its own (refused when carried out, naming it)."""
+    def vertex(op: str) -> str:
+        try:
+            return plan.vertex_of(op).name
+        except KeyError:
+            return op
+
+    parent: dict[str, str] = {}
+
+    def root(v: str) -> str:
+        while parent.setdefault(v, v) != v:
+            v = parent[v]
+        return v
+
+    vertices = {op: vertex(op) for op in per_op}
+    chosen = set(vertices.values())
+    for v in chosen:
+        if v in {x.name for x in plan.vertices}:
+            for n in plan.neighbours(v) & chosen:
+                parent[root(v)] = root(n)
+    groups: dict[str, list[Any]] = {}
+    for op, ds in per_op.items():
+        groups.setdefault(root(vertices[op]), []).extend(ds)
+    return list(groups.values())
 
 
 class ControllerRunner:
@@ -199,7 +231,8 @@ class ControllerRunner:
                 self._record(e.name, d, DecisionOutcome.NO_CHANGE)
             else:
                 per_op.setdefault(d.operator, []).append(d)
-        await asyncio.gather(*(self._run_all(e.name, ds) for ds in per_op.values()))
+        await asyncio.gather(*(self._run_all(e.name, ds)
+                               for ds in neighbourhoods(self.m.dep.plan, per_op)))
 
     async def _run_all(self, controller: str, decisions: Sequence[Any]) -> None:
         for d in decisions:

@@ -15,8 +15,10 @@ stuck task is refused within about ``rescale_timeout_s + control_timeout_s``; ``
 driver's sign that a long rescale advances; a failure after that
 fails the job naming the rescale and its phase; a newer live request for an operator
 supersedes the running one (which finishes its running subscales and starts no more);
-live rescales of different operators may run at once; a stop-restart, and a rescale of
-a source (its partitions handed over), exclude all others.
+live rescales of different operators may run at once unless they exchange records (one
+feeds the other: each coordinator wires its new tasks to the deployment it started from,
+so a neighbour's new or removed tasks would be missed; the later request is refused); a
+stop-restart, and a rescale of a source (its partitions handed over), exclude all others.
 """
 
 from __future__ import annotations
@@ -143,6 +145,20 @@ class Rescaler:
             raise JobRestarted(f"the job restarts during the rescale of {vertex!r}")
         if not m.state.active:
             raise JobFailedError(m.error or f"job {m.job_id} is {m.state}")
+
+    def busy_neighbour(self, vertex: str) -> str | None:
+        """A vertex that exchanges records with ``vertex`` (an input or output edge) and
+        has a rescale running, else None."""
+        near = self.m.dep.plan.neighbours(vertex)
+        return next((v for v in sorted(near) if v in self._coordinators), None)
+
+    def _refuse_beside_neighbour(self, vertex: str) -> None:
+        busy = self.busy_neighbour(vertex)
+        if busy is not None:
+            raise RescaleRefused(
+                f"a rescale of {busy!r}, which exchanges records with {vertex!r}, is running; "
+                f"operators that feed each other rescale one at a time: try again after it",
+                operator=vertex)
 
     @property
     def running_operators(self) -> frozenset[str]:
@@ -280,6 +296,7 @@ class Rescaler:
         m = self.m
         req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
         if PROTOCOLS[req.protocol].live and not m.dep.plan.vertex(req.operator).is_source:
+            self._refuse_beside_neighbour(req.operator)  # before superseding anything
             running = self._coordinators.get(req.operator)
             if running is not None:
                 running.supersede()
@@ -381,6 +398,7 @@ class Rescaler:
     # -- the executor
     async def _execute(self, req: RescaleRequest) -> RescaleReport:
         m, vertex = self.m, req.operator
+        self._refuse_beside_neighbour(vertex)
         ctx = RescaleContext(
             m.job_id, m.dep, m.config, m.ids, m.subscale_ids, m.replicas.of(vertex),
             vertex in m.replicas.policies, self._max_subscales(), frozenset(m.finished))

@@ -749,6 +749,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="JobConfig(drrs_subscale_size=n): key groups per subscale")
     ap.add_argument("--subscale-bytes", type=int, default=JobConfig.drrs_subscale_bytes,
                     help="JobConfig(drrs_subscale_bytes=n): state per subscale (0: no budget)")
+    ap.add_argument("--max-chunk-bytes", type=int, default=JobConfig.drrs_max_chunk_bytes,
+                    help="JobConfig(drrs_max_chunk_bytes=n): state a drrs new owner may have "
+                         "in flight beyond one group when the machine has idle cores "
+                         "(0: one group at a time)")
     ap.add_argument("--overhead", dest="overhead", action="store_true", default=True,
                     help="measure the steady-state overhead (default: on)")
     ap.add_argument("--no-overhead", dest="overhead", action="store_false")
@@ -792,7 +796,8 @@ def job_config(args: argparse.Namespace) -> JobConfig:
                      drrs_max_subscales_per_task=args.max_subscales,
                      drrs_max_subscales=args.max_subscales_total,
                      drrs_subscale_size=args.subscale_size,
-                     drrs_subscale_bytes=args.subscale_bytes or None)
+                     drrs_subscale_bytes=args.subscale_bytes or None,
+                     drrs_max_chunk_bytes=args.max_chunk_bytes)
 
 
 def main(argv: list[str] | None = None) -> int:

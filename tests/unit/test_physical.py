@@ -168,6 +168,35 @@ def test_initial_deployment_names_tasks_and_assigns_key_groups_uniformly():
     assert task_name("j", "v", 4, 7) == "j/v/4/g7"
 
 
+def test_a_rescale_that_started_earlier_never_sets_the_generation_back():
+    """Two vertices rescale at once, each coordinator from the deployment it started with.
+    The source's started at generation 0; meanwhile 'sum' scaled out (g1), in, and out
+    again (g2), then in. The source's update (generation 1) must not set the job back to
+    1, or the next scale-out of 'sum' would name its new task 'sum/2/g2' again: the name
+    of a task that existed and was removed (a KeyError on that name in the JobMaster)."""
+    plan = running_sum_plan(src_p=1, sum_p=2, out_p=1)
+    start = initial_deployment(plan, "j")
+    dep = start
+    seen: set[str] = set(dep.task_names())
+    for step, p in enumerate((3, 2, 3, 2)):
+        tasks = dep.tasks["sum"]
+        gen = dep.generation + 1 if p > len(tasks) else None
+        if gen is not None:
+            tasks = (*tasks, *(task_name("j", "sum", i, gen) for i in range(len(tasks), p)))
+        else:
+            tasks = tasks[:p]
+        dep = dep.with_vertex("sum", tasks, uniform_assignment(16, p), gen)
+        seen.update(dep.task_names())
+        assert dep.generation == (1 if step < 2 else 2)
+    # the source's coordinator, started from ``start``, deploys its new task at g1
+    src_gen = start.generation + 1
+    dep = dep.with_vertex("src", (*start.tasks["src"], task_name("j", "src", 1, src_gen)),
+                          None, src_gen)
+    assert dep.generation == 2
+    new = task_name("j", "sum", 2, dep.generation + 1)
+    assert new not in seen
+
+
 def test_deployment_validates_task_counts_and_assignments():
     plan = running_sum_plan(src_p=1, sum_p=2, out_p=1)
     dep = initial_deployment(plan, "j")

@@ -35,9 +35,12 @@ partitions):
   of every lane's resume state tells the bridge which chunks of the replayed micro-batch
   reflow had emitted (dropped as duplicates) or emitted in part (the rest is delivered).
   Puts wait until every lane has had its reader, so no replayed chunk slips in before the
-  states are known. What this cannot give: rows of micro-batches Spark committed (it
-  commits one once reflow's readers took all of it) and reflow emitted only after the
-  checkpoint it restores from; Spark does not replay those. A restore onto a bridge that
+  states are known. Rows of micro-batches Spark committed (it commits one once reflow's
+  readers took all of it) and reflow emitted only after the checkpoint it restores from
+  are not replayed by Spark: in a job that checkpoints every chunk is in the **spool**
+  (``engine.spark.spool``) before a reader can take it, until a complete checkpoint covers
+  it, and the new bridge of a restored job loads the spool into its lanes with their lane
+  numbering (a replay of a spooled chunk is a duplicate). A restore onto a bridge that
   already dropped chunks after a resume state fails the reader saying so, rather than
   skip them.
 
@@ -68,6 +71,7 @@ from engine.sources import (
     parse_indexed,
 )
 from engine.spark.schema import ColumnSchema, parse_schema
+from engine.spark.spool import ChunkSpool
 
 NAMESPACE = "reflow"
 log = logging.getLogger(__name__)
@@ -104,7 +108,7 @@ class _Lane:
     emitted by reflow and is gone; ``sent`` is the newest seq handed to a reader (the
     chunks after it count against the lane's room)."""
 
-    __slots__ = ("chunks", "next_seq", "trimmed", "sent", "read")
+    __slots__ = ("chunks", "next_seq", "trimmed", "sent", "read", "spooled")
 
     def __init__(self) -> None:
         self.chunks: deque[list[Any]] = deque()
@@ -112,6 +116,7 @@ class _Lane:
         self.trimmed = 0
         self.sent = 0
         self.read = False  # a reader has asked for it (it may adopt a resume state's seq)
+        self.spooled = False  # its chunks were loaded from the spool: their seqs are kept
 
     def waiting(self) -> int:
         return sum(1 for c in self.chunks if c[0] > self.sent)
@@ -132,10 +137,13 @@ class BridgeActor:
         self.ended = False
         self.failed: str | None = None
         self.cond: asyncio.Condition | None = None
+        # the spool (engine.spark.spool): on when the job checkpoints (its readers say so)
+        self.spool = ChunkSpool(cfg["spool_dir"]) if cfg.get("spool_dir") else None
+        self.spooling = False
         self.stats = {"rows_in": 0, "chunks_in": 0, "rows_taken": 0, "dead_letters": 0,
                       "duplicate_chunks": 0, "duplicate_rows": 0, "batches": 0,
                       "readers": 0, "last_batch_id": -1, "chunks_taken": 0,
-                      "wait_ms_sum": 0, "wait_ms_max": 0}
+                      "wait_ms_sum": 0, "wait_ms_max": 0, "spool_chunks_loaded": 0}
 
     def _cond(self) -> asyncio.Condition:
         if self.cond is None:
@@ -192,19 +200,30 @@ class BridgeActor:
                     break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(cond.wait(), 1.0)
-            st.accepted[(batch, part)] = taken + 1
-            self.stats["dead_letters"] += bad
-            self.stats["chunks_in"] += 1
-            self.stats["last_batch_id"] = max(self.stats["last_batch_id"], batch)
             if rows:
-                lane = self.lanes[self._room()]  # type: ignore[index]
-                skip = st.partial.pop((batch, part, seq), 0)
-                lane.chunks.append([lane.next_seq, stream, batch, part, seq, rows, skip, put_ms,
-                                    ipc, False])
+                index = self._room()
+                assert index is not None
+                lane = self.lanes[index]
+                skip = st.partial.get((batch, part, seq), 0)
+                entry = [lane.next_seq, stream, batch, part, seq, rows, skip, put_ms, ipc]
+                if self.spooling:  # durable before a reader can have it (or Spark commits)
+                    assert self.spool is not None
+                    try:
+                        self.spool.write(index, len(self.lanes), entry)
+                    except OSError as exc:
+                        raise BridgeError(f"bridge {self.cfg['name']}: cannot write chunk to "
+                                          f"the spool {self.spool.directory!r}: {exc}; give "
+                                          "the SparkSource a writable spool_dir") from None
+                st.partial.pop((batch, part, seq), None)
+                lane.chunks.append([*entry, False])
                 lane.next_seq += 1
                 key = (stream, batch, part)
                 self.outstanding[key] = self.outstanding.get(key, 0) + 1
                 self.stats["rows_in"] += rows
+            st.accepted[(batch, part)] = taken + 1
+            self.stats["dead_letters"] += bad
+            self.stats["chunks_in"] += 1
+            self.stats["last_batch_id"] = max(self.stats["last_batch_id"], batch)
             cond.notify_all()
             return "ok"
 
@@ -241,7 +260,7 @@ class BridgeActor:
         what reflow had emitted of the newest Spark batches is where dedupe starts."""
         lane.read = True
         self.stats["readers"] += 1
-        if after > lane.trimmed:
+        if after > lane.trimmed and not lane.spooled:
             shift = after - lane.trimmed
             for c in lane.chunks:
                 c[0] += shift
@@ -249,31 +268,79 @@ class BridgeActor:
             lane.trimmed = after
             lane.sent = max(lane.sent + shift, after)
         for stream, batch, part, chunk, done, rows in taken or ():
-            st = self.streams.setdefault(stream, _Stream())
-            if batch < st.newest:
+            st = self._newest(stream, batch)
+            if st is None:
                 continue
-            if batch > st.newest:
-                st.newest, st.accepted = batch, {}
-                st.ingested = {k for k in st.ingested if k[0] == batch}
-                st.partial = {k: v for k, v in st.partial.items() if k[0] == batch}
             if done >= rows:
                 st.ingested.add((batch, part, chunk))
             elif done > 0:
                 st.partial[(batch, part, chunk)] = done
 
+    def _newest(self, stream: str, batch: int) -> _Stream | None:
+        """The stream's dedupe state after seeing Spark batch ``batch`` outside a put (a
+        resume state, the spool); None when ``batch`` is older than its newest."""
+        st = self.streams.setdefault(stream, _Stream())
+        if batch < st.newest:
+            return None
+        if batch > st.newest:
+            st.newest, st.accepted = batch, {}
+            st.ingested = {k for k in st.ingested if k[0] == batch}
+            st.partial = {k: v for k, v in st.partial.items() if k[0] == batch}
+        return st
+
+    def _open_lanes(self, lanes: int, resumed: bool, spool: bool) -> None:
+        """The first reader connected: make the lanes. In a job that checkpoints
+        (``spool``) the spool is on; a restore (``resumed``) reloads it (what Spark
+        committed after the restored checkpoint), a fresh start clears it."""
+        self.lanes = [_Lane() for _ in range(lanes)]
+        self.spooling = self.spool is not None and spool
+        if not self.spooling:
+            return
+        assert self.spool is not None
+        if not resumed:
+            self.spool.clear()
+            return
+        for i, lane in enumerate(self.lanes):
+            for seq, stream, batch, part, chunk, rows, skip, put_ms, ipc in self.spool.load(
+                    i, lanes):
+                if lane.chunks and seq != lane.next_seq:
+                    raise BridgeError(f"bridge {self.cfg['name']}: the spool "
+                                      f"{self.spool.directory!r} misses chunks of lane {i} "
+                                      f"before {seq}; it was changed by hand")
+                if not lane.chunks:
+                    lane.trimmed = lane.sent = seq - 1
+                lane.chunks.append([seq, stream, batch, part, chunk, rows, skip, put_ms, ipc,
+                                    False])
+                lane.next_seq = seq + 1
+                lane.spooled = True
+                st = self._newest(stream, batch)
+                if st is not None:  # a replay of it is a duplicate
+                    st.accepted[(batch, part)] = max(st.accepted.get((batch, part), 0),
+                                                     chunk + 1)
+                self.stats["spool_chunks_loaded"] += 1
+
     async def get(self, lane_index: int, lanes: int, after: int, consumed: int,
-                  max_chunks: int, taken: Any = None) -> bytes:
+                  max_chunks: int, taken: Any = None, resumed: bool = False,
+                  spool: bool = False) -> bytes:
         """Chunks of lane ``lane_index`` (of ``lanes``) after lane seq ``after``, once the
         reader has emitted every chunk up to ``consumed`` (those go):
         ``["data", [[seq, stream, batch, part, chunk, rows, skip, put_ms, ipc], ...]]``,
         ``["end"]`` once input ended and nothing is left after ``after``, ``["failed",
         msg]``, or ``["gone", msg]`` when chunks after ``after`` were dropped already.
         Chunks stay in the lane until emitted, so a lane moved to another reader (a source
-        rescale) is read on from where its last reader's resume state says."""
+        rescale) is read on from where its last reader's resume state says. ``resumed``:
+        the reader starts from a resume state; ``spool``: the job checkpoints (the first
+        reader's say decides, see ``_open_lanes``)."""
         cond = self._cond()
         async with cond:
             if not self.lanes:
-                self.lanes = [_Lane() for _ in range(lanes)]
+                try:
+                    self._open_lanes(lanes, resumed, spool)
+                except (OSError, ValueError) as exc:
+                    return pack_exact(["failed", f"bridge {self.cfg['name']}: cannot read "
+                                                 f"its spool: {exc}"])
+                except BridgeError as exc:
+                    return pack_exact(["failed", str(exc)])
                 cond.notify_all()
             elif lanes != len(self.lanes) or not 0 <= lane_index < lanes:
                 return pack_exact(["failed", (
@@ -290,7 +357,9 @@ class BridgeActor:
                     "keeps chunks until emitted, so a reflow restore onto a running Spark query "
                     "needs that query restarted from its checkpoint too")])
             while lane.chunks and lane.chunks[0][0] <= consumed:
-                lane.chunks.popleft()
+                gone = lane.chunks.popleft()
+                if self.spooling:
+                    self.spool.drop(lane_index, lanes, gone[0])  # type: ignore[union-attr]
             lane.trimmed = max(lane.trimmed, min(consumed, after))
             while not any(c[0] > after for c in lane.chunks) and self.failed is None \
                     and not self.ended:
@@ -314,11 +383,11 @@ class BridgeActor:
                     st["wait_ms_max"] = max(st["wait_ms_max"], wait)
                     st["rows_taken"] += rows
                     key = (stream, batch, part)
-                    left = self.outstanding[key] - 1
-                    if left:
+                    left = self.outstanding.get(key, 0) - 1  # none: loaded from the spool
+                    if left > 0:
                         self.outstanding[key] = left
                     else:
-                        del self.outstanding[key]
+                        self.outstanding.pop(key, None)
                 out.append([seq, stream, batch, part, chunk, rows, skip, put_ms, ipc])
                 lane.sent = max(lane.sent, seq)
             cond.notify_all()
@@ -348,6 +417,8 @@ class BridgeActor:
         s["failed"] = self.failed or ""
         s["wait_ms_mean"] = (round(s["wait_ms_sum"] / s["chunks_taken"], 1)
                              if s["chunks_taken"] else None)
+        s["spooling"] = self.spooling
+        s["spool_chunks"], s["spool_bytes"] = self.spool.size() if self.spooling else (0, 0)
         return pack_exact(s)
 
 
@@ -503,6 +574,13 @@ class SparkSource(Source):
       yet handed to its reader, plus those handed and not yet emitted (so the bridge
       buffers about ``partitions * (queue_chunks + 10) * chunk_rows`` rows at most), and
       in a job that checkpoints those emitted since the last complete checkpoint.
+    * ``spool_dir``: in a job that checkpoints, every chunk is written here (one file per
+      chunk, ``engine.spark.spool``) before a reader can take it, and deleted once a
+      complete checkpoint covers it; a restore in a new process (new bridge, the Spark
+      query restarted from its checkpoint) reads from it what Spark committed after the
+      restored checkpoint. None: ``<temp dir>/reflow-spark-spool/<name>``, so give the
+      source a ``name`` that stays the same across restarts. A fresh (not restored) start
+      clears it.
     * ``columnar=True``: the Arrow batches Spark handed over go on as column batches
       (``engine.columnar``; no per-row conversion), timestamps as int64 ms and dates as
       int32 days as on the rows path; per-record operators after it get dict rows
@@ -526,6 +604,7 @@ class SparkSource(Source):
         connect_timeout_s: float = 300.0,
         columnar: bool = False,
         partitions: int | None = None,
+        spool_dir: str | None = None,
     ) -> None:
         self.schema: ColumnSchema = parse_schema(schema)
         self.columnar = bool(columnar)
@@ -547,6 +626,8 @@ class SparkSource(Source):
         self.chunk_rows = int(chunk_rows)
         self.queue_chunks = int(queue_chunks)
         self.connect_timeout_s = float(connect_timeout_s)
+        self.spool_dir = os.path.abspath(spool_dir or os.path.join(
+            tempfile.gettempdir(), "reflow-spark-spool", _safe(self.name)))
         self._actor: Any = None
 
     # -- driver side
@@ -555,6 +636,7 @@ class SparkSource(Source):
             "name": self.bridge_name, "source": self.name, "schema": self.schema.ddl(),
             "chunk_rows": self.chunk_rows, "queue_chunks": self.queue_chunks,
             "dead_letter_dir": self.dead_letter_dir, "connect_timeout_s": self.connect_timeout_s,
+            "spool_dir": self.spool_dir,
         })
 
     def start(self) -> Any:
@@ -676,6 +758,7 @@ class _BridgeReader(SourceReader):
             (t[0], int(t[1]), int(t[2]), int(t[3])): [int(t[4]), int(t[5])]
             for t in state["taken"]}
         self._register: Any = list(state["taken"])  # sent with the first get only
+        self._resumed = resume is not None
         self._after = self._done  # newest lane seq fetched
         # the job checkpoints: the lane keeps chunks up to the last complete checkpoint's
         # seq (a recovery reopens the lane there), not only up to what was emitted
@@ -698,7 +781,8 @@ class _BridgeReader(SourceReader):
                 return
         consumed = self._committed if self._retain else self._done
         self._fut = self._actor.get.remote(self._lane, self._lanes, self._after, consumed,
-                                           self.MAX_CHUNKS, self._register).future()
+                                           self.MAX_CHUNKS, self._register, self._resumed,
+                                           self._retain).future()
         self._register = None
 
     def _take(self) -> None:

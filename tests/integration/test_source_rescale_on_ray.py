@@ -165,6 +165,20 @@ def test_a_source_rebalance_is_refused_and_the_job_goes_on(ray_cluster):
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
 
 
+def stopped_with_savepoint(records: list[Any], sink: TestingSink, config: JobConfig,
+                           after: int, location: str, partitions: int = PARTITIONS) -> str:
+    """Run the sum job at 2 source tasks, held at record ``after``, and stop it there with
+    a savepoint into ``location``; returns its path."""
+    held = SourceGate(after=after)
+    h = source_job("sum", records, 2, sink, [held], config, partitions=partitions).run()
+    try:
+        held.wait_reached()
+        return h.stop(savepoint=location)
+    finally:
+        held.open()
+        h.stop()
+
+
 def test_a_source_is_restored_from_a_savepoint_at_another_parallelism(ray_cluster, tmp_path):
     """Stop with a savepoint at 2 source tasks, restore at 5: the 8 partitions' resume
     states go to the tasks that now read them (j % 5 == i), nothing read twice or lost."""
@@ -172,14 +186,8 @@ def test_a_source_is_restored_from_a_savepoint_at_another_parallelism(ray_cluste
     sink = TestingSink(str(tmp_path / "out"))  # exactly-once: the job checkpoints
     cfg = dataclasses.replace(SMALL, checkpoint_interval_s=0.5,
                               checkpoint_dir=str(tmp_path / "chk"))
-    held, later = SourceGate(after=2500), SourceGate(after=4000)
-    h = source_job("sum", records, 2, sink, [held], cfg).run()
-    try:
-        held.wait_reached()
-        path = h.stop(savepoint=str(tmp_path / "sp"))
-    finally:
-        held.open()
-        h.stop()
+    later = SourceGate(after=4000)
+    path = stopped_with_savepoint(records, sink, cfg, 2500, str(tmp_path / "sp"))
     # every partition stopped exactly at the gate, and the stop committed all before it
     assert per_key(sink.results()) == per_key(running_sum_reference(records[:2500]))
     h2 = source_job("sum", records, 5, sink, [later], cfg).run(restore_from=path)
@@ -204,14 +212,8 @@ def test_a_source_restored_at_more_tasks_than_partitions_has_idle_tasks(ray_clus
     sink = TestingSink(str(tmp_path / "out"))
     cfg = dataclasses.replace(SMALL, checkpoint_interval_s=0.3,
                               checkpoint_dir=str(tmp_path / "chk"))
-    held, later = SourceGate(after=2000), SourceGate(after=3500)
-    h = source_job("sum", records, 2, sink, [held], cfg, partitions=2).run()
-    try:
-        held.wait_reached()
-        path = h.stop(savepoint=str(tmp_path / "sp"))
-    finally:
-        held.open()
-        h.stop()
+    later = SourceGate(after=3500)
+    path = stopped_with_savepoint(records, sink, cfg, 2000, str(tmp_path / "sp"), partitions=2)
     h2 = source_job("sum", records, 4, sink, [later], cfg, partitions=2).run(restore_from=path)
     try:
         later.wait_reached()

@@ -8,6 +8,7 @@ failures crossing in both directions. Code shipped to workers lives in engine/sp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -15,6 +16,7 @@ import shutil
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -225,6 +227,75 @@ def test_a_spark_fed_job_that_checkpoints_recovers_a_killed_task_exactly(spark, 
         link.stop_feeds()
         st_ = handle.wait(180)
     assert st_.restarts >= 1, "no restart: the kill tested nothing"
+    want = Counter((r["word"], r["count"]) for r in spark_reference(spark, inp).collect())
+    assert Counter(sink.results()) == want, "running counts lost or twice"
+
+
+def _batch_ids(checkpoint: str, sub: str) -> set[str]:
+    d = os.path.join(checkpoint, sub)
+    return {n for n in os.listdir(d) if n.isdigit()} if os.path.isdir(d) else set()
+
+
+def _spark_committed_everything(checkpoint: str, batches: int = 0) -> bool:
+    """Every micro-batch the query planned (``offsets/<id>``) is committed
+    (``commits/<id>``), at least ``batches`` of them: Spark will not send them again."""
+    planned = _batch_ids(checkpoint, "offsets")
+    return len(planned) >= max(1, batches) and planned <= _batch_ids(checkpoint, "commits")
+
+
+def test_a_spark_fed_job_restored_in_a_new_process_loses_no_committed_rows(spark, tmp_path):
+    """The driver's process ends (job, bridge and Spark query gone at once) after Spark
+    committed micro-batches whose rows reflow took after its restore point; a new bridge,
+    the query started again from its checkpoint and ``job.run(restore_from=...)`` give
+    running counts equal to Spark's batch reference: the rows Spark will not send again
+    come from the bridge's spool (nothing lost), the rest from Spark (nothing twice)."""
+    import dataclasses
+
+    import ray
+
+    inp, spool, query_ckpt = (str(tmp_path / n) for n in ("in", "spool", "ckpt-in"))
+    write_files(inp, range(0, 2), 300, seed=13)
+    sink = TestingSink(str(tmp_path / "out"))  # exactly-once: the job checkpoints
+    # checkpoints on (the spool with them), none periodic within the test: the savepoint
+    # is the restore point, so the rows after it are surely past it
+    cfg = dataclasses.replace(CFG, checkpoint_interval_s=3600,
+                              checkpoint_dir=str(tmp_path / "chk"))
+    name = f"restart-{time.time_ns()}"
+
+    def start(restore_from: str | None = None) -> tuple[SparkSource, Any, SparkLink]:
+        src = SparkSource("line STRING NOT NULL", name=name, chunk_rows=50, queue_chunks=2,
+                          partitions=2, spool_dir=spool)
+        job = StreamJob("wc-restart", parallelism=2, config=cfg)
+        build_wordcount(job, src, sink, source_parallelism=2)
+        handle = job.run(restore_from=restore_from)
+        link = SparkLink(spark, handle, poll_interval_s=0.1)
+        link.feed(src, lines_df(spark, inp), trigger={"processingTime": "200 milliseconds"},
+                  checkpoint=query_ckpt)
+        return src, handle, link
+
+    src, handle, link = start()
+    try:
+        wait_for(lambda: src.stats()["rows_taken"] == 600, what="the first files taken")
+        savepoint = handle.savepoint(str(tmp_path / "sp"))
+        write_files(inp, range(2, 4), 300, seed=13)
+        wait_for(lambda: src.stats()["rows_taken"] == 1200, what="rows after the savepoint")
+        wait_for(lambda: _spark_committed_everything(query_ckpt),
+                 what="Spark committing the batches after the savepoint")
+        assert src.stats()["spool_chunks"] >= 600 // 50, "rows past the savepoint not spooled"
+    finally:  # the process ends: no savepoint, no drain, no commit
+        link.close(stop_job=False)  # the queries and the bridge actors
+        with contextlib.suppress(Exception):
+            ray.kill(handle._master)  # its task actors go with it
+    write_files(inp, range(4, 6), 300, seed=13)
+    src, handle, link = start(restore_from=savepoint)
+    with link:  # one micro-batch per file: Spark commits one once reflow took all of it
+        wait_for(lambda: _spark_committed_everything(query_ckpt, batches=6), timeout=180,
+                 what="Spark committing the new files")
+        link.stop_feeds()
+        st_ = handle.wait(180)
+        loaded = src.stats()["spool_chunks_loaded"]
+    assert st_.state == "finished" and st_.checkpoints.restored_from == savepoint, st_
+    assert loaded >= 600 // 50, "nothing read from the spool"
     want = Counter((r["word"], r["count"]) for r in spark_reference(spark, inp).collect())
     assert Counter(sink.results()) == want, "running counts lost or twice"
 

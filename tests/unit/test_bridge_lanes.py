@@ -238,3 +238,81 @@ def test_lanes_are_partitions_any_task_can_read(loop):
         src.open_partition("0-of-4", [3, 10], ManualClock())
     with pytest.raises(ValueError, match="partitions must be an int"):
         SparkSource("v BIGINT NOT NULL", partitions=0)
+
+
+def spooled_bridge(loop: Loop, spool: str) -> BridgeActor:
+    cfg = {"name": "spark-bridge/t", "source": "t", "schema": "v BIGINT NOT NULL",
+           "chunk_rows": ROWS, "queue_chunks": 16, "dead_letter_dir": "/tmp",
+           "connect_timeout_s": 5.0, "spool_dir": spool}
+    return BridgeActor(pack_exact(cfg))
+
+
+def test_a_restore_in_a_new_process_reads_what_spark_committed_from_the_spool(loop,
+                                                                             tmp_path):
+    """Driver, bridge and Spark query all gone after reflow emitted rows past its last
+    complete checkpoint, of micro-batches Spark had committed (it never sends them again)
+    and of one it had not: the new bridge reads the spool, the restored reader goes on
+    from the checkpoint, Spark's replay of the uncommitted batch is dropped where spooled,
+    and the rows are exactly once. Without the spool the committed rows are lost."""
+    spool = str(tmp_path / "spool")
+    src = SparkSource("v BIGINT NOT NULL", name="t", partitions=1)
+    first = spooled_bridge(loop, spool)
+    r = reader(src, loop, first, 0, 1)
+    r.retain_until_committed()  # the job checkpoints
+    connect([r])
+    for c in range(3):
+        put(loop, first, 0, 0, c)  # micro-batch 0
+    before = poll_some(r, loop, 3, max_records=8)  # chunk 0 and 8 rows of chunk 1
+    checkpoint = unpack_exact(pack_exact(r.offset()))
+    r.committed(checkpoint)  # the last checkpoint that completes
+    after = poll_some(r, loop, 20)  # the rest of batch 0: Spark commits it
+    for c in range(2):
+        put(loop, first, 1, 0, c)  # micro-batch 1, chunk 2 still to come: not committed
+    after += poll_some(r, loop, 20)
+    assert before + after == list(range(30)) + list(range(1000, 1020))
+    assert unpack_exact(first.get_stats())["spool_chunks"] == 4, "chunk 0 was covered"
+    # the process ends; a new one: new bridge on the same spool, the restored reader
+    second = spooled_bridge(loop, spool)
+    restored = reader(src, loop, second, 0, 1, checkpoint)
+    restored.retain_until_committed()
+    replay = restored.poll(5).values  # the spool's chunks are there at once
+    assert replay == [18, 19], "the rest of the chunk emitted in part"
+    assert [put(loop, second, 1, 0, c) for c in range(3)] == ["dup", "dup", "ok"]
+    loop.run(second.end_input())
+    replay += poll_some(restored, loop, 40)
+    assert restored.poll(5) is None
+    assert before + replay == list(range(30)) + list(range(1000, 1030)), (
+        "from the checkpoint on: nothing lost, nothing twice")
+    assert unpack_exact(second.get_stats())["spool_chunks_loaded"] == 4
+
+
+def test_the_spool_keeps_what_no_checkpoint_covers_and_a_fresh_start_clears_it(loop,
+                                                                               tmp_path):
+    from engine.spark.spool import ChunkSpool
+
+    spool = str(tmp_path / "spool")
+    src = SparkSource("v BIGINT NOT NULL", name="t", partitions=1)
+    actor = spooled_bridge(loop, spool)
+    r = reader(src, loop, actor, 0, 1)
+    r.retain_until_committed()
+    connect([r])
+    for c in range(4):
+        put(loop, actor, 0, 0, c)
+    poll_some(r, loop, 20)
+    assert ChunkSpool(spool).size()[0] == 4
+    r.committed(r.offset())  # a checkpoint covers all four: the next get drops them
+    put(loop, actor, 1, 0, 0)
+    poll_some(r, loop, 3)
+    assert ChunkSpool(spool).size()[0] == 1
+    fresh = spooled_bridge(loop, spool)  # a new job of the source, not a restore
+    again = reader(src, loop, fresh, 0, 1)
+    again.retain_until_committed()
+    connect([again])
+    assert ChunkSpool(spool).size() == (0, 0)
+    # a job without checkpoints spools nothing
+    plain = spooled_bridge(loop, spool)
+    p = reader(src, loop, plain, 0, 1)
+    connect([p])
+    put(loop, plain, 0, 0, 0)
+    assert unpack_exact(plain.get_stats())["spooling"] is False
+    assert ChunkSpool(spool).size() == (0, 0)

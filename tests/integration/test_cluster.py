@@ -288,6 +288,14 @@ def test_the_cli_reaches_a_running_job_by_name_from_another_process(tmp_path):
         assert "no running job 'no-such-job'" in missing.stderr and entry["job"] in missing.stderr
         refused = _cli("rescale", "by-name", "nosuch", "2", env=env)
         assert refused.returncode == 1 and "RescaleRefused" in refused.stderr
+    except AssertionError as exc:  # with what the driver said (its job may have ended)
+        gate.open()
+        try:
+            said = driver.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            driver.kill()
+            said = driver.communicate()[0]
+        raise AssertionError(f"{exc}\n--- the driver's output:\n{said[-4000:]}") from exc
     finally:
         gate.open()
     out, _ = driver.communicate(timeout=300)

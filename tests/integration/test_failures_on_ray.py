@@ -214,8 +214,12 @@ class FailingSource(Source):
 
 
 class FailingSink(Sink):
+    """Only task 0 fails, so the error names one task whichever task opens first."""
+
     def open(self, task_index: int, parallelism: int, clock: Any) -> Any:
-        raise PermissionError("read-only bucket")
+        if task_index == 0:
+            raise PermissionError("read-only bucket")
+        return TestingSink().open(task_index, parallelism, clock)
 
 
 @pytest.mark.parametrize("where", ["function", "source", "sink"])

@@ -190,7 +190,6 @@ def test_invalid_rescale_requests_are_refused_and_job_untouched(ray_cluster):
         (("nope", 2), "no operator 'nope'"),
         (("sum", 0), "must be an integer >= 1"),
         (("sum", 33), "exceeds the number of key groups"),
-        (("src", 2), "source"),
         (("out", 2), "chained behind 'sum'"),
     ]
 
@@ -200,6 +199,9 @@ def test_invalid_rescale_requests_are_refused_and_job_untouched(ray_cluster):
                 h.rescale(*args)
         with pytest.raises(RescaleRefused, match="unknown protocol"):
             h.rescale("sum", 3, protocol="teleport")
+        # a source has partitions, not key groups (more tasks than partitions is allowed)
+        with pytest.raises(RescaleRefused, match="is a source"):
+            h.rebalance("src", [0] * 32)
         assert h.metrics().rescales == ()  # nothing started
         assert len(h.metrics().operator("sum")) == 2
 

@@ -104,10 +104,9 @@ def neighbourhoods(plan: PhysicalPlan, per_op: dict[str, list[Any]]) -> list[lis
 
     vertices = {op: vertex(op) for op in per_op}
     chosen = set(vertices.values())
-    for v in chosen:
-        if v in {x.name for x in plan.vertices}:
-            for n in plan.neighbours(v) & chosen:
-                parent[root(v)] = root(n)
+    for v in chosen:  # an unknown name has no edges, so no neighbours
+        for n in plan.neighbours(v) & chosen:
+            parent[root(v)] = root(n)
     groups: dict[str, list[Any]] = {}
     for op, ds in per_op.items():
         groups.setdefault(root(vertices[op]), []).extend(ds)

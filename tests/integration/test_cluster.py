@@ -246,8 +246,12 @@ def test_the_cli_reaches_a_running_job_by_name_from_another_process(tmp_path):
     through its address file, rescale it live with a progress bar, and the job's results
     stay exact."""
     gate = SourceGate(1000, str(tmp_path / "gate"))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(REFLOW_JOBS_DIR=str(tmp_path / "jobs"), PYTHONPATH=str(ROOT))
+    # RAY_ADDRESS=local: the driver starts its own Ray even while another test process's
+    # cluster is recorded in /tmp/ray (ray.cluster_utils.Cluster records its head as
+    # `ray start` does, and Ray's rule is then to join it); the CLI calls treat "local" as
+    # no address and find the job through its address file
+    env = dict(os.environ, RAY_ADDRESS="local", REFLOW_JOBS_DIR=str(tmp_path / "jobs"),
+               PYTHONPATH=str(ROOT))
     driver = subprocess.Popen(
         [sys.executable, "-m", "engine.cli", "run", "tests/cli_job.py", "--records", "4000",
          "--gate", gate.directory, "--name", "by-name"],

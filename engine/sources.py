@@ -368,11 +368,17 @@ class GeneratorSource(Source):
     * Keys are ints in ``[0, num_keys)``, ``"uniform"`` or bounded ``"zipf"`` (key k has
       weight ``1 / (k + 1) ** zipf_exponent``, so key 0 is the hottest).
     * ``seq`` is the record's index in its partition's sequence.
-    * Open loop: record m of a partition is due at ``t0 + (m - resume) / (rate / n)`` where
-      t0 is ``clock.now()`` when the reader is opened at ``resume``, and its timestamp is
-      that scheduled time in ms, so time spent waiting for a slow engine counts as latency.
-      At full speed, timestamps are the poll time.
-    * Resume state: the number of records the partition has emitted (an int).
+    * Open loop: record m of a partition is due at ``t0 + m / (rate / n)`` where t0 is
+      ``clock.now()`` when the partition was first opened, and its timestamp is that
+      scheduled time in ms, so time spent waiting for a slow engine counts as latency. A
+      partition reopened from its resume state (a restore, a stop-restart rescale, a
+      partition moved to another task) keeps its t0: records that fell due while no task
+      read it are due at once, as events keep arriving in a log while a job is down, so the
+      outage shows in their latency. At full speed, timestamps are the poll time.
+    * Resume state: at full speed the number of records the partition has emitted (an
+      int); with a rate ``[records emitted, t0 in epoch ms]``. A bare int with a rate
+      (written before t0 was kept) restarts the schedule at the open: record ``resume`` is
+      due then.
     * ``columnar=True``: batches of columns ``key`` and ``seq`` (int64; an
       ``engine.columnar.ColumnBatch``, whose records are dict rows ``{"key": k, "seq": s}``)
       instead of tuples; the same keys in the same order. Not with ``state_bytes_per_key``.
@@ -457,16 +463,35 @@ class GeneratorSource(Source):
 
     def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
         index, count = parse_indexed(partition, "GeneratorSource")
-        pos = 0 if resume is None else resume
-        if not _is_int(pos) or pos < 0:
-            raise ValueError(f"GeneratorSource resume state must be an int >= 0 (records "
-                             f"emitted); got {resume!r}")
-        return _GeneratorReader(self, index, count, int(pos), clock)
+        pos, origin_ms = scheduled_resume(resume, "GeneratorSource")
+        return _GeneratorReader(self, index, count, pos, origin_ms, clock)
+
+
+def scheduled_resume(resume: Any, source: str) -> tuple[int, float | None]:
+    """(records emitted, t0 in epoch ms or None) of an open-loop source's resume state:
+    None (a fresh partition), an int (records emitted) or ``[records emitted, t0]``
+    (msgpack turns the pair into a list; a tuple is accepted too). Raises ``ValueError``
+    naming ``source`` for anything else."""
+    import math
+
+    if resume is None:
+        return 0, None
+    pos: Any = resume
+    origin: Any = None
+    if isinstance(resume, list | tuple) and len(resume) == 2:
+        pos, origin = resume
+    if (not _is_int(pos) or pos < 0 or (origin is not None and not (
+            isinstance(origin, int | float) and not isinstance(origin, bool)
+            and math.isfinite(origin)))):
+        raise ValueError(f"{source} resume state must be an int >= 0 (records emitted) or "
+                         f"[records emitted, schedule start in epoch ms]; got {resume!r:.200}")
+    return int(pos), None if origin is None else float(origin)
 
 
 class _GeneratorReader(SourceReader):
     def __init__(
-        self, src: GeneratorSource, index: int, count: int, pos: int, clock: Clock
+        self, src: GeneratorSource, index: int, count: int, pos: int,
+        origin_ms: float | None, clock: Clock
     ) -> None:
         import numpy as np
 
@@ -481,6 +506,15 @@ class _GeneratorReader(SourceReader):
         self._start_pos = pos
         self._start_mono = clock.monotonic()
         self._start_ms = clock.now() * 1000.0
+        self._origin_ms: float | None = None  # when record 0 was due (with a rate)
+        if self._rate is not None:
+            if origin_ms is None:
+                self._origin_ms = self._start_ms - pos * 1000.0 / self._rate
+            else:  # continue the schedule: record pos was due at this wall time
+                self._origin_ms = origin_ms
+                due_ms = origin_ms + pos * 1000.0 / self._rate
+                self._start_mono -= (self._start_ms - due_ms) / 1000.0
+                self._start_ms = due_ms
         self._deadline = (
             self._start_mono + src.duration_s
             if src.rate is None and src.duration_s is not None else None
@@ -596,7 +630,7 @@ class _GeneratorReader(SourceReader):
         return SourceBatch(ColumnBatch(batch), ts)  # type: ignore[arg-type]
 
     def offset(self) -> Any:
-        return self._pos
+        return self._pos if self._origin_ms is None else [self._pos, self._origin_ms]
 
     def seconds_until_ready(self) -> float:
         if self._rate is None or self._done:

@@ -62,6 +62,7 @@ import argparse
 import os
 import shutil
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -548,7 +549,10 @@ def run_one(phase: Phase, setting: str, planning: Planning | None, ctx: dict[str
             job, op="agg", request=request, build_s=ctx["build_s"], baseline_s=args.baseline,
             after_s=args.after, progress=progress, label=label,
             what=f"{'rebalance' if phase.rebalance else 'rescale'} ({described or ADAPTIVE})",
-            guess_s=RESCALE_GUESS_S[phase.name])}
+            guess_s=RESCALE_GUESS_S[phase.name], settle_max_s=args.settle_max,
+            settled=None if args.settle_max <= 0 else lambda built: an.settled(
+                an.histogram_rows(jobs.latency_seconds(sink)), int(built) + 1,
+                int(time.time())))}
         if out["status"] != RunStatus.OK:
             return out
         rows = an.histogram_rows(jobs.latency_seconds(sink))

@@ -39,7 +39,9 @@ compares uniform and ssm this way.
 
 Per run: deploy, build state (``--build`` s; with ``--coverage`` c at least until the
 generator has emitted enough records for a share c of the keys, computed exactly from its
-key sequence), baseline (``--baseline`` s), then the request
+key sequence), settle (until the per-second mean latency has stopped draining the backlog the
+build left: ``harness.analysis.settled``, at most ``--settle-max`` s), baseline
+(``--baseline`` s), then the request
 (``handle.rescale``/``handle.rebalance`` block until done; the ``none`` run only notes the
 time), then ``--after`` s more. From the sink's per-second latency histograms and the write
 times of every sink writer (``harness.jobs.WriteLogLatencySink``):
@@ -302,7 +304,10 @@ def run_one(sc: Scenario, protocol: str, config: JobConfig, progress: run.Progre
             sc.build(sink, config), op=sc.op, request=request, build_s=sc.build_s,
             baseline_s=a.baseline, after_s=a.after, progress=progress,
             label=f"run {k}/{n} {protocol}", what=f"{sc.action} {sc.op} ({protocol})",
-            guess_s=RESCALE_GUESS_S)}
+            guess_s=RESCALE_GUESS_S, settle_max_s=a.settle_max,
+            settled=None if a.settle_max <= 0 else lambda built: an.settled(
+                an.histogram_rows(jobs.latency_seconds(sink)), int(built) + 1,
+                int(time.time())))}
         if out["status"] == RunStatus.OK:
             rep = out.get("report")
             if rep and rep["protocol"] != protocol:

@@ -69,6 +69,7 @@ from engine.sources import (
     SourceReader,
     indexed_partitions,
     parse_indexed,
+    scheduled_resume,
 )
 from examples.nexmark.generator import (
     AUCTION,
@@ -129,7 +130,11 @@ class NexmarkSource(Source):
     * ``rate``: events/s over all tasks, open loop, or ``[(seconds, events/s), ...]`` steps
       (:class:`RateSchedule`); None = full speed.
     * ``start_time_ms``: wall-clock ms at which event 0 is due (rate only); None = when the
-      reader opens.
+      first reader opens. A reader reopened from its resume state (a restore, a
+      stop-restart rescale, a moved partition) keeps that time, so events that fell due
+      while no task read them are due at once and the outage shows in their latency.
+    * Resume state: the next event number (an int) at full speed; with a rate ``[event
+      number, event 0's due time in epoch ms]`` (a bare int restarts the schedule then).
     * ``split_events``: the block size of the partitions.
     * ``partitions``: how many partitions (None: one per initial source task).
     """
@@ -216,18 +221,17 @@ class NexmarkSource(Source):
 
     def open_partition(self, partition: str, resume: Any, clock: Clock) -> SourceReader:
         index, count = parse_indexed(partition, "NexmarkSource")
-        pos = 0 if resume is None else resume
-        if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or pos < 0:
-            raise ValueError(f"NexmarkSource resume state must be an event number >= 0; "
-                             f"got {resume!r}")
-        return NexmarkReader(self, index, count, int(pos), clock)
+        if isinstance(resume, np.integer):
+            resume = int(resume)
+        pos, origin_ms = scheduled_resume(resume, "NexmarkSource")
+        return NexmarkReader(self, index, count, pos, clock, origin_ms)
 
 
 class NexmarkReader(SourceReader):
     """One partition of a :class:`NexmarkSource`."""
 
     def __init__(self, src: NexmarkSource, index: int, count: int, pos: int,
-                 clock: Clock) -> None:
+                 clock: Clock, origin_ms: float | None = None) -> None:
         self._src = src
         self._task = index
         self._p = count
@@ -242,6 +246,8 @@ class NexmarkReader(SourceReader):
             self._start_ms = 0.0
         elif src.start_time_ms is not None:
             self._start_ms = src.start_time_ms
+        elif origin_ms is not None:  # reopened: the schedule goes on
+            self._start_ms = origin_ms
         else:  # the event at the offset is due now
             self._start_ms = clock.now() * 1000.0 - self._schedule.time_of(self._pos)
 
@@ -329,7 +335,7 @@ class NexmarkReader(SourceReader):
         return SourceBatch(values, timestamps)
 
     def offset(self) -> Any:
-        return self._pos
+        return self._pos if self._schedule is None else [self._pos, self._start_ms]
 
     def seconds_until_ready(self) -> float:
         if self._schedule is None or self._exhausted():

@@ -56,6 +56,23 @@ def test_window_weighted_mean_level_rate() -> None:
 # ------------------------------------------------------------------------------ scaling period
 
 
+def test_settled_waits_for_a_draining_backlog_and_refuses_a_growing_one() -> None:
+    # seconds 100..: a backlog the build left drains, then latency is flat
+    draining = series([900, 600, 300, 120, 40, 25, 24, 26, 25, 27])
+    assert not tl.settled(draining, 100, 103)  # falling fast
+    assert not tl.settled(draining, 100, 106)  # 120, 40, 25: still falling
+    assert not tl.settled(draining, 100, 107)  # 40 > 1.25 x 24 + 5
+    assert tl.settled(draining, 100, 108)  # 25, 24, 26 <= 1.25 x 24 + 5
+    assert not tl.settled(draining, 106, 108)  # shorter than the window
+    growing = series([20, 40, 80, 160, 320, 640])
+    assert not any(tl.settled(growing, 100, now) for now in range(103, 107))
+    flat = series([20, 21, 19, 22])
+    assert tl.settled(flat, 100, 103) and tl.settled(flat, 100, 104)
+    gap = [r for r in flat if r["second"] != 102]
+    assert not tl.settled(gap, 100, 103)  # a second without records
+    assert not tl.settled({}, 100, 110)
+
+
 def test_scaling_period_ends_at_first_stable_window() -> None:
     # request at 105, spike, back to baseline from 108 on
     means = [10] * 5 + [10, 300, 50, 10, 10.5, 11, 10, 10, 10]

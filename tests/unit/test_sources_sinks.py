@@ -157,15 +157,36 @@ def test_open_loop_timestamps_are_the_schedule_when_polled_late() -> None:
     assert rest is not None and len(rest) == 380
     assert rest.timestamps[-1] == 1_010_000  # never ahead of the schedule
 
-    # Reopening at an offset continues the schedule from that offset at the open time.
-    clock2 = ManualClock(5_000.0)
+    # Reopening from the resume state (a restore, a stop-restart) continues the schedule
+    # itself: every record that fell due while no reader ran is overdue at once, with its
+    # scheduled timestamp, so the outage counts as latency.
+    assert reader.offset() == [501, 1_000_000.0]
+    clock2 = ManualClock(1_015.0)  # reopened 5 s after the reader stopped
     resumed = src.open_partition("0-of-2", reader.offset(), clock2)
+    assert resumed.backlog() == 250 and resumed.seconds_until_ready() == 0.0
+    b = resumed.poll(1000)
+    assert b is not None and [r[1] for r in b.values] == list(range(501, 751))
+    assert b.timestamps[0] == 1_010_020 and b.timestamps[-1] == 1_015_000
+    clock2.advance(0.05)
     b = resumed.poll(100)
+    assert b is not None and b.timestamps == [1_015_020, 1_015_040]
+    assert resumed.offset() == [753, 1_000_000.0]
+
+    # A bare int (a resume state written before the schedule start was kept) restarts the
+    # schedule at the open: that record is due then.
+    clock3 = ManualClock(5_000.0)
+    legacy = src.open_partition("0-of-2", 501, clock3)
+    b = legacy.poll(100)
     assert b is not None and [r[1] for r in b.values] == [501] and b.timestamps == [5_000_000]
-    clock2.advance(0.1)
-    b = resumed.poll(100)
+    clock3.advance(0.1)
+    b = legacy.poll(100)
     assert b is not None and b.timestamps == [5_000_020, 5_000_040, 5_000_060, 5_000_080,
                                               5_000_100]
+    assert legacy.offset() == [507, 5_000_000.0 - 501 * 20]
+    for bad in ([1, "x"], [-1, 0.0], [1, 2, 3], "7", [1, float("nan")]):
+        with pytest.raises(ValueError, match="resume state"):
+            src.open_partition("0-of-2", bad, clock3)
+    assert GeneratorSource(None).open_partition("0-of-1", 3, clock3).offset() == 3
 
 
 def test_poll_returns_none_at_the_end() -> None:

@@ -159,6 +159,23 @@ class Period:
         return {**asdict(self), "seconds": self.seconds}
 
 
+def settled(rows: Iterable[Row] | Mapping[int, Row], since_s: int, now_s: int, *,
+            window: int = 3, tolerance: float = 1.25, slack_ms: float = 5.0) -> bool:
+    """Whether latency has settled after the second ``since_s``: each of the ``window``
+    whole seconds before ``now_s`` (exclusive) has records and a mean within ``tolerance``
+    x the lowest per-second mean since ``since_s`` + ``slack_ms``. A backlog still
+    draining (latency falling) or growing (rising) is not settled; neither is a span
+    shorter than ``window`` seconds."""
+    by = by_second(rows)
+    last = range(now_s - window, now_s)
+    if now_s - window < since_s or any(not by.get(s, {}).get("count") for s in last):
+        return False
+    means = [by[s]["mean_ms"] for s in range(since_s, now_s)
+             if by.get(s, {}).get("count") and by[s]["mean_ms"] is not None]
+    limit = tolerance * min(means) + slack_ms
+    return all(by[s]["mean_ms"] <= limit for s in last)
+
+
 def scaling_period(rows: Iterable[Row] | Mapping[int, Row], request_s: int, completed_s: int,
                    level_ms: float | None, end_s: int, *, tolerance: float = 1.10,
                    stable_s: int = 5, slack_ms: float = 0.0, field: str = "mean_ms",

@@ -46,8 +46,8 @@ def _both(defaults: Defaults, dest: str) -> str:
 def add_rescale_run(ap: argparse.ArgumentParser, defaults: Defaults, *,
                     coverage: float | None, key_groups: str = "128") -> None:
     """``--build``, ``--baseline``, ``--after``, ``--stable`` (defaults from ``defaults``),
-    ``--coverage`` (default ``coverage``; None: off), ``--tolerance``, ``--slack-ms`` and
-    ``--key-groups`` (its default described by ``key_groups``)."""
+    ``--coverage`` (default ``coverage``; None: off), ``--tolerance``, ``--slack-ms``,
+    ``--key-groups`` (its default described by ``key_groups``) and ``--settle-max``."""
     for dest, text in RESCALE_RUN_HELP.items():
         ap.add_argument("--" + dest, type=int if dest == "stable" else float,
                         help=text + _both(defaults, dest))
@@ -60,6 +60,11 @@ def add_rescale_run(ap: argparse.ArgumentParser, defaults: Defaults, *,
     ap.add_argument("--slack-ms", type=float, default=5.0,
                     help="added to the stability limit (absorbs per-second jitter; 0: strict)")
     ap.add_argument("--key-groups", type=int, help=f"key groups ({key_groups})")
+    ap.add_argument("--settle-max", type=float, default=30.0,
+                    help="after --build, wait until latency has settled (the last 3 s each "
+                         "within 1.25x the lowest per-second mean since the build + 5 ms: "
+                         "no backlog of the build left draining) for at most this many "
+                         "seconds before the baseline (default 30; 0: do not wait)")
 
 
 def fill_defaults(args: argparse.Namespace, defaults: Defaults) -> None:

@@ -158,13 +158,17 @@ def _sleep_until(t: float) -> None:
 
 def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None,
                 build_s: float, baseline_s: float, after_s: float, progress: Progress,
-                label: str, what: str = "rescale", guess_s: float = 8.0) -> dict[str, Any]:
-    """Deploy ``job``; let it build state for ``build_s`` (from deployment) and run a
-    ``baseline_s`` baseline; then ``request(handle)`` (a blocking ``handle.rescale`` or
+                label: str, what: str = "rescale", guess_s: float = 8.0,
+                settled: Callable[[float], bool] | None = None,
+                settle_max_s: float = 0.0) -> dict[str, Any]:
+    """Deploy ``job``; let it build state for ``build_s`` (from deployment); then, with
+    ``settled``, wait until ``settled(build_end)`` (checked every second; latency no longer
+    draining a backlog the build left) for at most ``settle_max_s``; run a ``baseline_s``
+    baseline; then ``request(handle)`` (a blocking ``handle.rescale`` or
     ``handle.rebalance`` returning its report; None: only the time is noted, the run
     without a rescale) and ``after_s`` more seconds from its return; stop the job. ``what``
-    and ``guess_s`` describe the request to ``progress``. See the module docstring for the
-    result."""
+    and ``guess_s`` describe the request to ``progress``. The result has ``settle_s`` (the
+    wait) and ``settled`` (False: the cap ended it); see the module docstring for the rest."""
     out: dict[str, Any] = {"status": RunStatus.OK}
     progress.step(f"{label}: deploy", DEPLOY_GUESS_S)
     handle = job.run()
@@ -174,6 +178,12 @@ def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None
     try:
         progress.step(f"{label}: build state {build_s:.0f} s", build_s)
         _sleep_until(started + build_s)
+        built = time.time()
+        if settled is not None:
+            progress.step(f"{label}: settle (at most {settle_max_s:g} s)", settle_max_s / 4)
+            while not (ok := settled(built)) and time.time() < built + settle_max_s:
+                time.sleep(1.0)
+            out.update(settle_s=round(time.time() - built, 1), settled=ok)
         out["metrics_before"] = op_metrics(handle, op)
         progress.step(f"{label}: baseline {baseline_s:g} s", baseline_s)
         time.sleep(baseline_s)

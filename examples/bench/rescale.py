@@ -39,8 +39,8 @@ compares uniform and ssm this way.
 
 Per run: deploy, build state (``--build`` s; with ``--coverage`` c at least until the
 generator has emitted enough records for a share c of the keys, computed exactly from its
-key sequence), settle (until the per-second mean latency has stopped draining the backlog the
-build left: ``harness.analysis.settled``, at most ``--settle-max`` s), baseline
+key sequence), settle (until no backlog of the build is left, at the sources or in the
+per-second mean latency: ``harness.analysis.settled_run``, at most ``--settle-max`` s), baseline
 (``--baseline`` s), then the request
 (``handle.rescale``/``handle.rebalance`` block until done; the ``none`` run only notes the
 time), then ``--after`` s more. From the sink's per-second latency histograms and the write
@@ -305,9 +305,9 @@ def run_one(sc: Scenario, protocol: str, config: JobConfig, progress: run.Progre
             baseline_s=a.baseline, after_s=a.after, progress=progress,
             label=f"run {k}/{n} {protocol}", what=f"{sc.action} {sc.op} ({protocol})",
             guess_s=RESCALE_GUESS_S, settle_max_s=a.settle_max,
-            settled=None if a.settle_max <= 0 else lambda built: an.settled(
-                an.histogram_rows(jobs.latency_seconds(sink)), int(built) + 1,
-                int(time.time())))}
+            settled=None if a.settle_max <= 0 else lambda handle, built: an.settled_run(
+                handle, an.histogram_rows(jobs.latency_seconds(sink)), int(built) + 1,
+                int(time.time()), a.rate))}
         if out["status"] == RunStatus.OK:
             rep = out.get("report")
             if rep and rep["protocol"] != protocol:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import types
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,22 @@ def test_settled_waits_for_a_draining_backlog_and_refuses_a_growing_one() -> Non
     gap = [r for r in flat if r["second"] != 102]
     assert not tl.settled(gap, 100, 103)  # a second without records
     assert not tl.settled({}, 100, 110)
+
+
+def test_settled_run_also_needs_the_sources_backlog_read() -> None:
+    class Handle:  # what settled_run reads: the tasks' source backlog, one metrics call
+        def __init__(self, *backlogs: int | None) -> None:
+            self.tasks = [types.SimpleNamespace(source_backlog=b) for b in backlogs]
+
+        def metrics(self) -> Any:
+            return self
+
+    plateau = series([1900, 1890, 1910, 1905])  # flat, but the input waits at the source
+    assert tl.settled(plateau, 100, 104)
+    assert not tl.settled_run(Handle(9_000, None), plateau, 100, 104, rate=5000)
+    assert tl.settled_run(Handle(400, None), plateau, 100, 104, rate=5000)  # <= 0.2 s
+    assert tl.source_backlog(Handle(3, None, 4)) == 7
+    assert not tl.settled_run(Handle(0), series([900, 600, 300]), 100, 103, rate=5000)
 
 
 def test_scaling_period_ends_at_first_stable_window() -> None:

@@ -176,6 +176,22 @@ def settled(rows: Iterable[Row] | Mapping[int, Row], since_s: int, now_s: int, *
     return all(by[s]["mean_ms"] <= limit for s in last)
 
 
+def source_backlog(handle: Any) -> int:
+    """Records due at the job's source tasks and not read yet (``TaskMetrics.
+    source_backlog``; one metrics call)."""
+    return sum(t.source_backlog or 0 for t in handle.metrics().tasks)
+
+
+def settled_run(handle: Any, rows: Iterable[Row] | Mapping[int, Row], since_s: int,
+                now_s: int, rate: float, *, backlog_s: float = 0.2) -> bool:
+    """Whether a rescale run's job is in steady state after its build: its sources hold
+    no more than ``backlog_s`` seconds of input due and unread (a backlog waiting at the
+    source keeps latency high but can be flat, which ``settled`` alone takes for steady)
+    and its latency has ``settled`` since ``since_s``."""
+    return (settled(rows, since_s, now_s)
+            and source_backlog(handle) <= max(1.0, rate * backlog_s))
+
+
 def scaling_period(rows: Iterable[Row] | Mapping[int, Row], request_s: int, completed_s: int,
                    level_ms: float | None, end_s: int, *, tolerance: float = 1.10,
                    stable_s: int = 5, slack_ms: float = 0.0, field: str = "mean_ms",

@@ -159,11 +159,11 @@ def _sleep_until(t: float) -> None:
 def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None,
                 build_s: float, baseline_s: float, after_s: float, progress: Progress,
                 label: str, what: str = "rescale", guess_s: float = 8.0,
-                settled: Callable[[float], bool] | None = None,
+                settled: Callable[[Any, float], bool] | None = None,
                 settle_max_s: float = 0.0) -> dict[str, Any]:
     """Deploy ``job``; let it build state for ``build_s`` (from deployment); then, with
-    ``settled``, wait until ``settled(build_end)`` (checked every second; latency no longer
-    draining a backlog the build left) for at most ``settle_max_s``; run a ``baseline_s``
+    ``settled``, wait until ``settled(handle, build_end)`` (checked every second; no backlog
+    of the build left) for at most ``settle_max_s``; run a ``baseline_s``
     baseline; then ``request(handle)`` (a blocking ``handle.rescale`` or
     ``handle.rebalance`` returning its report; None: only the time is noted, the run
     without a rescale) and ``after_s`` more seconds from its return; stop the job. ``what``
@@ -181,7 +181,7 @@ def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None
         built = time.time()
         if settled is not None:
             progress.step(f"{label}: settle (at most {settle_max_s:g} s)", settle_max_s / 4)
-            while not (ok := settled(built)) and time.time() < built + settle_max_s:
+            while not (ok := settled(handle, built)) and time.time() < built + settle_max_s:
                 time.sleep(1.0)
             out.update(settle_s=round(time.time() - built, 1), settled=ok)
         out["metrics_before"] = op_metrics(handle, op)

@@ -629,6 +629,7 @@ class SparkSource(Source):
         self.spool_dir = os.path.abspath(spool_dir or os.path.join(
             tempfile.gettempdir(), "reflow-spark-spool", _safe(self.name)))
         self._actor: Any = None
+        self._closed_stats: dict[str, Any] | None = None
 
     # -- driver side
     def _config(self) -> bytes:
@@ -647,6 +648,7 @@ class SparkSource(Source):
         if self._actor is None:
             if not ray.is_initialized():
                 raise BridgeError("SparkSource.start(): connect to Ray first (job.run() does)")
+            self._closed_stats = None
             from engine.runtime.spark_bridge import RemoteBridge
 
             self._actor = RemoteBridge.options(
@@ -687,23 +689,32 @@ class SparkSource(Source):
         ray.get(self.start().fail.remote(message))
 
     def stats(self) -> dict[str, Any]:
-        """rows_in, rows_taken, dead_letters, duplicate_chunks/rows, queued_chunks, ..."""
+        """rows_in, rows_taken, dead_letters, duplicate_chunks/rows, queued_chunks, ...;
+        after ``close()`` (and before a new ``start()``) the figures the bridge had when it
+        was closed, instead of starting a new, empty bridge to ask."""
         import ray
 
+        if self._actor is None and self._closed_stats is not None:
+            return dict(self._closed_stats)
         return unpack_exact(ray.get(self.start().get_stats.remote()))
 
     def close(self) -> None:
-        """Kill the bridge actor (safe to call twice)."""
+        """Kill the bridge actor, keeping its last figures for ``stats()`` (safe to call
+        twice)."""
         import ray
 
         actor, self._actor = self._actor, None
         if actor is not None:
+            with contextlib.suppress(Exception):
+                self._closed_stats = unpack_exact(ray.get(actor.get_stats.remote(),
+                                                          timeout=30))
             with contextlib.suppress(Exception):
                 ray.kill(actor)
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
         d["_actor"] = None  # tasks look the actor up by name
+        d["_closed_stats"] = None
         return d
 
     # -- task side

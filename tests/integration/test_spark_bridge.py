@@ -401,6 +401,10 @@ def test_replayed_micro_batch_is_not_ingested_twice(spark, ray_cluster, tmp_path
                 expected[w] = expected.get(w, 0) + 1
         assert final == expected
         assert len(sink.results()) == sum(expected.values())
+        handle.stop()
+        src.close()
+        # a closed source answers with the figures its bridge had, starting no new one
+        assert src.stats()["rows_taken"] == len(lines) and src._actor is None
     finally:
         handle.stop()
         src.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 import threading
 import time
@@ -24,6 +25,7 @@ from tests.jobs import (
     profile_reference,
     running_sum_job,
     running_sum_reference,
+    task_actors,
     wait_until,
 )
 
@@ -172,6 +174,11 @@ def test_backpressure_keeps_in_flight_records_bounded(ray_cluster):
 
     try:
         wait_until(sample, "the slow sink to take 10,000 records", h)
+        # each task worker froze its start-up heap, so full collections skip it
+        import ray
+        frozen = [ray.get(ray.get_actor(name, namespace="reflow").__ray_call__.remote(
+            lambda actor: gc.get_freeze_count())) for name in task_actors(h, "sum")]
+        assert len(frozen) == 2 and all(n > 10_000 for n in frozen), frozen
     finally:
         h.stop()
     assert len(samples) >= 5, samples  # sampled while the pipeline ran, not once

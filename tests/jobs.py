@@ -311,7 +311,7 @@ def windowed_sum_job(records: list[tuple[int, int, int]], parallelism: int, sink
 
 def columnar_window_job(records: list[tuple[int, int, int]], parallelism: int,
                         sink: TestingSink, rate: float | None = None, bound_ms: int = 40,
-                        gates: Gates = None) -> StreamJob:
+                        gates: Gates = None, config: JobConfig = SMALL) -> StreamJob:
     """The vectorised window aggregates: (key, value, timestamp) as column batches ->
     ``key_by("k")`` -> sliding event-time windows (400 ms, slide 100 ms, allowed lateness
     300 ms, so fired windows stay in state) with Count, Sum, Min, Max, Mean (operator
@@ -321,7 +321,7 @@ def columnar_window_job(records: list[tuple[int, int, int]], parallelism: int,
     from engine.vectorised import Count, Max, Mean, Min, Sum
 
     rows = [{"k": k, "v": v, "ts": t} for k, v, t in records]
-    job = StreamJob("cwindowed", num_key_groups=32, parallelism=parallelism, config=SMALL)
+    job = StreamJob("cwindowed", num_key_groups=32, parallelism=parallelism, config=config)
     (job.source(ColumnarSource(TestingSource(rows, rate=rate, timestamp_fn=_row_ts, gate=gates)),
                 name="src", parallelism=1,
                 watermarks=WatermarkStrategy(bound_ms, interval_ms=10))

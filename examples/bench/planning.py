@@ -62,7 +62,6 @@ import argparse
 import os
 import shutil
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -550,9 +549,7 @@ def run_one(phase: Phase, setting: str, planning: Planning | None, ctx: dict[str
             after_s=args.after, progress=progress, label=label,
             what=f"{'rebalance' if phase.rebalance else 'rescale'} ({described or ADAPTIVE})",
             guess_s=RESCALE_GUESS_S[phase.name], settle_max_s=args.settle_max,
-            settled=None if args.settle_max <= 0 else lambda handle, built: an.settled_run(
-                handle, an.histogram_rows(jobs.latency_seconds(sink)), int(built) + 1,
-                int(time.time()), phase.rate))}
+            settled=run.settle_check(sink, phase.rate))}
         if out["status"] != RunStatus.OK:
             return out
         rows = an.histogram_rows(jobs.latency_seconds(sink))

@@ -306,9 +306,7 @@ def run_one(sc: Scenario, protocol: str, config: JobConfig, progress: run.Progre
             baseline_s=a.baseline, after_s=a.after, progress=progress,
             label=f"run {k}/{n} {protocol}", what=f"{sc.action} {sc.op} ({protocol})",
             guess_s=RESCALE_GUESS_S, settle_max_s=a.settle_max,
-            settled=None if a.settle_max <= 0 else lambda handle, built: an.settled_run(
-                handle, an.histogram_rows(jobs.latency_seconds(sink)), int(built) + 1,
-                int(time.time()), a.rate))}
+            settled=run.settle_check(sink, a.rate))}
         if out["status"] == RunStatus.OK:
             rep = out.get("report")
             if rep and rep["protocol"] != protocol:

@@ -61,10 +61,11 @@ def add_rescale_run(ap: argparse.ArgumentParser, defaults: Defaults, *,
                     help="added to the stability limit (absorbs per-second jitter; 0: strict)")
     ap.add_argument("--key-groups", type=int, help=f"key groups ({key_groups})")
     ap.add_argument("--settle-max", type=float, default=30.0,
-                    help="after --build, wait until latency has settled (the last 3 s each "
-                         "within 1.25x the lowest per-second mean since the build + 5 ms: "
-                         "no backlog of the build left draining) for at most this many "
-                         "seconds before the baseline (default 30; 0: do not wait)")
+                    help="after --build, wait until no backlog of the build is left (the "
+                         "sources hold at most 0.2 s of input due and unread, and the last "
+                         "3 s each have a mean latency within 1.25x the lowest since the "
+                         "build + 5 ms) for at most this many seconds before the baseline "
+                         "(default 30; 0: do not wait)")
 
 
 def fill_defaults(args: argparse.Namespace, defaults: Defaults) -> None:

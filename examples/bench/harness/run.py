@@ -29,7 +29,8 @@ from typing import Any
 
 from engine import JobFailedError, RescaleRefused, StreamJob
 from engine.names import JobState, NameEnum
-from examples.bench.harness import ROOT
+from examples.bench.harness import ROOT, jobs
+from examples.bench.harness import analysis as an
 
 DEPLOY_GUESS_S = 4.0  # for the progress estimate only
 
@@ -156,13 +157,23 @@ def _sleep_until(t: float) -> None:
     time.sleep(max(0.0, t - time.time()))
 
 
+def settle_check(sink: Any, rate: float) -> Callable[[Any, float], bool]:
+    """``rescale_run``'s ``settled`` for a job writing to the latency ``sink`` at ``rate``
+    records/s: ``analysis.settled_run`` on the sink's per-second rows since the second
+    after the build ended."""
+    def check(handle: Any, built: float) -> bool:
+        rows = an.histogram_rows(jobs.latency_seconds(sink))
+        return an.settled_run(handle, rows, int(built) + 1, int(time.time()), rate)
+    return check
+
+
 def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None,
                 build_s: float, baseline_s: float, after_s: float, progress: Progress,
                 label: str, what: str = "rescale", guess_s: float = 8.0,
                 settled: Callable[[Any, float], bool] | None = None,
                 settle_max_s: float = 0.0) -> dict[str, Any]:
     """Deploy ``job``; let it build state for ``build_s`` (from deployment); then, with
-    ``settled``, wait until ``settled(handle, build_end)`` (checked every second; no backlog
+    ``settled`` and ``settle_max_s > 0``, wait until ``settled(handle, build_end)`` (checked every second; no backlog
     of the build left) for at most ``settle_max_s``; run a ``baseline_s``
     baseline; then ``request(handle)`` (a blocking ``handle.rescale`` or
     ``handle.rebalance`` returning its report; None: only the time is noted, the run
@@ -179,7 +190,7 @@ def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None
         progress.step(f"{label}: build state {build_s:.0f} s", build_s)
         _sleep_until(started + build_s)
         built = time.time()
-        if settled is not None:
+        if settled is not None and settle_max_s > 0:
             progress.step(f"{label}: settle (at most {settle_max_s:g} s)", settle_max_s / 4)
             while not (ok := settled(handle, built)) and time.time() < built + settle_max_s:
                 time.sleep(1.0)

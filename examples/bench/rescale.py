@@ -431,6 +431,7 @@ def replication_cost(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
         rows.append({"policy": policy, "seconds": round(elapsed, 2),
                      "replication_bytes": got["reflow_replication_bytes_total"],
                      "replication_cpu_s": got["reflow_replication_cpu_seconds_total"],
+                     "replicated_key_groups": int(got["reflow_replicas"]),
                      "mb_per_s": got["reflow_replication_bytes_total"] / 1e6 / elapsed,
                      "cpu_fraction": got["reflow_replication_cpu_seconds_total"] / elapsed,
                      "mean_ms": summ["mean_ms"], "records_at_sink": summ["count"]})
@@ -441,11 +442,13 @@ def replication_cost(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
 
 
 def _replication(metrics_url: str) -> dict[str, float]:
-    """The job's replication bytes and CPU seconds so far, from its Prometheus endpoint."""
+    """The job's replication bytes and CPU seconds so far and the key groups that have a
+    replica now, from its Prometheus endpoint."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
-    got = {"reflow_replication_bytes_total": 0.0, "reflow_replication_cpu_seconds_total": 0.0}
+    got = {"reflow_replication_bytes_total": 0.0, "reflow_replication_cpu_seconds_total": 0.0,
+           "reflow_replicas": 0.0}
     for fam in text_string_to_metric_families(text):
         for smp in fam.samples:
             if smp.name in got:
@@ -616,7 +619,8 @@ def _overhead_text(o: dict[str, Any]) -> str:
 
 
 def _replication_text(rc: dict[str, Any]) -> str:
-    parts = [f"`{r['policy']}` {fmt(r['mb_per_s'], ',.1f')} MB/s copied, "
+    parts = [f"`{r['policy']}` {r.get('replicated_key_groups', 0)} key groups replicated, "
+             f"{fmt(r['mb_per_s'], ',.1f')} MB/s copied, "
              f"{fmt(100.0 * r['cpu_fraction'], '.1f')} % of a core, mean latency "
              f"{fmt(r['mean_ms'])} ms ({fmt(r['mean_over_none'], '.2f')}x)"
              for r in rc["runs"]]

@@ -6,6 +6,12 @@ timers live with it (``timers[key_group]``: set of ``(time_ms, key, domain)``, d
 A key group encodes on its own (exact msgpack codec, declared codecs for user types) and
 reports its size, so migration and checkpoints move single key groups.
 
+Dense tables (``engine.dense_state``): ``dense_table(name)`` turns one state name into a
+task-wide ``DenseTable`` (numpy arrays); each group then holds a ``DenseGroupView`` of it
+under that name, read and written like a dict, so everything below works on it unchanged.
+``install``/``remove`` keep the dense tables in step; ``undense(name)`` turns one back
+into dicts (when a batch brings keys or values it cannot hold).
+
 Change tracking (for replicas, ``migration.replication``): ``track_changes(kg)`` records
 every key made current in ``kg`` (and every key of ``kg`` on ``install``/``remove``) as
 possibly changed; ``snapshot_delta(kg)`` encodes those keys' current values plus the group's
@@ -18,9 +24,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.codec import pack_exact, unpack_exact
+
+if TYPE_CHECKING:
+    from engine.dense_state import DenseTable
 
 _SAMPLE = 32
 _RESAMPLE_PER_CALL = 2
@@ -56,10 +65,16 @@ class KeyedStateBackend:
         # (key group, table) -> (mean encoded bytes per entry, length when sampled)
         self._entry_bytes: dict[tuple[int, str], tuple[float, int]] = {}
         self._resample_at = 0
+        self._dense: dict[str, DenseTable] = {}
+        # bumped whenever groups or dense tables come, go or are replaced (callers that
+        # checked a layout remember this and check again only when it moved)
+        self.layout_version = 0
 
     # -- ownership
     def own(self, key_group: int) -> None:
         """Take ownership of an empty key group (creates it when missing)."""
+        if key_group not in self.groups:
+            self.layout_version += 1
         self.groups.setdefault(key_group, {})
         self.timers.setdefault(key_group, set())
 
@@ -80,8 +95,45 @@ class KeyedStateBackend:
         """The ``name`` table of the current key group (key -> value)."""
         t = self._tables.get(name)
         if t is None:
-            t = self._tables[name] = {}
+            dense = self._dense.get(name)
+            t = self._tables[name] = {} if dense is None else dense.view(self.current_group)
         return t
+
+    # -- dense tables
+    def dense_table(self, name: str) -> DenseTable | None:
+        """The task-wide dense table of state ``name``, made from the groups' ``name``
+        tables on first call; None (nothing changed) when their entries cannot be dense
+        (``engine.dense_state``)."""
+        t = self._dense.get(name)
+        if t is not None:
+            return t
+        from engine.dense_state import DenseTable
+
+        t = DenseTable(name)
+        for kg, tables in self.groups.items():
+            d = tables.get(name)
+            if d and not t.absorb(kg, list(d), list(d.values())):
+                return None
+        self._dense[name] = t
+        self.layout_version += 1
+        for kg, tables in self.groups.items():
+            if name in tables:
+                tables[name] = t.view(kg)
+        return t
+
+    def undense(self, name: str) -> None:
+        """Turn the dense table ``name`` back into one dict per group (no-op if none)."""
+        t = self._dense.pop(name, None)
+        if t is None:
+            return
+        self.layout_version += 1
+        for tables in self.groups.values():
+            v = tables.get(name)
+            if v is not None and getattr(v, "table", None) is t:
+                tables[name] = dict(v.items())
+
+    def dense_names(self) -> list[str]:
+        return sorted(self._dense)
 
     # -- timers
     def register_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
@@ -142,7 +194,18 @@ class KeyedStateBackend:
         changed = self._changes.get(key_group)
         if changed is not None:
             self._note_all(key_group, changed)
-        self.groups[key_group] = {name: dict(items) for name, items in tables_enc}
+        self.layout_version += 1
+        for t in self._dense.values():
+            t.drop_group(key_group)
+        self.groups[key_group] = tables = {name: dict(items) for name, items in tables_enc}
+        for name in list(self._dense):
+            d = tables.get(name)
+            if d is not None:
+                t = self._dense[name]
+                if t.absorb(key_group, list(d), list(d.values())):
+                    tables[name] = t.view(key_group)
+                else:
+                    self.undense(name)
         if changed is not None:
             self._note_all(key_group, changed)
         self.timers[key_group] = {(int(t), k, int(d)) for t, k, d in timers}
@@ -159,6 +222,9 @@ class KeyedStateBackend:
         if changed is not None:
             self._note_all(key_group, changed)
         self.groups.pop(key_group, None)
+        self.layout_version += 1
+        for t in self._dense.values():
+            t.drop_group(key_group)
         self.timers.pop(key_group, None)
         if key_group == self.current_group:
             self.current_group = -1

@@ -14,8 +14,12 @@ function, as Ray Data's does.
   accumulator: a count, a sum, a min, a max; a mean has two, its sum and its count; names
   from ``state_tables``), so every protocol migrates it, snapshots include it, and the
   rows path (records a migration had to handle one by one) reads and writes the same
-  values. A batch reads and writes them with one ``map``/``update`` per key group, not a
-  Python call per key.
+  values. With integer keys each table is a task-wide dense table
+  (``engine.dense_state``): a batch finds its distinct keys with one ``searchsorted``
+  and reads and writes them with one gather and one scatter (about 3x fewer CPU seconds
+  than dicts on steady.py's count). Other keys, or a column whose values turn from ints
+  to floats, turn the operator's tables back into dicts (one ``map``/``update`` per key
+  group), where they stay.
 * ``MapBatches(fn, batch_format)``: ``fn`` gets a ``pyarrow.Table`` ("pyarrow"), a dict of
   numpy arrays ("numpy") or a pandas DataFrame ("pandas") and returns any of those; the
   output keeps the input's timestamps when it has as many rows, else every output row gets
@@ -45,6 +49,7 @@ from engine.columnar import (
     stable_order,
     to_format,
 )
+from engine.dense_state import int64_keys
 from engine.errors import UserFunctionError
 from engine.functions import KeyedProcessFunction
 from engine.operators import Batch, ErrorPolicy, KeyedRunner, StatelessRunner, describe
@@ -254,6 +259,10 @@ class AggregateRunner(KeyedRunner):
         super().__init__(op, policy, backend, task_index, clock, watermark, late_writer)
         self.spec: ColumnAggregate = op.fn
         self.task_index = task_index
+        self._dense_ok = True  # integer keys keep their state in dense tables
+        # groups known to hold the dense tables' views, as of the backend's layout_version
+        self._views_at = -1
+        self._viewed: set[int] = set()
 
     def process(self, values: Any, timestamps: Any, keys: Any, kgs: Any,
                 port: int = 0) -> Batch:
@@ -297,13 +306,124 @@ class AggregateRunner(KeyedRunner):
 
     def _aggregate(self, values: Any, timestamps: Any, keys: Any, kgs: Any
                    ) -> tuple[ColumnBatch, np.ndarray]:
-        import operator
-
         import pyarrow as pa
 
         n = len(values)
         ts = np.asarray(timestamps, dtype=np.int64)
         cols = self._columns(values)
+        ikeys = None
+        if self._dense_ok and n:
+            ikeys = int64_keys(keys)
+            if ikeys is None:
+                self._no_dense()
+        if ikeys is not None:
+            running = self._dense(cols, keys, ikeys, np.asarray(kgs, dtype=np.int64))
+        if ikeys is None or running is None:
+            running = self._dicts(cols, keys, kgs)
+        out_cols: list[Any] = [keys if not isinstance(keys, list | tuple) else pa.array(keys)]
+        for order, run in running:
+            out = np.empty(n, dtype=run.dtype)
+            out[order] = run
+            out_cols.append(pa.array(out))
+        names = [self.spec.key_name, *(a.name for a in self.spec.aggregations)]
+        return ColumnBatch(pa.RecordBatch.from_arrays(out_cols, names=names)), ts
+
+    def _no_dense(self) -> None:
+        """From now on this operator keeps its state in dicts (a batch brought keys or
+        values a dense table cannot hold)."""
+        self._dense_ok = False
+        for agg in self.spec.aggregations:
+            for name in state_tables(agg):
+                self.backend.undense(name)
+
+    def _dense(self, cols: dict[str, np.ndarray], keys: Any, ikeys: np.ndarray,
+               kgs: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """The batch against dense tables (``engine.dense_state``): per aggregation (the
+        records' order by key, the running values in that order). None, having changed
+        nothing, when the state cannot be dense (then the dict path runs)."""
+        names = [name for agg in self.spec.aggregations for name in state_tables(agg)]
+        stores = {name: self.backend.dense_table(name) for name in names}
+        if any(t is None for t in stores.values()):
+            self._no_dense()
+            return None
+        if isinstance(keys, list | tuple):
+            uniq, codes = np.unique(ikeys, return_inverse=True)
+        else:
+            import pyarrow.compute as pc
+
+            enc = pc.dictionary_encode(keys)
+            codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            uniq = enc.dictionary.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        groups = uniq.size
+        group_kg = np.empty(groups, dtype=np.int64)
+        group_kg[codes] = kgs
+        touched = np.unique(group_kg).tolist()
+        if self._views_at != self.backend.layout_version:
+            self._views_at, self._viewed = self.backend.layout_version, set()
+        if not self._viewed.issuperset(touched):
+            self._own_views(touched, stores)
+            self._viewed.update(touched)
+        order = stable_order(codes, groups)
+        sc = codes[order]
+        sizes = np.bincount(codes, minlength=groups)
+        starts = np.zeros(groups, dtype=np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        pos = np.arange(codes.size) - np.repeat(starts, sizes)
+        found_at = {name: t.lookup(uniq) for name, t in stores.items()}  # type: ignore[union-attr]
+        results = []
+        writes = []
+        for agg in self.spec.aggregations:
+            xs = None if agg.on is None else cols[agg.on][order]
+            tables = state_tables(agg)
+            bases = []
+            for i, name in enumerate(tables):
+                t = stores[name]
+                slots, found = found_at[name]
+                if xs is not None and i == 0 and agg.kind in ("min", "max"):
+                    default = xs[starts]
+                else:
+                    default = np.zeros(groups, dtype=t.values.dtype)  # type: ignore[union-attr]
+                bases.append(np.where(found, t.values[slots], default)  # type: ignore[union-attr]
+                             if len(t) else default)  # type: ignore[arg-type]
+            running, finals = fold(agg.kind, xs, sc, pos, sizes, starts, bases)
+            for name, fin in zip(tables, finals, strict=True):
+                if not stores[name].accepts(fin.dtype):  # type: ignore[union-attr]
+                    self._no_dense()  # e.g. a float column after ints: keep exact types
+                    return None
+                writes.append((name, fin))
+            results.append((order, running))
+        for name, fin in writes:
+            slots, found = found_at[name]
+            stores[name].assign(uniq, group_kg, slots, found, fin)  # type: ignore[union-attr]
+        if self.backend.tracked():
+            for kg, key in zip(group_kg.tolist(), uniq.tolist(), strict=True):
+                self.backend.note_changed(kg, key)
+        return results
+
+    def _own_views(self, key_groups: list[int], stores: dict[str, Any]) -> None:
+        """Each touched group holds the dense tables' views (raises for a group this task
+        does not own)."""
+        groups = self.backend.groups
+        for kg in key_groups:
+            owned = groups.get(kg)
+            if owned is None:
+                owned = self._group(kg)
+            for name, t in stores.items():
+                v = t.view(kg)
+                cur = owned.get(name)
+                if cur is not v:
+                    if cur:  # the backend keeps dense names as views; never drop entries
+                        raise AssertionError(f"key group {kg} holds a dict for dense "
+                                             f"table {name!r}")
+                    owned[name] = v
+
+    def _dicts(self, cols: dict[str, np.ndarray], keys: Any, kgs: Any
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The batch against one dict per key group and table: per aggregation (the
+        records' order by key, the running values in that order)."""
+        import operator
+
+        n = len(keys)
         codes, uniques = factorize(keys)
         groups = len(uniques)
         group_kg = np.empty(groups, dtype=np.int64)
@@ -324,18 +444,13 @@ class AggregateRunner(KeyedRunner):
         starts = np.zeros(groups, dtype=np.int64)
         np.cumsum(sizes[:-1], out=starts[1:])
         pos = np.arange(n) - np.repeat(starts, sizes)
-        out_cols: list[Any] = [keys if not isinstance(keys, list | tuple) else pa.array(keys)]
-        for agg in self.spec.aggregations:
-            running = self._one(agg, cols, order, sc, pos, sizes, starts, runs, uniques)
-            out = np.empty(n, dtype=running.dtype)
-            out[order] = running
-            out_cols.append(pa.array(out))
+        results = [(order, self._one(agg, cols, order, sc, pos, sizes, starts, runs, uniques))
+                   for agg in self.spec.aggregations]
         if self.backend.tracked():
             for (kg, s, e) in runs:
                 for key in uniques[s:e]:
                     self.backend.note_changed(kg, key)
-        names = [self.spec.key_name, *(a.name for a in self.spec.aggregations)]
-        return ColumnBatch(pa.RecordBatch.from_arrays(out_cols, names=names)), ts
+        return results
 
     def _one(self, agg: Aggregation, cols: dict[str, np.ndarray], order: np.ndarray,
              sc: np.ndarray, pos: np.ndarray, sizes: np.ndarray, starts: np.ndarray,

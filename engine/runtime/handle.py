@@ -280,11 +280,14 @@ class JobHandle:
         the JobMaster calls its ``decide`` every ``interval_s`` and carries out what it
         decides. Returns the name it runs under. ``ControllerError`` when it is no
         controller (or its name is taken); within ``control_timeout_s``."""
+        return self._add_controller(controller, self.deadlines.control_s)
+
+    def _add_controller(self, controller: Any, seconds: float) -> str:
         from engine.reconfiguration import check_controller
 
         check_controller(controller)
         return str(self._get(self._master.add_controller.remote(controller), "add_controller",
-                             self.deadlines.control_s))
+                             seconds))
 
     def remove_controller(self, name: str) -> None:
         """Stop running the controller ``name`` (its decisions stay in ``decisions()``)."""
@@ -380,8 +383,10 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     registry.record(job_id, url)  # reachable by name from other processes
     handle = JobHandle(master, job_id, url, config)
     try:
+        # part of the start: the JobMaster's process may first import the controllers'
+        # modules (unpickling them), seconds on a loaded machine, so the start's deadline
         for c in controllers:
-            handle.add_controller(c)
+            handle._add_controller(c, d.start_s)
     except BaseException:
         with contextlib.suppress(Exception):
             handle.stop()

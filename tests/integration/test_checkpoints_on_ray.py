@@ -30,6 +30,9 @@ from engine.errors import CheckpointFailed, JobFailedError, RestoreError
 from engine.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import (
     Moment,
+    columnar_agg_job,
+    columnar_agg_reference,
+    columnar_agg_rows,
     columnar_window_job,
     columnar_window_reference,
     columnar_window_rows,
@@ -86,7 +89,8 @@ def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int
     sink = TestingSink()
     cfg = checkpointed(tempfile.mkdtemp(prefix="reflow-ckpt-"))
     make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile"),
-                "cwindow": (columnar_window_job, "cwin")}[kind]
+                "cwindow": (columnar_window_job, "cwin"),
+                "columnar": (columnar_agg_job, "agg")}[kind]
     handle = make(records, start_p, sink, rate=2000, gates=gates, config=cfg).run()
     kills, reports = 0, []
     try:
@@ -126,6 +130,9 @@ def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int
     if kind == "cwindow":  # each window fires once, per key in the order of their ends
         results = columnar_window_rows(results)
         reference = columnar_window_reference(records)
+    elif kind == "columnar":
+        results = columnar_agg_rows(results)
+        reference = columnar_agg_reference(records)
     else:
         reference = (running_sum_reference if kind == "sum" else profile_reference)(records)
     got, want = per_key(results), per_key(reference)
@@ -163,10 +170,14 @@ def _oracle(hypothesis_seed: int, examples: int):
     # the run without faults, across a kill and a kill during a live rescale
     @example(kind="cwindow", protocol="drrs", start_p=2,
              actions=[("kill", 0.25, "sum"), ("kill-mid-rescale", 0.55, 3)], data_seed=4242)
+    # the vectorised running aggregates (integer keys: dense state tables, restored and
+    # migrated through their key groups' views): the same outputs as without faults
+    @example(kind="columnar", protocol="non-disruptive", start_p=2,
+             actions=[("kill", 0.2, "sum"), ("kill-mid-rescale", 0.5, 3)], data_seed=77)
     @seed(hypothesis_seed)
     @settings(max_examples=examples, deadline=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
-    @given(kind=st.sampled_from(["sum", "profile", "cwindow"]),
+    @given(kind=st.sampled_from(["sum", "profile", "cwindow", "columnar"]),
            protocol=st.sampled_from(LIVE_PROTOCOLS),
            start_p=st.integers(1, 3), actions=actions_st, data_seed=st.integers(0, 2**16))
     def test(ray_cluster, kind, protocol, start_p, actions, data_seed):

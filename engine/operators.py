@@ -209,6 +209,8 @@ class KeyedRunner:
         self.held: dict[int, list[tuple[int, Any, int]]] = {}
         self.ctx._late = self._on_late
         self.is_reduce = isinstance(self.fn, ReduceFunction)
+        self._reduce_cache: list[dict[Any, Any] | None] = []  # see _reduce_tables
+        self._reduce_cache_at = -1
         self.runtime_context = RuntimeContext(backend, op.name, task_index, op.parallelism)
         self.fn.open(self.runtime_context)
 
@@ -265,31 +267,49 @@ class KeyedRunner:
     def _reduce_from(self, values: list[Any], timestamps: list[int], keys: list[Any],
                      kgs: list[int], out: list[Any], out_ts: list[int]) -> None:
         fn = self.fn.fn  # type: ignore[attr-defined]
-        name = ReduceFunction.STATE
-        groups = self.backend.groups
-        tracked = self.backend.tracked()  # groups replicated (their changes are recorded)
-        n = len(values)
-        i = self.pos
+        tables = self._reduce_tables()
+        note = self.backend.note_changed if self.backend.tracked() else None
+        start = i = self.pos
+        append = out.append
+        missing = _MISSING
+        if start:
+            keys, kgs, values = keys[start:], kgs[start:], values[start:]
         try:
-            while i < n:
-                kg = kgs[i]
-                tables = groups.get(kg)
-                if tables is None:
-                    tables = self._group(kg)
-                table = tables.get(name)
+            # one output per record: the timestamps are copied once, in ``finally``
+            for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
+                table = tables[kg]
                 if table is None:
-                    table = tables[name] = {}
-                k = keys[i]
-                cur = table.get(k, _MISSING)
-                new = values[i] if cur is _MISSING else fn(cur, values[i])
+                    table = self._reduce_table(tables, kg)
+                cur = table.get(k, missing)
+                new = v if cur is missing else fn(cur, v)
                 table[k] = new
-                if tracked:
-                    self.backend.note_changed(kg, k)
-                out.append(new)
-                out_ts.append(timestamps[i])
+                if note is not None:
+                    note(kg, k)
+                append(new)
                 i += 1
         finally:
+            out_ts.extend(timestamps[start:i])
             self.pos = i
+
+    def _reduce_tables(self) -> list[dict[Any, Any] | None]:
+        """Per key group the reduce state table, or None where not looked up yet; kept
+        while the backend's layout (groups, installs) is unchanged."""
+        b = self.backend
+        if self._reduce_cache_at != b.layout_version or len(self._reduce_cache) != b.num_key_groups:
+            self._reduce_cache = [None] * b.num_key_groups
+            self._reduce_cache_at = b.layout_version
+        return self._reduce_cache
+
+    def _reduce_table(self, tables: list[dict[Any, Any] | None], kg: int) -> dict[Any, Any]:
+        owned = self.backend.groups.get(kg)
+        if owned is None:
+            owned = self._group(kg)
+        name = ReduceFunction.STATE
+        table = owned.get(name)
+        if table is None:
+            table = owned[name] = {}
+        tables[kg] = table
+        return table
 
     def _process_from(self, values: list[Any], timestamps: list[int], keys: list[Any],
                       kgs: list[int], out: list[Any], out_ts: list[int]) -> None:

@@ -928,6 +928,25 @@ def test_keyed_runner_reduce_and_unowned_group_is_never_dead_lettered():
     assert dead.rows == []
 
 
+def test_keyed_runner_reduce_follows_its_groups_leaving_and_arriving():
+    """The reduce keeps its key groups' tables between batches; a group removed, installed
+    (with other state) or re-owned empty is read afresh, and one removed is refused."""
+    a = key_group_of("a", N)
+    r = keyed_runner(ReduceFunction(lambda x, y: x + y), ListWriter(), groups=[a])
+    assert r.process([1, 2], [0, 1], ["a"] * 2, [a] * 2)[0] == [1, 3]
+    other = keyed_runner(ReduceFunction(lambda x, y: x + y), ListWriter(), groups=[a])
+    other.process([100], [0], ["a"], [a])
+    data = other.backend.snapshot(a)
+    r.backend.remove(a)
+    with pytest.raises(UnknownKeyGroupError, match="does not own"):
+        r.process([1], [0], ["a"], [a])
+    r.backend.install(a, data)  # the group arrives with the other task's state
+    assert r.process([5], [2], ["a"], [a]) == ([105], [2])
+    r.backend.remove(a)
+    r.backend.own(a)  # back, empty
+    assert r.process([7], [3], ["a"], [a]) == ([7], [3])
+
+
 class _TellingReader:
     """A partition reader that records what the task tells it (retain, committed)."""
 

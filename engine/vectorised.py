@@ -383,7 +383,7 @@ class AggregateRunner(KeyedRunner):
                     default = xs[starts]
                 else:
                     default = np.zeros(groups, dtype=t.values.dtype)  # type: ignore[union-attr]
-                bases.append(np.where(found, t.values[slots], default)  # type: ignore[union-attr]
+                bases.append(np.where(found, t.gather(slots), default)  # type: ignore[union-attr]
                              if len(t) else default)  # type: ignore[arg-type]
             running, finals = fold(agg.kind, xs, sc, pos, sizes, starts, bases)
             for name, fin in zip(tables, finals, strict=True):

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine import dense_state
 from engine import graph as g
 from engine.clock import ManualClock
 from engine.columnar import ColumnBatch, ColumnKey
@@ -50,7 +51,8 @@ def test_absorb_refuses_what_does_not_fit_and_changes_nothing() -> None:
     assert not t.absorb(2, [7], [1.5])  # floats into an int table
     assert not t.absorb(2, ["k"], [1])
     assert not t.absorb(2, [True], [1])
-    assert t.keys.tolist() == [2, 5] and t.kgs.tolist() == [1, 1]
+    keys, kgs, _ = t.entries()
+    assert keys.tolist() == [2, 5] and kgs.tolist() == [1, 1]
     assert dict(t.view(1).items()) == {5: 10, 2: 20} and len(t.view(2)) == 0
 
 
@@ -90,8 +92,47 @@ def test_views_behave_as_one_dict_per_group(ops: list[tuple[str, int, int, int]]
             view = t.view(g_)
             assert dict(view.items()) == ref[g_] and len(view) == len(ref[g_])
             assert sorted(view) == sorted(ref[g_]) and bool(view) == bool(ref[g_])
-        assert t.keys.tolist() == sorted(t.keys.tolist())
-        assert len(set(t.keys.tolist())) == len(t)
+        keys = t.entries()[0].tolist()
+        assert keys == sorted(keys) and len(set(keys)) == len(t)
+
+
+BATCHES = st.lists(st.tuples(st.lists(st.integers(-30, 30), min_size=1, max_size=12,
+                                      unique=True),
+                             st.integers(-99, 99), st.integers(0, 3)),
+                   min_size=1, max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(BATCHES, st.sampled_from([1, 4, 65_536]))
+def test_batches_read_and_write_as_one_dict_through_side_table_merges(
+        batches: list[tuple[list[int], int, int]], delta_max: int) -> None:
+    """lookup/gather/assign a batch of distinct keys at a time (new keys go to the side
+    table, merged past ``DELTA_MAX``; small here so merges happen), with groups dropped
+    between batches: the table holds what one dict would."""
+    saved = dense_state.DELTA_MAX
+    dense_state.DELTA_MAX = delta_max
+    try:
+        t = DenseTable("s")
+        ref: dict[int, int] = {}
+        for keys, add, drop in batches:
+            k = np.asarray(keys, dtype=np.int64)
+            kgs = np.abs(k) % 4  # a key's group is fixed
+            slots, found = t.lookup(k)
+            assert found.tolist() == [x in ref for x in keys]
+            held = t.gather(slots) if len(t) else np.zeros(k.size, dtype=np.int64)
+            assert [int(v) for v, f in zip(held, found, strict=True) if f] == \
+                [ref[x] for x in keys if x in ref]
+            new = np.where(found, held, 0) + add
+            t.assign(k, kgs, slots, found, new)
+            ref.update(zip(keys, new.tolist(), strict=True))
+            if add % 5 == 0:  # now and then a group leaves
+                t.drop_group(drop)
+                ref = {x: v for x, v in ref.items() if abs(x) % 4 != drop}
+            assert len(t) == len(ref)
+        assert {kg: dict(t.view(kg).items()) for kg in range(4)} == \
+            {kg: {x: v for x, v in ref.items() if abs(x) % 4 == kg} for kg in range(4)}
+    finally:
+        dense_state.DELTA_MAX = saved
 
 
 def test_a_view_refuses_what_the_table_cannot_hold() -> None:
@@ -144,9 +185,9 @@ def test_install_and_remove_keep_the_dense_table_in_step() -> None:
     assert ta is not None and tb is not None
     b.install(1, a.snapshot(1))  # replaces the group: key 99 goes
     assert dict(b.groups[1]["agg/x"].items()) == {3: 2, 10: 1}
-    assert sorted(tb.keys.tolist()) == [3, 10, 50]
+    assert tb.entries()[0].tolist() == [3, 10, 50]
     b.remove(5)
-    assert tb.keys.tolist() == [3, 10] and 5 not in b.groups
+    assert tb.entries()[0].tolist() == [3, 10] and 5 not in b.groups
     b.own(5)
     b.set_current(50, 5)
     assert b.table("agg/x").get(50) is None  # a group that came back starts empty
@@ -220,13 +261,22 @@ STEP = st.tuples(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(STEP, min_size=1, max_size=8), st.booleans())
+@given(st.lists(STEP, min_size=1, max_size=8), st.booleans(), st.sampled_from([2, 65_536]))
 def test_dense_aggregation_equals_the_dict_one_through_migrations(
-        steps: list[Any], floats: bool) -> None:
+        steps: list[Any], floats: bool, delta_max: int) -> None:
     """Seeded by hypothesis (its seed is printed on failure): the same batches into a runner
     on dense tables and one on dicts; between batches some groups are snapshotted, removed
     and installed again (a migration out and back), in both. Outputs, snapshots and the
     dense tables' use agree."""
+    saved = dense_state.DELTA_MAX
+    dense_state.DELTA_MAX = delta_max  # 2: the side table merges at almost every batch
+    try:
+        _dense_equals_dicts(steps, floats)
+    finally:
+        dense_state.DELTA_MAX = saved
+
+
+def _dense_equals_dicts(steps: list[Any], floats: bool) -> None:
     dense, dicts = runner(*AGGS, dense=True), runner(*AGGS, dense=False)
     for recs, as_rows, moving in steps:
         part = [{"k": k, "v": float(v) if floats else v} for k, v in recs]

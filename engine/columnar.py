@@ -280,6 +280,20 @@ def stable_order(codes: np.ndarray, bound: int) -> np.ndarray:
     return np.argsort(codes, kind="stable")
 
 
+def group_runs(codes: np.ndarray, groups: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Records grouped by their group code (``codes`` in ``[0, groups)``), each group's
+    records in their order: ``(order, sorted codes, sizes, starts, pos)``, where
+    ``order`` sorts the records by group stably, ``sizes``/``starts`` are each group's run
+    in that order and ``pos`` each sorted record's place in its run."""
+    order = stable_order(codes, groups)
+    sizes = np.bincount(codes, minlength=groups)
+    starts = np.zeros(groups, dtype=np.int64)
+    np.cumsum(sizes[:-1], out=starts[1:])
+    pos = np.arange(codes.size) - np.repeat(starts, sizes)
+    return order, codes[order], sizes, starts, pos
+
+
 def encode_columnar_frame(batch: ColumnBatch, timestamps: np.ndarray,
                           key_groups: np.ndarray | None, event_wire: Any,
                           key_column: str | None, pack: Callable[[Any], bytes]) -> bytes:

@@ -46,6 +46,7 @@ from engine.columnar import (
     ColumnarError,
     ColumnBatch,
     ColumnKey,
+    group_runs,
     stable_order,
     to_format,
 )
@@ -363,12 +364,7 @@ class AggregateRunner(KeyedRunner):
         if not self._viewed.issuperset(touched):
             self._own_views(touched, stores)
             self._viewed.update(touched)
-        order = stable_order(codes, groups)
-        sc = codes[order]
-        sizes = np.bincount(codes, minlength=groups)
-        starts = np.zeros(groups, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        pos = np.arange(codes.size) - np.repeat(starts, sizes)
+        order, sc, sizes, starts, pos = group_runs(codes, groups)
         found_at = {name: t.lookup(uniq) for name, t in stores.items()}  # type: ignore[union-attr]
         results = []
         writes = []
@@ -423,7 +419,6 @@ class AggregateRunner(KeyedRunner):
         records' order by key, the running values in that order)."""
         import operator
 
-        n = len(keys)
         codes, uniques = factorize(keys)
         groups = len(uniques)
         group_kg = np.empty(groups, dtype=np.int64)
@@ -438,12 +433,7 @@ class AggregateRunner(KeyedRunner):
         cut = np.flatnonzero(np.diff(group_kg)) + 1
         bounds = [0, *cut.tolist(), groups]
         runs = list(zip(group_kg[bounds[:-1]].tolist(), bounds[:-1], bounds[1:], strict=True))
-        order = stable_order(codes, groups)
-        sc = codes[order]
-        sizes = np.bincount(codes, minlength=groups)
-        starts = np.zeros(groups, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=starts[1:])
-        pos = np.arange(n) - np.repeat(starts, sizes)
+        order, sc, sizes, starts, pos = group_runs(codes, groups)
         results = [(order, self._one(agg, cols, order, sc, pos, sizes, starts, runs, uniques))
                    for agg in self.spec.aggregations]
         if self.backend.tracked():

@@ -45,7 +45,7 @@ import numpy as np
 
 from engine import graph as g
 from engine.clock import Clock
-from engine.columnar import ColumnarError, ColumnBatch, stable_order
+from engine.columnar import ColumnarError, ColumnBatch, group_runs
 from engine.errors import UserFunctionError
 from engine.names import NameEnum
 from engine.operators import Batch, ErrorPolicy, KeyedRunner, describe
@@ -164,12 +164,7 @@ class WindowAggregateRunner(KeyedRunner):
         g_key = [uniques[c] for c in g_code.tolist()]
         g_kg = kg_of_code[g_code].tolist()
         source, fired = self._lookup(g_key, g_start, g_kg, wm)
-        order = stable_order(gid, groups)
-        sc = gid[order]
-        sizes = np.bincount(gid, minlength=groups)
-        run_starts = np.zeros(groups, dtype=np.int64)
-        np.cumsum(sizes[:-1], out=run_starts[1:])
-        pos = np.arange(rec.size) - np.repeat(run_starts, sizes)
+        order, sc, sizes, run_starts, pos = group_runs(gid, groups)
         emit = fired[gid]  # entries of windows that fire at once: their running values
         out_cols: list[np.ndarray] = []
         finals: dict[str, list[Any]] = {}

@@ -482,7 +482,7 @@ class OutputRouter:
     ) -> None:
         key_fn = self.key_fns[edge.edge_id]
         try:
-            keys = [key_fn(v) for v in values]
+            keys = list(map(key_fn, values))
             kgs = self.cache.key_groups(keys)
         except Exception:
             for v in values:  # find the record, for the error report

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
+from itertools import repeat
 
 import msgpack
 
@@ -95,17 +96,20 @@ class KeyGroupCache:
 
     def key_groups(self, keys: Sequence[object]) -> list[int]:
         cache = self._cache
+        out = list(map(cache.get, keys, repeat(-1, len(keys))))  # one C-level pass
+        if -1 not in out:
+            return out
         n = self.num_key_groups
-        out = []
-        append = out.append
-        for k in keys:
-            kg = cache.get(k)
-            if kg is None:
-                kg = stable_hash(k) % n
-                if len(cache) >= self._max:
-                    cache.clear()
-                cache[k] = kg
-            append(kg)
+        for i, kg in enumerate(out):  # the keys not seen before
+            if kg < 0:
+                k = keys[i]
+                kg = cache.get(k, -1)  # an earlier miss of this batch may have added it
+                if kg < 0:
+                    kg = stable_hash(k) % n
+                    if len(cache) >= self._max:
+                        cache.clear()
+                    cache[k] = kg
+                out[i] = kg
         return out
 
 

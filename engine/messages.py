@@ -166,9 +166,10 @@ class Frame:
 
 
 def encode_frame(frame: Frame) -> bytes:
-    """A frame's bytes: msgpack, or Arrow IPC when its ``values`` is a
-    ``engine.columnar.ColumnBatch`` (``timestamps`` and ``key_groups`` then numpy arrays,
-    ``keys`` the name of the key column or None; see ``engine.columnar``)."""
+    """A frame's bytes: msgpack ``[values, timestamps, keys, key_groups, event, ports]``
+    (``timestamps`` one int when every record has the same), or Arrow IPC when its
+    ``values`` is a ``engine.columnar.ColumnBatch`` (``timestamps`` and ``key_groups`` then
+    numpy arrays, ``keys`` the name of the key column or None; see ``engine.columnar``)."""
     event = None if frame.event is None else _to_list(frame.event)
     if type(frame.values).__name__ == "ColumnBatch":
         from engine.columnar import encode_columnar_frame
@@ -176,8 +177,11 @@ def encode_frame(frame: Frame) -> bytes:
         return encode_columnar_frame(frame.values, frame.timestamps,  # type: ignore[arg-type]
                                      frame.key_groups, event, frame.keys,  # type: ignore[arg-type]
                                      pack_exact)
-    return pack_fast((frame.values, frame.timestamps, frame.keys, frame.key_groups, event,
-                      frame.ports))
+    ts = frame.timestamps
+    if (type(ts) in (list, tuple) and len(ts) > 1 and ts[0] == ts[-1]
+            and ts.count(ts[0]) == len(ts)):
+        ts = ts[0]  # one stamp for all (a source batch read at full speed): sent once
+    return pack_fast((frame.values, ts, frame.keys, frame.key_groups, event, frame.ports))
 
 
 def decode_frame(data: bytes) -> Frame:
@@ -191,6 +195,8 @@ def decode_frame(data: bytes) -> Frame:
     if not isinstance(items, tuple) or len(items) not in (5, 6):
         raise CodecError(f"not a reflow data frame: {items!r:.100}")
     values, timestamps, keys, kgs, event = items[:5]
+    if type(timestamps) is int:
+        timestamps = (timestamps,) * len(values)
     ports = items[5] if len(items) == 6 else None
     return Frame(values, timestamps, keys, kgs, None if event is None else _from_list(event),
                  ports)

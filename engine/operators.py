@@ -104,7 +104,7 @@ class StatelessRunner:
     def _fast(self, values: list[Any], timestamps: list[int]) -> Batch:
         fn = self.fn
         if self.kind == g.MAP:
-            return [fn(v) for v in values], timestamps
+            return list(map(fn, values)), timestamps
         if self.kind == g.FILTER:
             keep = [bool(fn(v)) for v in values]
             return ([v for v, k in zip(values, keep, strict=True) if k],
@@ -269,25 +269,36 @@ class KeyedRunner:
         fn = self.fn.fn  # type: ignore[attr-defined]
         tables = self._reduce_tables()
         note = self.backend.note_changed if self.backend.tracked() else None
-        start = i = self.pos
+        start = self.pos
+        before = len(out)
         append = out.append
         missing = _MISSING
         if start:
             keys, kgs, values = keys[start:], kgs[start:], values[start:]
         try:
-            # one output per record: the timestamps are copied once, in ``finally``
-            for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
-                table = tables[kg]
-                if table is None:
-                    table = self._reduce_table(tables, kg)
-                cur = table.get(k, missing)
-                new = v if cur is missing else fn(cur, v)
-                table[k] = new
-                if note is not None:
+            # one output per record, appended last: the records done are the outputs added;
+            # the timestamps are copied once, in ``finally``
+            if note is None:
+                for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
+                    table = tables[kg]
+                    if table is None:
+                        table = self._reduce_table(tables, kg)
+                    cur = table.get(k, missing)
+                    new = v if cur is missing else fn(cur, v)
+                    table[k] = new
+                    append(new)
+            else:
+                for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
+                    table = tables[kg]
+                    if table is None:
+                        table = self._reduce_table(tables, kg)
+                    cur = table.get(k, missing)
+                    new = v if cur is missing else fn(cur, v)
+                    table[k] = new
                     note(kg, k)
-                append(new)
-                i += 1
+                    append(new)
         finally:
+            i = start + len(out) - before
             out_ts.extend(timestamps[start:i])
             self.pos = i
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 _SAMPLE = 32
 _RESAMPLE_PER_CALL = 2
+_SAMPLES_PER_CALL = 8  # new or grown tables sampled per estimated_bytes call
 
 
 def _entry_size(table: dict[Any, Any], sample_size: int = _SAMPLE) -> float:
@@ -324,14 +325,21 @@ class KeyedStateBackend:
 
     def estimated_bytes(self) -> int:
         """Cheap estimate of the encoded size of all state: each table's length times its
-        entries' mean encoded size, sampled (``_SAMPLE`` entries; a refresh: a quarter) when the table is new or
-        its length changed by half since, and otherwise re-sampled a few tables per call in
-        turn (``_RESAMPLE_PER_CALL``), so values that grow are seen within some calls. A
-        call costs one ``len`` per table plus those samples, not a sample of every table
-        (the JobMaster asks every second)."""
+        entries' mean encoded size. A call samples (``_SAMPLE`` entries) at most
+        ``_SAMPLES_PER_CALL`` tables that are new or whose length changed by half since
+        their sample, and re-samples ``_RESAMPLE_PER_CALL`` others in turn (a quarter of
+        ``_SAMPLE``), so values that grow are seen within some calls. Until its turn, a
+        grown table counts at its old mean entry size and a new one at the mean of the
+        sampled tables of its name (sampled at once when there is none). So a call costs
+        one ``len`` per table plus a bounded number of samples, never a sample of every
+        table: the JobMaster asks every second, and state that doubles, or 64 groups
+        installed by a rescale, would otherwise stall the task for one sample per table."""
         cache = self._entry_bytes
-        total = 0
+        total = 0.0
+        budget = _SAMPLES_PER_CALL
         stale: list[tuple[int, str, dict[Any, Any]]] = []
+        unsampled: list[tuple[str, int]] = []  # (name, length): estimated below
+        by_name: dict[str, list[float]] = {}  # name -> [entry bytes, entries] of sampled
         for kg, tables in self.groups.items():
             for name, t in tables.items():
                 n = len(t)
@@ -339,22 +347,38 @@ class KeyedStateBackend:
                     continue
                 known = cache.get((kg, name))
                 if known is None or not known[1] // 2 <= n <= 2 * known[1] + 1:
-                    known = cache[(kg, name)] = (_entry_size(t), n)
+                    if budget:
+                        budget -= 1
+                        known = cache[(kg, name)] = (_entry_size(t), n)
+                    elif known is None:
+                        unsampled.append((name, n))
+                        continue
                 else:
                     stale.append((kg, name, t))
-                total += int(known[0] * n)
+                total += known[0] * n
+                acc = by_name.setdefault(name, [0.0, 0])
+                acc[0] += known[0] * n
+                acc[1] += n
+        for name, n in unsampled:
+            acc = by_name.get(name)
+            if acc is None:  # nothing known of this name: one table of it is sampled
+                kg, t = next((kg, tables[name]) for kg, tables in self.groups.items()
+                             if len(tables.get(name, ())) and (kg, name) not in cache)
+                known = cache[(kg, name)] = (_entry_size(t), len(t))
+                acc = by_name[name] = [known[0] * known[1], known[1]]
+            total += acc[0] / acc[1] * n
         if stale:  # refresh a few, in turn
             self._resample_at %= len(stale)
             for kg, name, t in stale[self._resample_at:self._resample_at + _RESAMPLE_PER_CALL]:
                 old, _ = cache[(kg, name)]
                 per = cache[(kg, name)] = (_entry_size(t, _SAMPLE // 4), len(t))
-                total += int((per[0] - old) * len(t))
+                total += (per[0] - old) * len(t)
             self._resample_at += _RESAMPLE_PER_CALL
         if len(cache) > 2 * sum(len(tables) for tables in self.groups.values()) + 64:
             live = {(kg, name) for kg, tables in self.groups.items() for name in tables}
             for k in [k for k in cache if k not in live]:
                 del cache[k]
-        return total
+        return int(total)
 
     def num_keys(self) -> int:
         return sum(len(t) for tables in self.groups.values() for t in tables.values())

@@ -35,7 +35,12 @@ returned; RSS of the job's actor processes every second.
 
 Also the per-core ceiling: a plain Python loop over the same records (pre-generated list)
 doing ``counts[k] = counts.get(k, 0) + 1`` and appending every update to a list; its
-records/s are also its records per CPU-second (one process, one core).
+records/s are also its records per CPU-second (one process, one core). And the rows job's
+floor: the rows job's own work in one process with no engine (the source reader's batches,
+``to_pair``, ``key_of``, the cached key group, ``add_counts`` on per-group dicts, every update
+appended), the least CPU per record any engine running this job in CPython would spend;
+``rows / floor`` in records per CPU-second is the share of the job's CPU that is its own
+work, the rest is the engine's (frames, the second process, flow control, the sink).
 
 Writes ``examples/bench/out/steady/results.json`` and ``steady.png``.
 """
@@ -58,6 +63,8 @@ if ROOT not in sys.path:
 
 from engine import JobConfig, StreamJob
 from engine.clock import SystemClock
+from engine.keygroups import DEFAULT_NUM_KEY_GROUPS, KeyGroupCache
+from engine.messages import Frame, decode_frame, encode_frame
 from engine.names import JobState
 from engine.sinks import LatencySink, Sink
 from engine.sources import GeneratorSource
@@ -269,15 +276,80 @@ def run_half_load(p: int, variant: str, rate: float, args: argparse.Namespace,
     }
 
 
+def _polls(records: int, poll_records: int) -> Any:
+    """The rows job's source batches: the same reader, the same records."""
+    reader = source(None, records, None).open_partition("0-of-1", None, SystemClock())
+    while (b := reader.poll(poll_records)) is not None:
+        yield b.values
+
+
+_STAMP_MS = 1_764_000_000_000  # a record time of 2025: as many bytes as the job's
+
+
+def _floor_pass(batches: Any, num_key_groups: int,
+                frames: list[Frame] | None = None) -> tuple[float, dict[Any, Any]]:
+    """One pass of the rows job's own work over ``batches`` (an iterable of record lists),
+    no engine: its CPU seconds and final counts. With ``frames`` (a list), each batch's
+    frame as the source task would send it is appended (outside the timing)."""
+    cache = KeyGroupCache(num_key_groups)
+    tables: list[dict[Any, Any]] = [{} for _ in range(num_key_groups)]
+    key_of = jobs.key_of
+    t = time.process_time()
+    for values in batches:
+        pairs = list(map(to_pair, values))
+        keys = list(map(key_of, pairs))
+        kgs = cache.key_groups(keys)
+        out = []
+        for k, kg, v in zip(keys, kgs, pairs):  # noqa: B905
+            table = tables[kg]
+            cur = table.get(k)
+            new = v if cur is None else add_counts(cur, v)
+            table[k] = new
+            out.append(new)
+        if frames is not None:
+            paused = time.process_time()
+            frames.append(Frame(pairs, [_STAMP_MS] * len(pairs), keys, kgs))
+            t += time.process_time() - paused
+    seconds = time.process_time() - t
+    return seconds, {k: v[1] for table in tables for k, v in table.items()}
+
+
+def measure_floor(records: int, poll_records: int, num_key_groups: int,
+                  repeats: int = 3) -> dict[str, Any]:
+    """The least CPU the rows job's own work takes in one process with no engine: the same
+    source reader's batches, ``to_pair``, ``key_of``, the key group (cached), ``add_counts``
+    on per-group dicts, every update appended; no frames, no second process, no sink, no
+    metrics. Best of ``repeats``; its records/s are records per CPU-second. Also the same
+    over the batches pre-generated (as the ceiling's input is: ``pregenerated``), and the
+    CPU of encoding and decoding the frames the source task would send (``frame_codec``:
+    the least the second process costs)."""
+    passes = [_floor_pass(_polls(records, poll_records), num_key_groups)
+              for _ in range(repeats)]
+    times = [seconds for seconds, _ in passes]
+    counts = passes[-1][1]
+    batches = list(_polls(records, poll_records))
+    frames: list[Frame] = []
+    pre = [_floor_pass(batches, num_key_groups, frames if i == 0 else None)[0]
+           for i in range(repeats)]
+    codec = []
+    for _ in range(repeats):
+        t = time.process_time()
+        for f in frames:
+            decode_frame(encode_frame(f))
+        codec.append(time.process_time() - t)
+    size = sum(len(encode_frame(f)) for f in frames)
+    return {"records": sum(counts.values()), "distinct_keys": len(counts), "seconds": times,
+            "throughput": records / min(times), "best_of": repeats,
+            "pregenerated": {"seconds": pre, "throughput": records / min(pre)},
+            "frame_codec": {"seconds": codec, "us_per_record": min(codec) / records * 1e6,
+                            "bytes_per_record": size / records},
+            "work": "GeneratorSource.poll -> map(to_pair) -> map(key_of) -> key group "
+                    "(KeyGroupCache) -> per-group dict: add_counts -> list.append"}
+
+
 def measure_ceiling(records: int, repeats: int = 3) -> dict[str, Any]:
     """Single-process loop over the same records; best of ``repeats``."""
-    reader = source(None, records, None).open_partition("0-of-1", None, SystemClock())
-    data: list[Any] = []
-    while True:
-        b = reader.poll(65536)
-        if b is None:
-            break
-        data.extend(b.values)
+    data: list[Any] = [v for values in _polls(records, 65536) for v in values]
     times = []
     for _ in range(repeats):
         counts: dict[Any, int] = {}
@@ -338,6 +410,14 @@ def summarise(results: dict[str, Any]) -> None:
                 med(v, p, "records_per_cpu_s"), ceil)
         ratios[f"columnar / rows p={p} throughput"] = an.ratio(
             med("columnar", p, "in_out_throughput"), med("rows", p, "in_out_throughput"))
+    floor = results.get("floor", {}).get("throughput")
+    if floor:
+        ratios["rows floor / ceiling"] = an.ratio(floor, ceil)
+        ratios["rows floor, pre-generated input / ceiling"] = an.ratio(
+            results["floor"]["pregenerated"]["throughput"], ceil)
+        for p in results["config"]["parallelism"]:
+            ratios[f"rows p={p} records per CPU-second / floor"] = an.ratio(
+                med("rows", p, "records_per_cpu_s"), floor)
     for v in ("rows", "columnar"):
         for f, name in (("in_out_throughput", "throughput"),
                         ("records_per_cpu_s", "records per CPU-second")):
@@ -360,7 +440,16 @@ def print_table(results: dict[str, Any]) -> None:
     ceil = results["ceiling"]["throughput"]
     warmup = results["config"]["warmup_s"]
     print(f"\nper-core ceiling (plain Python loop, same {results['ceiling']['records']:,} "
-          f"records): {ceil:,.0f} records/s (= records per CPU-second)\n")
+          f"records): {ceil:,.0f} records/s (= records per CPU-second)")
+    fl = results.get("floor")
+    if fl:
+        pre = fl["pregenerated"]["throughput"]
+        print(f"rows job's floor (its own work in one process, no engine): "
+              f"{fl['throughput']:,.0f} records per CPU-second ({fl['throughput'] / ceil:.3f} "
+              f"of the ceiling); over pre-generated batches {pre:,.0f} ({pre / ceil:.3f}); "
+              f"its frames' encode + decode {fl['frame_codec']['us_per_record']:.3f} us per "
+              f"record ({fl['frame_codec']['bytes_per_record']:.1f} bytes)")
+    print()
     print(f"full speed: medians of {results['config']['repeats']} alternated runs (range)")
     _print_rows(
         [("run", 13), ("first in -> last out /s", 30), ("job /s", 28),
@@ -423,6 +512,10 @@ def plot(results: dict[str, Any], path: str) -> None:
         ax1.bar([i + off for i in x], vals, 0.4, yerr=[lo, hi], capsize=3, label=label)
     ceil = results["ceiling"]["throughput"]
     ax1.axhline(ceil, color="k", ls="--", label=f"dict-loop ceiling {ceil / 1e6:.2f}M/s")
+    if results.get("floor"):
+        floor = results["floor"]["throughput"]
+        ax1.axhline(floor, color="0.4", ls=":",
+                    label=f"rows job's own work, no engine {floor / 1e6:.2f}M per CPU-s")
     ax1.set_xticks(list(x), [f"{m['variant']}\np={m['parallelism']}" for m in meds])
     ax1.set_yscale("log")
     ax1.set_ylabel("records/s (log)")
@@ -609,6 +702,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ceiling: plain loop over {args.records:,} pre-generated records ...")
     results["ceiling"] = measure_ceiling(args.records)
     print(f"  {results['ceiling']['throughput']:,.0f} records/s")
+    if "rows" in args.variants:
+        print(f"floor: the rows job's own work over {args.records:,} records, no engine ...")
+        fl = results["floor"] = measure_floor(args.records, config.source_poll_records,
+                                              DEFAULT_NUM_KEY_GROUPS)
+        print(f"  {fl['throughput']:,.0f} records per CPU-second; "
+              f"{fl['pregenerated']['throughput']:,.0f} over pre-generated batches; frames "
+              f"{fl['frame_codec']['us_per_record']:.3f} us per record to encode and decode")
     results.update(full_speed=[], half_load=[], skipped={})
     if "bytewax" in args.variants:
         from examples.bench.harness import bytewax_count

@@ -84,6 +84,8 @@ def test_steady_quick_end_to_end(tmp_path) -> None:
         assert r["in_out_throughput"] > 0
     assert ("bytewax" in full) != ("bytewax" in res["skipped"])  # run, or said why not
     assert set(res["medians"]) >= {"rows p=1", "columnar p=1"}
+    assert res["floor"]["records"] == 50_000 and res["floor"]["throughput"] > 0
+    assert "rows p=1 records per CPU-second / floor" in res["ratios"]
     halves = {h["variant"]: h for h in res["half_load"]}
     for half in halves.values():
         assert half["records_at_sink"] == half["records_expected"] > 0

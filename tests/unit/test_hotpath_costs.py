@@ -81,6 +81,39 @@ def test_state_size_estimate_follows_growth_and_changed_values() -> None:
     assert b.estimated_bytes() == pytest.approx(b.size_bytes(2) + b.size_bytes(3), rel=0.1)
 
 
+def test_state_size_estimate_samples_a_bounded_number_of_tables_per_call(monkeypatch) -> None:
+    import engine.state as state_mod
+
+    b = KeyedStateBackend(128)
+    for kg in range(128):
+        b.own(kg)
+    for k in range(12_800):
+        b.groups[k % 128].setdefault("v", {})[k] = bytes(50)
+    samples = []
+    real = state_mod._entry_size
+    monkeypatch.setattr(state_mod, "_entry_size",
+                        lambda t, n=state_mod._SAMPLE: samples.append(n) or real(t, n))
+    exact = sum(b.size_bytes(kg) for kg in range(128))
+    limit = 16  # of 128 tables
+    for _ in range(3):  # 128 new tables: estimated from the sampled ones meanwhile
+        samples.clear()
+        assert b.estimated_bytes() == pytest.approx(exact, rel=0.1)
+        assert len(samples) <= limit
+    for k in range(12_800, 51_200):  # every table grows fourfold at once
+        b.groups[k % 128]["v"][k] = bytes(50)
+    exact = sum(b.size_bytes(kg) for kg in range(128))
+    samples.clear()
+    assert b.estimated_bytes() == pytest.approx(exact, rel=0.1)
+    assert len(samples) <= limit
+    b.groups[0]["w"] = {1: "x" * 500}  # a name never sampled: sampled at once
+    for kg in range(1, 128):
+        b.groups[kg]["w"] = {1: "x" * 500}
+    samples.clear()
+    exact = sum(b.size_bytes(kg) for kg in range(128))
+    assert b.estimated_bytes() == pytest.approx(exact, rel=0.1)
+    assert len(samples) <= limit + 1
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(min_value=-5, max_value=70_000), min_size=1, max_size=200))
 def test_integer_latencies_bucket_as_floats_do(ms: list[int]) -> None:

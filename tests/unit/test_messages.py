@@ -227,6 +227,19 @@ def test_frame_round_trip_with_keys(event):
     )
 
 
+@pytest.mark.parametrize("stamps", [[7, 7, 7], [7, 8, 7], [7], [7, 7, 8]], ids=repr)
+def test_frame_timestamps_all_equal_travel_once_and_come_back_per_record(stamps):
+    frame = m.Frame([("k", i) for i in range(len(stamps))], stamps, ["k"] * len(stamps),
+                    [3] * len(stamps), m.Watermark(5))
+    data = m.encode_frame(frame)
+    out = m.decode_frame(data)
+    assert out.timestamps == tuple(stamps) and out.event == m.Watermark(5)
+    assert out.values == tuple(frame.values)
+    many = m.Frame([1] * 1000, [1_764_000_000_000] * 1000)
+    assert len(m.encode_frame(many)) < 1100  # one stamp, not a thousand
+    assert m.decode_frame(m.encode_frame(many)).timestamps == (1_764_000_000_000,) * 1000
+
+
 def test_empty_frame_carrying_only_an_event():
     out = m.decode_frame(m.encode_frame(m.Frame((), (), event=m.EndOfStream())))
     assert out == m.Frame((), (), None, None, m.EndOfStream())

@@ -20,7 +20,7 @@ from typing import Any
 from engine import graph as g
 from engine.clock import Clock, now_ms
 from engine.columnar import ColumnBatch, as_rows
-from engine.errors import JobDefinitionError, UserFunctionError
+from engine.errors import InternalError, JobDefinitionError, UserFunctionError
 from engine.functions import (
     Context,
     KeyedProcessFunction,
@@ -183,8 +183,9 @@ def with_function(op: g.OperatorDef, fn: Any) -> g.OperatorDef:
                              f"{fn!r:.80}")
 
 
-class UnknownKeyGroupError(RuntimeError):
-    """A record reached a task that does not own its key group: a routing bug."""
+class UnknownKeyGroupError(InternalError, RuntimeError):
+    """A record reached a task that does not own its key group: a routing bug (the task
+    fails with this message; it never reaches user code)."""
 
 
 class KeyedRunner:

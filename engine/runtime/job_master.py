@@ -492,10 +492,21 @@ class JobMaster:
             await self._stop_tasks()
             self.state = JobState.STOPPED
         await self._teardown()
+        await self._stop_background()
         if self.endpoint is not None:
             self.endpoint.close()
             self.endpoint = None
         self._notify()
+
+    async def _stop_background(self) -> None:
+        """Cancel the watch, replica and checkpoint loops (not the caller, if it is one):
+        an actor killed while one sleeps would print "Task was destroyed but it is
+        pending" for it."""
+        me = asyncio.current_task()
+        others = [t for t in self._background if t is not me and not t.done()]
+        for t in others:
+            t.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
 
     # -- rescale (``engine.runtime.rescaling`` runs the coordinator's commands)
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from engine.errors import ColumnarError, InvalidKeyError
-from engine.keygroups import stable_hash
+from engine.keygroups import int_key_hashes, stable_hash
+from engine.keygroups import mod_key_groups as _mod
 from engine.sources import Source, SourceBatch, SourceReader
 
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ TS_COLUMN = "__ts"
 KG_COLUMN = "__kg"
 _META = b"reflow"
 IPC_MAGIC = b"\xff\xff\xff\xff"
-_M32 = np.uint64(0xFFFFFFFF)
 
 
 class ColumnBatch:
@@ -182,34 +182,6 @@ class ColumnKey:
 
 
 # ---------------------------------------------------------------- key groups, vectorised
-
-
-def int_key_hashes(keys: np.ndarray) -> np.ndarray:
-    """``stable_hash`` of each int64 key, vectorised (uint32): MurmurHash3's finaliser of
-    ``low 32 bits ^ high 32 bits`` (``^ 0x9E3779B9`` for a negative key)."""
-    k = keys.astype(np.int64, copy=False)
-    u = k.view(np.uint64)
-    m = u >> np.uint64(32)
-    m ^= u
-    m &= _M32
-    neg = k < 0
-    if neg.any():
-        m[neg] ^= np.uint64(0x9E3779B9)
-    h = m.astype(np.uint32)
-    with np.errstate(over="ignore"):
-        h ^= h >> np.uint32(16)
-        h *= np.uint32(0x85EBCA6B)
-        h ^= h >> np.uint32(13)
-        h *= np.uint32(0xC2B2AE35)
-        h ^= h >> np.uint32(16)
-    return h
-
-
-def _mod(h: np.ndarray, n: int) -> np.ndarray:
-    if n & (n - 1) == 0:
-        h &= np.uint32(n - 1)
-        return h.view(np.int32)
-    return (h % np.uint32(n)).astype(np.int32)
 
 
 def column_key_groups(column: Any, num_key_groups: int) -> np.ndarray:

@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from itertools import repeat
 
 import msgpack
+import numpy as np
 
 from engine.errors import InvalidKeyError, UnhashableKeyError
 
 DEFAULT_NUM_KEY_GROUPS = 128
+_VECTOR_MISSES = 32  # new keys in one batch from which ints are hashed with numpy
 _MASK32 = 0xFFFFFFFF
 
 
@@ -81,13 +83,46 @@ def stable_hash(key: object) -> int:
         ) from exc
 
 
+def int_key_hashes(keys: np.ndarray) -> np.ndarray:
+    """``stable_hash`` of each int64 key, vectorised (uint32): MurmurHash3's finaliser of
+    ``low 32 bits ^ high 32 bits`` (``^ 0x9E3779B9`` for a negative key)."""
+    k = keys.astype(np.int64, copy=False)
+    u = k.view(np.uint64)
+    m = u >> np.uint64(32)
+    m ^= u
+    m &= np.uint64(_MASK32)
+    neg = k < 0
+    if neg.any():
+        m[neg] ^= np.uint64(0x9E3779B9)
+    h = m.astype(np.uint32)
+    with np.errstate(over="ignore"):
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x85EBCA6B)
+        h ^= h >> np.uint32(13)
+        h *= np.uint32(0xC2B2AE35)
+        h ^= h >> np.uint32(16)
+    return h
+
+
+def mod_key_groups(hashes: np.ndarray, num_key_groups: int) -> np.ndarray:
+    """Key groups (int32) of ``int_key_hashes`` output (which it may change in place)."""
+    n = num_key_groups
+    if n & (n - 1) == 0:
+        hashes &= np.uint32(n - 1)
+        return hashes.view(np.int32)
+    return (hashes % np.uint32(n)).astype(np.int32)
+
+
 def key_group_of(key: object, num_key_groups: int) -> int:
     """The key group that ``key`` belongs to."""
     return stable_hash(key) % num_key_groups
 
 
 class KeyGroupCache:
-    """Memoises ``key_group_of`` for hot keys; bounded so memory stays flat."""
+    """Memoises ``key_group_of`` for hot keys; bounded so memory stays flat (cleared whole
+    when full). A batch is looked up in one C-level pass; when it brings ``_VECTOR_MISSES``
+    or more new keys that are all ``int`` within int64, they are hashed in one numpy pass
+    (``int_key_hashes``, the same hash), else one at a time."""
 
     def __init__(self, num_key_groups: int, max_entries: int = 500_000) -> None:
         self.num_key_groups = num_key_groups
@@ -100,16 +135,31 @@ class KeyGroupCache:
         if -1 not in out:
             return out
         n = self.num_key_groups
-        for i, kg in enumerate(out):  # the keys not seen before
-            if kg < 0:
-                k = keys[i]
-                kg = cache.get(k, -1)  # an earlier miss of this batch may have added it
-                if kg < 0:
-                    kg = stable_hash(k) % n
-                    if len(cache) >= self._max:
+        missed = [i for i, kg in enumerate(out) if kg < 0]
+        if len(missed) >= _VECTOR_MISSES:  # many new keys: ints are hashed in one numpy pass
+            new = [keys[i] for i in missed]
+            if set(map(type, new)) == {int}:
+                try:
+                    arr = np.array(new, dtype=np.int64)
+                except OverflowError:  # beyond int64: one at a time below
+                    pass
+                else:
+                    if len(cache) + len(new) > self._max:
                         cache.clear()
-                    cache[k] = kg
-                out[i] = kg
+                    kgs = mod_key_groups(int_key_hashes(arr), n).tolist()
+                    cache.update(zip(new, kgs, strict=True))
+                    for i, kg in zip(missed, kgs):  # noqa: B905 - equal lengths
+                        out[i] = kg
+                    return out
+        for i in missed:  # the keys not seen before
+            k = keys[i]
+            kg = cache.get(k, -1)  # an earlier miss of this batch may have added it
+            if kg < 0:
+                kg = stable_hash(k) % n
+                if len(cache) >= self._max:
+                    cache.clear()
+                cache[k] = kg
+            out[i] = kg
         return out
 
 

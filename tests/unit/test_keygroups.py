@@ -10,6 +10,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.keygroups import (
     DEFAULT_NUM_KEY_GROUPS,
@@ -273,3 +275,37 @@ def test_key_group_cache_with_equal_keys_of_different_types():
     cache = KeyGroupCache(128)
     keys = [1, 1.0, True]
     assert cache.key_groups(keys) == [key_group_of(k, 128) for k in keys]
+
+
+_INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_KEYS = st.one_of(
+    _INT64, st.integers(min_value=-50, max_value=50), st.integers(min_value=2**63),
+    st.booleans(), st.floats(allow_nan=False), st.text(max_size=3), st.none())
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches=st.lists(st.one_of(st.lists(_INT64, min_size=30, max_size=80),
+                                  st.lists(_KEYS, max_size=80)), min_size=1, max_size=6),
+       n=st.sampled_from([1, 7, 64, 128, 1000]), max_entries=st.sampled_from([10, 100, 10**6]))
+def test_key_group_cache_batches_of_new_keys_match_key_group_of(batches, n, max_entries):
+    cache = KeyGroupCache(n, max_entries=max_entries)
+    bound = max_entries  # a batch's new keys may exceed a tiny bound: they are kept
+    for keys in batches + batches[::-1]:  # new, then seen (or evicted) keys
+        assert cache.key_groups(keys) == [key_group_of(k, n) for k in keys]
+        bound = max(bound, len(keys))
+        assert len(cache._cache) <= bound
+
+
+def test_key_group_cache_many_new_int_keys_take_the_vectorised_path(monkeypatch):
+    import engine.keygroups as kg_mod
+
+    keys = list(range(-500, 500)) + [2**63 - 1, -(2**63)]
+    few = [2**64, 5, 3.5, "a"]
+    want, want_few = [key_group_of(k, 128) for k in keys], [key_group_of(k, 128) for k in few]
+    calls = []
+    monkeypatch.setattr(kg_mod, "stable_hash", lambda k: calls.append(k) or stable_hash(k))
+    cache = KeyGroupCache(128)
+    assert cache.key_groups(keys) == want
+    assert calls == []  # none hashed one at a time
+    assert cache.key_groups(few) == want_few
+    assert calls == [2**64, 3.5, "a"]  # few new keys: one at a time

@@ -279,25 +279,16 @@ class KeyedRunner:
         try:
             # one output per record, appended last: the records done are the outputs added;
             # the timestamps are copied once, in ``finally``
-            if note is None:
-                for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
-                    table = tables[kg]
-                    if table is None:
-                        table = self._reduce_table(tables, kg)
-                    cur = table.get(k, missing)
-                    new = v if cur is missing else fn(cur, v)
-                    table[k] = new
-                    append(new)
-            else:
-                for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
-                    table = tables[kg]
-                    if table is None:
-                        table = self._reduce_table(tables, kg)
-                    cur = table.get(k, missing)
-                    new = v if cur is missing else fn(cur, v)
-                    table[k] = new
+            for k, kg, v in zip(keys, kgs, values):  # noqa: B905 - equal lengths
+                table = tables[kg]
+                if table is None:
+                    table = self._reduce_table(tables, kg)
+                cur = table.get(k, missing)
+                new = v if cur is missing else fn(cur, v)
+                table[k] = new
+                if note is not None:
                     note(kg, k)
-                    append(new)
+                append(new)
         finally:
             i = start + len(out) - before
             out_ts.extend(timestamps[start:i])

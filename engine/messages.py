@@ -145,8 +145,32 @@ class LogicBarrier:
     version: int
 
 
+@wire
+@dataclass(frozen=True, slots=True)
+class WatermarkHold:
+    """A live rescale: the old owner of a subscale's key groups, on every output channel when
+    the groups freeze there, at its watermark then. Until the matching ``WatermarkRelease``
+    the receiver's watermark does not pass ``watermark``: records of the groups may still be
+    on their way to the new owner (re-routed, set aside, waiting for their state), and their
+    outputs must not come after a watermark that passed them (``engine.time.WatermarkTracker``).
+    ``token``: the subscale's id, unique within the job."""
+
+    token: int
+    watermark: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class WatermarkRelease:
+    """The new owner of the subscale ``token``'s key groups, on every output channel, behind
+    the outputs of everything of the subscale it processed: the hold is lifted. It may reach
+    a receiver before the hold (another channel); the hold then never takes effect."""
+
+    token: int
+
+
 ChannelEvent = (Watermark | CheckpointBarrier | LatencyMarker | EndOfStream | ChannelIdle
-                | ConfirmBarrier | PauseBarrier | LogicBarrier)
+                | ConfirmBarrier | PauseBarrier | LogicBarrier | WatermarkHold | WatermarkRelease)
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,6 +89,8 @@ from engine.messages import (
     TaskState,
     TriggerCheckpoint,
     Watermark,
+    WatermarkHold,
+    WatermarkRelease,
     decode_frame,
 )
 from engine.metrics import TaskMetrics
@@ -562,6 +564,10 @@ class TaskCore:
                 self._on_watermark(self.tracker.update(ch.channel_id, ts))
             case ChannelIdle():
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
+            case WatermarkHold(token=token, watermark=wm):
+                self._on_watermark(self.tracker.hold(token, wm))
+            case WatermarkRelease(token=token):
+                self._on_watermark(self.tracker.release(token))
             case CheckpointBarrier(checkpoint_id=cid):
                 self._barriers.setdefault(cid, event)
                 self._on_checkpoint_aligned(self.checkpoints.on_barrier(ch.channel_id, cid))

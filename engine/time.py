@@ -108,17 +108,28 @@ def sliding_processing_time(size_ms: int, slide_ms: int, offset_ms: int = 0) -> 
 
 
 class WatermarkTracker:
-    """The watermark of a task: the minimum over its live input channels.
+    """The watermark of a task: the minimum over its live input channels and its holds.
 
     A channel counts once it has sent a watermark; an ended or removed channel stops
     counting; an idle channel does not hold the minimum back. ``update`` returns the new
     task watermark when it advanced, else None.
+
+    Holds (``engine.messages.WatermarkHold``/``WatermarkRelease``) keep the watermark at or
+    below a value while a live rescale still has records on their way to a new owner: a
+    hold counts like one more channel from ``hold`` until ``release``, whatever its
+    channels do meanwhile. A release may arrive first (it travels on another channel); it is
+    remembered (at most ``MAX_EARLY_RELEASES``, the oldest forgotten first) so its hold,
+    when it comes, is ignored. The watermark never goes back: a hold below it stops it.
     """
+
+    MAX_EARLY_RELEASES = 1024
 
     def __init__(self) -> None:
         self.channels: dict[int, int] = {}
         self.live: set[int] = set()
         self.idle: set[int] = set()
+        self.holds: dict[int, int] = {}
+        self.released_early: dict[int, None] = {}  # insertion-ordered, bounded
         self.current = MIN_WATERMARK
 
     def set_channels(self, channel_ids: list[int]) -> int | None:
@@ -146,10 +157,36 @@ class WatermarkTracker:
         self.idle.discard(channel_id)
         return self._recompute()
 
+    def hold(self, token: int, watermark: int) -> int | None:
+        """Keep the watermark at or below ``watermark`` until ``release(token)``."""
+        if token in self.released_early:
+            del self.released_early[token]
+            return None
+        self.holds[token] = watermark
+        return None
+
+    def release(self, token: int) -> int | None:
+        """Lift hold ``token``; returns the new watermark when that advanced it."""
+        if self.holds.pop(token, None) is None:
+            self.released_early[token] = None
+            while len(self.released_early) > self.MAX_EARLY_RELEASES:
+                del self.released_early[next(iter(self.released_early))]
+            return None
+        return self._recompute()
+
     def _recompute(self) -> int | None:
         active = [c for c in self.live if c not in self.idle]
         if not active:
             return None
+        if any(c not in self.channels for c in active):
+            return None
+        wm = min(self.channels[c] for c in active)
+        if self.holds:
+            wm = min(wm, min(self.holds.values()))
+        if wm > self.current:
+            self.current = wm
+            return wm
+        return None
         if any(c not in self.channels for c in active):
             return None
         wm = min(self.channels[c] for c in active)

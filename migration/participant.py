@@ -34,6 +34,10 @@ Guarantees:
 * Timers of a group on its way in or out do not fire here (held ones travel with the state);
   user code sees, for an incoming group, no later watermark than the old owner's when the
   group left it.
+* No watermark passes a record still on its way: the old owner puts ``WatermarkHold`` on its
+  output channels when a subscale's groups freeze (at its watermark then), the new owner
+  ``WatermarkRelease`` once the subscale is done there, behind the outputs of its records
+  and timers; receivers stay at or below the hold in between (``engine.time``).
 * A group's state is shipped once: on the first trigger or pull (drrs), or once every
   confirm is in (aligned protocols); to a holder of a replica at the group's last replicated
   version only the changes since.
@@ -68,6 +72,8 @@ from engine.messages import (
     SubscaleDone,
     SubscaleTriggered,
     TriggerBarrier,
+    WatermarkHold,
+    WatermarkRelease,
 )
 from engine.names import SubscaleRole
 from engine.state import KeyedStateBackend
@@ -598,8 +604,14 @@ class MigrationParticipant:
         return kg in self._leaving or self.new_role.incoming(kg)
 
     def _freeze_leaving(self, sid: int) -> None:
+        """The subscale's first barrier here: its groups' timers stop firing, and the
+        receivers are held at this watermark until the new owner has processed everything
+        of the subscale (it may have sent a later watermark already, and records of the
+        groups may still reach it re-routed or set aside)."""
+        wm = self.host.watermark
         for kg in self.old_role.subscales[sid].key_groups:
-            self._leaving.setdefault(kg, self.host.watermark)
+            self._leaving.setdefault(kg, wm)
+        self.host.router.broadcast(WatermarkHold(sid, wm))
 
     def _backend(self) -> KeyedStateBackend:
         b = self.host.backend
@@ -742,6 +754,8 @@ class MigrationParticipant:
             host.fire_event_timers()
         if nr.subscale_done(sid):
             inc = nr.finish(sid)
+            # behind the outputs of every record and timer of the subscale run here
+            host.router.broadcast(WatermarkRelease(sid))
             host.unblock_channels(sid)
             host.remove_input_if_idle(inc.reroute_channel)
             host.report(SubscaleDone(host.name, sid, SubscaleRole.NEW.value, inc.bytes_in, 0, 0.0,

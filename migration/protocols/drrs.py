@@ -17,6 +17,12 @@ For one *subscale* S (key groups K moving from old owner s to new owner d):
    Records that cannot be processed yet are set aside per (channel, key group), up to a
    task-wide cap. g is *active* once its state is in and every predecessor's confirm has
    arrived.
+4. Event time: s puts ``WatermarkHold(S, w)`` on its output channels when it is first
+   triggered (``w`` its watermark then); d puts ``WatermarkRelease(S)`` on its own once
+   every group of S is active there, behind their outputs. Between the two the receivers'
+   watermark stays at or below ``w``, so no window downstream fires before the records of
+   K still on their way (re-routed, set aside, held timers) have been processed
+   (docs/architecture.md, "the event-time invariant of a live rescale").
 
 The per-task side of this lives in ``migration.participant``; the scheduling of subscales
 (at once, bounded per task and per operator) in ``migration.scheduling``; this module plans.

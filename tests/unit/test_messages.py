@@ -50,6 +50,8 @@ CHANNEL_EVENTS = [
     m.ConfirmBarrier(3, 17),
     m.PauseBarrier(3),
     m.LogicBarrier(3),
+    m.WatermarkHold(5, 1_700_000_000_000),
+    m.WatermarkRelease(5),
 ]
 
 # Messages whose fields are plain values.

@@ -10,7 +10,10 @@ it held up, beside the bytes it moved). This policy uses those measurements:
 1. **A cost model per protocol**, fitted on the job's own history: ``disruption_s = fixed_s
    + per_mb_s * MB moved`` (least squares with non-negative terms over the last
    ``memory`` rescales of the protocol; priors until there are measurements: live
-   protocols ``prior_live``, stop-restart ``prior_stop_restart``).
+   protocols ``prior_live``, stop-restart ``prior_stop_restart``). The protocol is the one
+   that ran (``RescaleReport.protocol``): a live request for an operator without key
+   groups runs ``stateless`` (no state moves, no other operator stops) and is predicted
+   and fitted as such, never as the key-group protocol it named.
 2. **DS2's parallelism with the measured cost** in place of the fixed restart time: the
    capacity must also drain, within ``catch_up_s``, the backlog the migration itself will
    build (``target rate * predicted disruption``), so a cheap live migration asks for
@@ -59,6 +62,7 @@ from migration.assignment import (
     ssm,
     uniform,
 )
+from migration.protocols import protocol_used
 
 Assignment = Callable[[Sequence[float], Sequence[int], Sequence[int], int], tuple[int, ...]]
 
@@ -135,8 +139,9 @@ def fit_cost(records: Sequence[RescaleRecord], protocol: str, prior: tuple[float
 
 @dataclass(frozen=True)
 class Option:
-    """One way to carry out a rescale: protocol, target assignment, what it moves and the
-    predicted disruption (seconds of input held up)."""
+    """One way to carry out a rescale: protocol asked for (and ``runs_as``, what runs when
+    that differs), target assignment, what it moves and the predicted disruption (seconds
+    of input held up, from the cost model of what runs)."""
 
     protocol: str
     assignment_name: str
@@ -144,6 +149,13 @@ class Option:
     megabytes: float
     disruption_s: float
     imbalance: float | None
+    runs_as: str = ""
+
+    @property
+    def used(self) -> str:
+        """The protocol that will run (``migration.protocols.protocol_used``): the one asked
+        for, or ``stateless``/``handover`` for an operator without key groups."""
+        return self.runs_as or self.protocol
 
 
 class CostAwareDS2(DS2):
@@ -188,13 +200,19 @@ class CostAwareDS2(DS2):
         prior = self.prior_stop_restart if protocol == "stop-restart" else self.prior_live
         return fit_cost(view.rescales, protocol, prior, self.memory)
 
+    def runs_as(self, protocol: str, op: OperatorView) -> str:
+        """What a rescale of ``op`` asked with ``protocol`` runs as: the protocol whose
+        measured rescales predict its cost (a live request for an operator without key
+        groups runs ``stateless``, and is measured as such)."""
+        return protocol_used(protocol, keyed=op.keyed, source=op.is_source)
+
     def disruption_s(self, op: OperatorView, target_rate: float, view: JobView,
                      metrics: MetricsWindow) -> float:
         """The cheapest protocol's predicted disruption for moving half the operator's
         state (the parallelism is not known yet here; ``finish`` predicts it exactly)."""
         r = metrics.operator(op.name)
-        mb = (r.state_bytes / 1e6 / 2) if r is not None else 0.0
-        return min(self.model(p, view).predict(mb) for p in self.protocols)
+        mb = (r.state_bytes / 1e6 / 2) if r is not None and op.keyed else 0.0
+        return min(self.model(self.runs_as(p, op), view).predict(mb) for p in self.protocols)
 
     def horizon(self, operator: str, view: JobView) -> float:
         """How long an action on ``operator`` is expected to last: the median time between
@@ -232,10 +250,12 @@ class CostAwareDS2(DS2):
         first among those within the balance bound (then the rest, most even first)."""
         current = op.assignment
         out: list[Option] = []
-        if not op.keyed or not current:
+        if not op.keyed or not current:  # no state moves: 'stateless' (or as asked)
             for proto in self.protocols:
+                used = self.runs_as(proto, op)
                 out.append(Option(proto, "none", None, 0.0,
-                                  self.model(proto, view).predict(0.0), None))
+                                  self.model(used, view).predict(0.0), None,
+                                  used if used != proto else ""))
             return sorted(out, key=lambda o: o.disruption_s)
         loads, sizes = self._profile(op, view, metrics)
         seen: set[tuple[int, ...]] = set()
@@ -274,9 +294,11 @@ class CostAwareDS2(DS2):
             best = options[0]
             held = e.target_rate * best.disruption_s  # records the migration holds up
             horizon = self.horizon(d.operator, view)
-            cost = (f"{best.protocol} with the {best.assignment_name} assignment moves "
+            how = (f"{best.protocol} (runs as {best.runs_as})" if best.runs_as
+                   else best.protocol)
+            cost = (f"{how} with the {best.assignment_name} assignment moves "
                     f"{best.megabytes:.2f} MB, predicted to hold up {best.disruption_s:.2f} s "
-                    f"of input ({held:,.0f} records; {self.model(best.protocol, view)})")
+                    f"of input ({held:,.0f} records; {self.model(best.used, view)})")
             skip = self._skip(d, e, best, held, horizon)
             if skip:
                 out.append(NoChange(f"{self.name}: skip {d.operator} {e.parallelism} -> "

@@ -18,11 +18,14 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    ``needed = target / target_utilisation + catch_up + target * disruption_s / catch_up_s``;
    ``disruption_s`` is Flink's fixed ``restart.time`` here (``restart_time_s``, 0 by
    default: a live rescale barely stops the job; ``controllers.cost_aware`` measures it).
-5. **Even key-group splits.** For a keyed operator, the smallest parallelism whose busiest
+5. **Fixed parallelism.** An operator joined to a neighbour by a forward edge keeps its
+   parallelism (reflow refuses such a rescale: it would change what the job computes); DS2
+   says so in a ``NoChange`` instead of proposing it, and still counts its rates.
+6. **Even key-group splits.** For a keyed operator, the smallest parallelism whose busiest
    task (by key groups, uniform ranges) holds at most ``1 + key_group_tolerance`` times the
    groups the exact parallelism would give it; then clamped to ``[min, max]`` (max: the
    job's key groups for keyed operators).
-6. **No flapping.** No decision while a rescale runs, nor within ``stabilisation_s`` after
+7. **No flapping.** No decision while a rescale runs, nor within ``stabilisation_s`` after
    one ends (and the metrics window never spans a rescale); a scale-up is carried out at
    once, a scale-down only after it was recommended continuously for
    ``scale_down_delay_s``, and then to the highest parallelism recommended meanwhile.
@@ -227,16 +230,27 @@ class DS2(Controller):
         # out of the band and able to move (one at its limit stays where it is)
         outside = [e for e in mine if e.load is not None and not lo <= e.load <= hi
                    and e.optimal != e.parallelism]
+        # a forward edge fixes an operator's parallelism: a rescale would be refused
+        fixed = [e for e in outside if ops[e.operator].fixed_parallelism]
+        kept = [NoChange(f"{self.name}: {e.operator} stays at {e.parallelism} (DS2 would go to "
+                         f"{e.optimal}: {e.reason}): {ops[e.operator].fixed_parallelism}")
+                for e in fixed]
+        outside = [e for e in outside if e not in fixed]
         if not outside:
             self.pending_down.clear()
             loads = ", ".join(f"{e.operator} {e.load:.2f}" + (
-                "" if e.load is not None and lo <= e.load <= hi else " (at its limit)")
+                "" if e.load is not None and lo <= e.load <= hi else
+                " (forward edge)" if e in fixed else " (at its limit)")
                 for e in mine)
-            return [NoChange(f"every operator within the utilisation band {lo}..{hi}"
-                             f"{': ' + loads if loads else ''}")]
-        decisions: list[Decision] = []
+            return [*kept, NoChange(f"every operator {'it may rescale ' if kept else ''}within "
+                                    f"the utilisation band {lo}..{hi}"
+                                    f"{': ' + loads if loads else ''}")]
+        decisions: list[Decision] = list(kept)
         waiting: list[str] = []
         for e in mine:
+            if e in fixed:
+                self.pending_down.pop(e.operator, None)
+                continue
             if e.optimal > e.parallelism:
                 self.pending_down.pop(e.operator, None)
                 decisions.append(Scale(e.operator, e.optimal, protocol=self.protocol,
@@ -262,7 +276,10 @@ class DS2(Controller):
         decisions = self.finish(decisions, estimates, metrics, view)
         if not any(isinstance(d, Scale) for d in decisions):
             why = "scale-down delayed: " + "; ".join(waiting)
-            decisions = [d for d in decisions if isinstance(d, NoChange)] or [NoChange(why)]
+            notes = [d for d in decisions if isinstance(d, NoChange)]
+            if not notes or (waiting and all(d in kept for d in notes)):
+                notes.append(NoChange(why))
+            decisions = list(notes)
         return decisions
 
     def _wait_reason(self, metrics: MetricsWindow, view: JobView) -> str:

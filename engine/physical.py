@@ -3,15 +3,21 @@
 A *vertex* is a chain of operators that run in one task per parallel instance. An operator
 is chained to its single upstream when the edge is forward (same parallelism, not keyed,
 not a union) and the upstream has no other consumer, as Flink does. Pure: no Ray.
+
+A forward edge keeps its meaning for the job's life: a rescale that would join unequal
+parallelisms across one is refused (``PhysicalPlan.check_rescale``, ``with_parallelism``),
+never turned into a rebalance edge, since records of one key would then reach the
+receiver along several paths and in another order (docs/architecture.md, "Forward edges").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from engine import graph as g
+from engine.errors import RescaleRefused
 
 FORWARD = "forward"
 REBALANCE = "rebalance"
@@ -89,22 +95,66 @@ class PhysicalPlan:
         return frozenset({e.src for e in self.inputs_of(vertex)}
                          | {e.dst for e in self.outputs_of(vertex)}) - {vertex}
 
-    def rescaled(self, vertex: str, parallelism: int) -> PhysicalPlan:
-        """The same plan with one vertex at a new parallelism; chaining is kept, forward
-        edges that would join unequal parallelisms become rebalance edges."""
+    def forward_edges_of(self, vertex: str) -> list[Edge]:
+        """The forward edges into and out of ``vertex`` (each task of one side sends to the
+        task at its own index on the other, so both sides run equally many tasks)."""
+        return [e for e in self.edges if e.partitioning == FORWARD
+                and vertex in (e.src, e.dst) and e.src != e.dst]
+
+    def check_rescale(self, vertex: str, parallelism: int) -> None:
+        """Raise ``RescaleRefused`` when running ``vertex`` at ``parallelism`` would change
+        what the job computes: a forward edge of the vertex would join unequal
+        parallelisms. The refusal names the edge and says what to do. At the vertex's
+        current parallelism nothing changes and every request passes."""
+        v = self.vertex(vertex)
+        if parallelism == v.parallelism:
+            return
+        for e in self.forward_edges_of(vertex):
+            raise RescaleRefused(forward_edge_refusal(e, vertex, v.parallelism, parallelism),
+                                 operator=vertex)
+
+    def with_parallelism(self, parallelism: Mapping[str, int]) -> PhysicalPlan:
+        """The same plan with these vertices at new parallelisms; chaining and every edge's
+        partitioning are kept. ``RescaleRefused`` (naming the edge) when a forward edge
+        would join unequal parallelisms: a forward edge never silently becomes a rebalance
+        edge (that would change what the job computes; see ``check_rescale``)."""
         verts = tuple(
-            replace(v, parallelism=parallelism,
-                    operators=tuple(replace(op, parallelism=parallelism) for op in v.operators))
-            if v.name == vertex else v
+            replace(v, parallelism=parallelism[v.name],
+                    operators=tuple(replace(op, parallelism=parallelism[v.name])
+                                    for op in v.operators))
+            if v.name in parallelism else v
             for v in self.vertices
         )
+        before = {v.name: v.parallelism for v in self.vertices}
         par = {v.name: v.parallelism for v in verts}
-        edges = tuple(
-            replace(e, partitioning=REBALANCE)
-            if e.partitioning == FORWARD and par[e.src] != par[e.dst] else e
-            for e in self.edges
-        )
-        return PhysicalPlan(verts, edges, self.num_key_groups)
+        for e in self.edges:
+            if e.partitioning == FORWARD and par[e.src] != par[e.dst]:
+                moved = e.src if par[e.src] != before[e.src] else e.dst
+                raise RescaleRefused(forward_edge_refusal(e, moved, before[moved], par[moved]),
+                                     operator=moved)
+        return PhysicalPlan(verts, self.edges, self.num_key_groups)
+
+    def rescaled(self, vertex: str, parallelism: int) -> PhysicalPlan:
+        """The same plan with one vertex at a new parallelism (``with_parallelism``:
+        ``RescaleRefused`` when a forward edge of the vertex would join unequal
+        parallelisms)."""
+        return self.with_parallelism({vertex: parallelism})
+
+
+def forward_edge_refusal(edge: Edge, vertex: str, current: int, parallelism: int) -> str:
+    """Why a rescale of ``vertex`` from ``current`` to ``parallelism`` tasks is refused over
+    forward ``edge``, and what to do instead."""
+    other = edge.dst if edge.src == vertex else edge.src
+    return (f"{edge.src!r} -> {edge.dst!r} is a forward edge (task i of {edge.src!r} sends only "
+            f"to task i of {edge.dst!r}, so both run {current} tasks): rescaling {vertex!r} to "
+            f"{parallelism} would turn it into a rebalance edge and change what the job "
+            f"computes (records of one key would reach {edge.dst!r} along several paths, in "
+            f"another order). reflow does not rescale forward-connected operators; the job "
+            f"goes on unchanged. To rescale {vertex!r}, build the job with different "
+            f"parallelisms for {vertex!r} and {other!r} (the edge is then a rebalance edge), "
+            f"or chain them (equal parallelism, {edge.dst!r} the only consumer of "
+            f"{edge.src!r}, no key_by or union between them) and rescale the chain's first "
+            f"operator")
 
 
 def plan_physical(graph: g.JobGraph) -> PhysicalPlan:

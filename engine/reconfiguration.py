@@ -273,8 +273,10 @@ class OperatorView:
     operator's), ``operators`` (the chain its tasks run), ``kind`` of that first operator,
     ``keyed``, ``parallelism`` and ``max_parallelism`` (the job's key groups for a keyed
     vertex), ``inputs``/``outputs`` (upstream and downstream vertices), ``tasks`` (names by
-    index), ``assignment`` (key group -> task index; empty when not keyed) and ``nodes``
-    (the Ray node of each task where known, else "")."""
+    index), ``assignment`` (key group -> task index; empty when not keyed), ``nodes``
+    (the Ray node of each task where known, else "") and ``forward`` (the neighbours it is
+    joined to by a forward edge: task i sends to task i, so its parallelism is fixed and a
+    rescale to another one is refused; a rebalance at the same parallelism is not)."""
 
     name: str
     operators: tuple[str, ...]
@@ -287,10 +289,19 @@ class OperatorView:
     tasks: tuple[str, ...]
     assignment: tuple[int, ...] = ()
     nodes: tuple[str, ...] = ()
+    forward: tuple[str, ...] = ()
 
     @property
     def is_source(self) -> bool:
         return self.kind == "source"
+
+    @property
+    def fixed_parallelism(self) -> str:
+        """Why its parallelism cannot change ("" when it can): its forward edges."""
+        if not self.forward:
+            return ""
+        return (f"{self.name!r} is joined to {', '.join(repr(n) for n in self.forward)} by a "
+                "forward edge, which keeps its parallelism (a rescale would be refused)")
 
 
 @wire

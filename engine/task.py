@@ -565,9 +565,15 @@ class TaskCore:
             case ChannelIdle():
                 self._on_watermark(self.tracker.mark_idle(ch.channel_id))
             case WatermarkHold(token=token, watermark=wm):
-                self._on_watermark(self.tracker.hold(token, wm))
+                if self.keyed is None:  # nothing here fires on time: the receivers hold
+                    self.router.broadcast(event)
+                else:
+                    self._on_watermark(self.tracker.hold(token, wm))
             case WatermarkRelease(token=token):
-                self._on_watermark(self.tracker.release(token))
+                if self.keyed is None:
+                    self.router.broadcast(event)
+                else:
+                    self._on_watermark(self.tracker.release(token))
             case CheckpointBarrier(checkpoint_id=cid):
                 self._barriers.setdefault(cid, event)
                 self._on_checkpoint_aligned(self.checkpoints.on_barrier(ch.channel_id, cid))

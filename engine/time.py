@@ -116,10 +116,14 @@ class WatermarkTracker:
 
     Holds (``engine.messages.WatermarkHold``/``WatermarkRelease``) keep the watermark at or
     below a value while a live rescale still has records on their way to a new owner: a
-    hold counts like one more channel from ``hold`` until ``release``, whatever its
-    channels do meanwhile. A release may arrive first (it travels on another channel); it is
-    remembered (at most ``MAX_EARLY_RELEASES``, the oldest forgotten first) so its hold,
-    when it comes, is ignored. The watermark never goes back: a hold below it stops it.
+    hold counts like one more channel from ``hold`` until its ``release``, whatever the
+    channels do meanwhile. Holds and releases of one token are counted: a token may come
+    several times, once per path (stateless tasks in between relay them, and each relays
+    both, or only the hold or only the release on a forward edge, so the paths balance), and
+    is held while more holds than releases came. A release may come first (another
+    channel); the hold that balances it then never takes effect. Tokens with more releases
+    than holds are kept for at most ``MAX_EARLY_RELEASES`` tokens, the oldest forgotten
+    first. The watermark never goes back: a hold below it stops it.
     """
 
     MAX_EARLY_RELEASES = 1024
@@ -128,8 +132,9 @@ class WatermarkTracker:
         self.channels: dict[int, int] = {}
         self.live: set[int] = set()
         self.idle: set[int] = set()
-        self.holds: dict[int, int] = {}
-        self.released_early: dict[int, None] = {}  # insertion-ordered, bounded
+        self.holds: dict[int, int] = {}  # token -> watermark, while held
+        self._balance: dict[int, int] = {}  # token -> holds - releases, when not 0
+        self.released_early: dict[int, None] = {}  # tokens with more releases; bounded
         self.current = MIN_WATERMARK
 
     def set_channels(self, channel_ids: list[int]) -> int | None:
@@ -158,21 +163,37 @@ class WatermarkTracker:
         return self._recompute()
 
     def hold(self, token: int, watermark: int) -> int | None:
-        """Keep the watermark at or below ``watermark`` until ``release(token)``."""
-        if token in self.released_early:
-            del self.released_early[token]
-            return None
-        self.holds[token] = watermark
+        """A hold of ``token`` at ``watermark`` came (on one path)."""
+        self._count(token, +1, watermark)
         return None
 
     def release(self, token: int) -> int | None:
-        """Lift hold ``token``; returns the new watermark when that advanced it."""
-        if self.holds.pop(token, None) is None:
+        """A release of ``token`` came (on one path); returns the new watermark when that
+        lifted the hold and advanced it."""
+        if self._count(token, -1, 0):
+            return self._recompute()
+        return None
+
+    def _count(self, token: int, step: int, watermark: int) -> bool:
+        """Add ``step`` to the token's balance; True when that lifted its hold."""
+        was_held = token in self.holds
+        n = self._balance.get(token, 0) + step
+        if n:
+            self._balance[token] = n
+        else:
+            self._balance.pop(token, None)
+        if n > 0:
+            self.holds.setdefault(token, watermark)
+        else:
+            self.holds.pop(token, None)
+        if n < 0:
             self.released_early[token] = None
             while len(self.released_early) > self.MAX_EARLY_RELEASES:
+                self._balance.pop(next(iter(self.released_early)), None)
                 del self.released_early[next(iter(self.released_early))]
-            return None
-        return self._recompute()
+        else:
+            self.released_early.pop(token, None)
+        return was_held and token not in self.holds
 
     def _recompute(self) -> int | None:
         active = [c for c in self.live if c not in self.idle]

@@ -78,7 +78,13 @@ from migration.planning import (
     profiles_from_metrics,
     workload_from_profiles,
 )
-from migration.protocols import PROTOCOLS, PlanRequest, ProtocolSpec, RescaleProtocol
+from migration.protocols import (
+    PROTOCOLS,
+    LiveMechanism,
+    PlanRequest,
+    ProtocolSpec,
+    RescaleProtocol,
+)
 from migration.report import RescaleReport
 from migration.scheduling import StepScheduler, SubscaleScheduler
 
@@ -988,7 +994,9 @@ class StopRestartRescale(RescaleCoordinator):
 # ---------------------------------------------------------------------- source rescale
 
 #: ``RescaleReport.protocol`` of a live source rescale
-HANDOVER = "handover"
+HANDOVER = str(LiveMechanism.HANDOVER)
+#: ``RescaleReport.protocol`` of a live rescale of an operator without key groups
+STATELESS = str(LiveMechanism.STATELESS)
 
 
 class SourceRescale(RescaleCoordinator):
@@ -1076,21 +1084,113 @@ class SourceRescale(RescaleCoordinator):
         done = clock.now()
         return RescaleReport(
             vertex, HANDOVER, len(old_tasks), len(names), self.requested_at, done,
-            done - self.requested_at, 0, 0, tuple(phases), tuple(sorted(offsets.items())))
+            done - self.requested_at, 0, 0, tuple(phases), tuple(sorted(offsets.items())),
+            requested_protocol=str(self.request.protocol))
+
+
+# ---------------------------------------------------------------------- stateless rescale
+
+
+class StatelessRescale(RescaleCoordinator):
+    """A live rescale of an operator without key groups (not a source): tasks are added or
+    drained while every other task runs on; no state moves.
+
+    1. *hold*: the operator's tasks do not finish while their number changes (refused, the
+       job untouched, when the operator's input has ended);
+    2. scale-out, *deploy* (``add_tasks_steps``): the new tasks (generation + 1) are
+       created and connected, their receivers add the new channels, they start, and only
+       then every predecessor appends its channels to them (a rebalance edge deals its
+       batches round robin over all its channels, so the new tasks get records as soon as
+       they are wired); scale-in, *remove* (``remove_tasks_steps``): every predecessor
+       drops its channels to the last tasks, which have taken everything sent to them once
+       it answers (the runtime's shell settles the channels' frames first), then those
+       tasks flush, end their outputs with ``EndOfStream`` behind everything they emitted,
+       and hand over what their chained sinks wrote and no checkpoint committed yet
+       (adopted by the tasks that stay, round robin); then they go;
+    3. *release*.
+
+    No checkpoint starts while tasks are being added or removed (``DataflowChanges``: the
+    phases deploy and remove are not quiet). Exact: every record a predecessor sends goes
+    to exactly one task of the operator, which processes it before it ends; per channel
+    order is kept. Event time: a new task's channel holds its receivers' watermark until it
+    sends its first watermark, which it does only once every predecessor's channel to it
+    carried one (its predecessors send their current watermark when they add it); a removed
+    task's channel stops counting at its ``EndOfStream``, behind its last record.
+
+    Only for operators whose edges are not forward (``PhysicalPlan.check_rescale``): a
+    forward edge pairs task i with task i and cannot take another number of tasks."""
+
+    def progress(self) -> RescaleProgress:
+        return RescaleProgress(self.vertex, STATELESS, str(self.phase), 0, 0, 0, not self.done)
+
+    def _steps(self) -> _Steps:
+        vertex, clock, ctx = self.vertex, self.clock, self.ctx
+        timer = PhaseTimer(clock)
+        tasks = self._tasks()
+        old_p, new_p = len(tasks), self.request.parallelism
+        # 1. hold: no task of the operator finishes while their number changes
+        self._held = tasks
+        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True)) for t in tasks))
+        ended = [st.task for st in states if st.input_ended]
+        if ended or self.input_ended:
+            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
+            who = ended[0] if ended else sorted(self.finished_tasks)[0]
+            raise RescaleRefused(
+                f"the input of operator {vertex!r} has ended (task {who}): it processes "
+                "nothing more, so there is nothing to rescale", operator=vertex)
+        timer.mark(Phase.HOLD)
+        self.committed = True
+        names = tuple(tasks)
+        if new_p > old_p:  # 2. scale-out: new tasks, wired while the job runs
+            gen = self.dep.generation + 1
+            new_names = tuple(task_name(ctx.job_id, vertex, i, gen) for i in range(old_p, new_p))
+            names = (*names, *new_names)
+            self.phase = Phase.DEPLOY
+            self.dep = self.dep.with_vertex(vertex, names, generation=gen)
+            yield from add_tasks_steps(self.dep, vertex, new_names, ctx.channel_ids)
+            yield UpdateVertex(vertex, names, None, gen)
+            timer.mark(Phase.DEPLOY)
+        elif new_p < old_p:  # 2. scale-in: the last tasks drain, end their outputs, go
+            gone = names[new_p:]
+            self.phase = Phase.REMOVE
+            yield from remove_tasks_steps(self.dep, vertex, gone, ctx.channel_ids)
+            names = names[:new_p]
+            self.dep = self.dep.with_vertex(vertex, names)
+            yield UpdateVertex(vertex, names)
+            self.finished_tasks.difference_update(gone)
+            timer.mark(Phase.REMOVE)
+        # 3. release
+        self._held = names
+        yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in names))
+        timer.mark(Phase.RELEASE)
+        done = clock.now()
+        return RescaleReport(
+            vertex, STATELESS, old_p, len(names), self.requested_at, done,
+            done - self.requested_at, 0, 0, tuple(timer.phases),
+            planning_reason=(f"operator {vertex!r} holds no key groups: "
+                             + ("new tasks wired live" if new_p > old_p else
+                                "the last tasks drained and removed live" if new_p < old_p
+                                else "its parallelism is unchanged")
+                             + f" instead of {self.request.protocol}"),
+            requested_protocol=str(self.request.protocol))
 
 
 def coordinator_for(request: RescaleRequest, ctx: RescaleContext,
                     clock: Clock) -> RescaleCoordinator:
-    """The coordinator that runs ``request``'s protocol (a placement: ``Placement``); a
-    source's live rescale hands its partitions over (``SourceRescale``) whatever live
-    protocol was named."""
+    """The coordinator that runs ``request``'s protocol (a placement: ``Placement``);
+    whatever live protocol was named, a source's live rescale hands its partitions over
+    (``SourceRescale``) and that of another operator without key groups adds or drains
+    tasks (``StatelessRescale``): ``migration.protocols.protocol_used``."""
     if request.place is not None:
         if not PROTOCOLS[request.protocol].live:
             raise RescaleRefused(f"placement moves key groups live; protocol "
                                  f"{request.protocol!r} is not a live protocol")
         return Placement(request, ctx, clock)
     if PROTOCOLS[request.protocol].live:
-        if ctx.deployment.plan.vertex(request.operator).is_source:
+        v = ctx.deployment.plan.vertex(request.operator)
+        if v.is_source:
             return SourceRescale(request, ctx, clock)
+        if not v.keyed:
+            return StatelessRescale(request, ctx, clock)
         return LiveRescale(request, ctx, clock)
     return StopRestartRescale(request, ctx, clock)

@@ -36,6 +36,10 @@ class RescaleReport:
     ``predicted_bytes`` (the state its plan expected to move, by the sizes the tasks
     reported: compare ``bytes_moved``), ``load_ratio`` (max / mean task load it expected)
     and ``assignment_reason``.
+    ``protocol`` is what actually ran: a requested protocol, or for an operator without
+    key groups ``handover`` (a source) or ``stateless`` (``migration.protocols.LiveMechanism``);
+    ``requested_protocol`` is what the request named (set by every live rescale of an
+    operator without key groups; "" elsewhere: the same as ``protocol``).
     """
 
     operator: str
@@ -62,6 +66,7 @@ class RescaleReport:
     predicted_bytes: int | None = None
     load_ratio: float | None = None
     assignment_reason: str = ""
+    requested_protocol: str = ""
 
     @property
     def cut_short(self) -> bool:
@@ -71,12 +76,14 @@ class RescaleReport:
 
     def summary(self) -> str:
         """One line for people: protocol, operator, parallelism, duration, groups and bytes
-        moved. A cut-short rescale says so, with "moved X of Y planned key groups" (or that
+        moved (and the protocol asked for when another one ran). A cut-short rescale says so, with "moved X of Y planned key groups" (or that
         the plan's size is unknown when ``key_groups_planned`` was not filled)."""
         head = (f"{self.protocol} rescale of {self.operator!r} "
                 f"{self.old_parallelism} -> {self.new_parallelism}")
         predicted = ("" if self.predicted_bytes is None else
                      f"; {self.assignment} assignment predicted {self.predicted_bytes} bytes")
+        if self.requested_protocol and self.requested_protocol != self.protocol:
+            predicted += f" (asked for {self.requested_protocol})"
         if not self.cut_short:
             return (f"{head} done in {self.duration_s:.2f} s: moved {self.key_groups_moved} "
                     f"key groups ({self.bytes_moved} bytes){predicted}")

@@ -154,12 +154,17 @@ def rescale_at(handle: Any, operator: str, steps: Sequence[tuple[Moment, int]],
 
 
 def check_reports(reports: Sequence[Any], context: str = "") -> None:
-    """Every report of a rescale that changed something moved key groups: a plan that
+    """Every report of a rescale that changed something moved key groups (a report of an
+    operator without key groups, ``stateless`` or ``handover``, is skipped): a plan that
     moves groups moved them all (unless a newer request superseded it), and a change of
     parallelism planned moves, except right after a superseded rescale (a cut-short
     scale-out keeps tasks that may hold no group; removing them moves nothing)."""
+    from migration.protocols import LiveMechanism
+
     cut_short: set[str] = set()
     for r in reports:
+        if r.protocol in (LiveMechanism.STATELESS, LiveMechanism.HANDOVER):
+            continue  # an operator without key groups: nothing to move
         what = (f"{r.protocol} {r.old_parallelism}->{r.new_parallelism} of {r.operator!r} "
                 f"(planned {r.key_groups_planned}, moved {r.key_groups_moved}) {context}")
         if r.old_parallelism != r.new_parallelism and r.operator not in cut_short:

@@ -62,11 +62,12 @@ class RestorePlan:
 def checkpoint_layout(plan: PhysicalPlan, meta: CheckpointMetadata) -> PhysicalPlan:
     """``plan`` with each vertex at its parallelism in the checkpoint (recovery restores
     the job as it was, a rescale in progress included)."""
+    changed: dict[str, int] = {}
     for v in plan.vertices:
         old = meta.vertex(v.name)
         if old is not None and old.parallelism != v.parallelism:
-            plan = plan.rescaled(v.name, old.parallelism)
-    return plan
+            changed[v.name] = old.parallelism
+    return plan.with_parallelism(changed) if changed else plan
 
 
 def fresh_deployment(plan: PhysicalPlan, job_id: str, generation: int,

@@ -310,7 +310,9 @@ class ControllerRunner:
                 len(tasks), nkg, tuple(e.src for e in plan.inputs_of(v.name)),
                 tuple(e.dst for e in plan.outputs_of(v.name)), tuple(tasks),
                 tuple(dep.assignments.get(v.name, ())),
-                tuple(m.nodes.get(t, "") for t in tasks))
+                tuple(m.nodes.get(t, "") for t in tasks),
+                tuple(sorted({e.dst if e.src == v.name else e.src
+                              for e in plan.forward_edges_of(v.name)})))
         loads: dict[str, tuple[float, ...]] = {}
         sizes: dict[str, tuple[int, ...]] = {}
         if group_stats:

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from engine import graph as g
 from engine.checkpoints.metadata import CheckpointKind
 from engine.checkpoints.restore import plan_restore
 from engine.config import check_count
@@ -43,7 +42,6 @@ from engine.errors import (
     RescaleRefused,
     RescaleTimeout,
 )
-from engine.keygroups import validate_assignment
 from engine.messages import (
     DescribeTask,
     TaskState,
@@ -54,7 +52,7 @@ from engine.names import JobState
 from engine.runtime.failures import reflow_error_in, unwrap
 from engine.runtime.headroom import CpuHeadroom
 from engine.runtime.recovery import JobRestarted
-from migration.assignment import AssignmentError, AssignmentSpec
+from migration.assignment import AssignmentSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -74,9 +72,9 @@ from migration.coordinator import (
     UpdateVertex,
     coordinator_for,
 )
-from migration.planning import Planning
 from migration.protocols import PROTOCOLS, RescaleProtocol
 from migration.report import RescaleReport
+from migration.requests import validate_request
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster
@@ -180,83 +178,17 @@ class Rescaler:
                  assignment: tuple[int, ...] | None, planning: Any,
                  strategy: AssignmentSpec | None = None) -> RescaleRequest:
         """The request as a value, or ``RescaleRefused`` saying what to change.
-        ``parallelism`` None: the operator's current one (a rebalance by ``strategy``)."""
+        ``parallelism`` None: the operator's current one (a rebalance by ``strategy``).
+        What depends on the running job is checked here, the rest by the pure
+        ``migration.requests.validate_request`` (forward edges kept included)."""
         m = self.m
         if m.state != JobState.RUNNING:
             raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
         if m.finishing:
             raise RescaleRefused(f"job {m.job_id} is finishing (its input ended everywhere); "
                                  "there is nothing left to rescale")
-        try:
-            proto = RescaleProtocol.parse(protocol, "protocol")
-        except ValueError as exc:
-            raise RescaleRefused(str(exc)) from None
-        if PROTOCOLS[proto].live and not m.config.live_rescaling:
-            raise RescaleRefused(
-                f"protocol {proto!r} needs live rescaling, which this job's config switches "
-                "off (JobConfig(live_rescaling=False)); use protocol='stop-restart' or enable it")
-        try:
-            op = m.graph.operator(operator)
-        except Exception as exc:
-            raise RescaleRefused(str(exc)) from None
-        v = m.dep.plan.vertex_of(operator)
-        if v.name != operator:
-            raise RescaleRefused(
-                f"operator {operator!r} is chained behind {v.name!r} and runs in its tasks; "
-                f"rescale {v.name!r}")
-        if parallelism is None:
-            parallelism = len(m.dep.tasks[v.name])
-        parallelism = check_count(f"rescale of {operator!r}: parallelism", parallelism,
-                                  error=RescaleRefused)
-        if op.kind == g.SOURCE:
-            return self._validate_source(v.name, parallelism, proto, assignment, planning,
-                                         strategy)
-        nkg = m.dep.plan.num_key_groups
-        if v.keyed and parallelism > nkg:
-            raise RescaleRefused(
-                f"parallelism {parallelism} for keyed operator {operator!r} exceeds the number "
-                f"of key groups ({nkg})")
-        if assignment is not None:
-            if not v.keyed:
-                raise RescaleRefused(f"operator {operator!r} is not keyed; it has no key "
-                                     "groups to assign")
-            try:
-                validate_assignment(tuple(assignment), nkg, parallelism)
-            except ValueError as exc:
-                raise RescaleRefused(f"assignment for {operator!r} refused: {exc}") from None
-        if strategy is not None:
-            if not isinstance(strategy, AssignmentSpec):
-                raise RescaleRefused(f"assignment strategy must be a migration.assignment."
-                                     f"AssignmentSpec, not {type(strategy).__name__}")
-            if not v.keyed:
-                raise RescaleRefused(f"operator {operator!r} is not keyed; an assignment "
-                                     f"strategy ({strategy.strategy}) needs key groups")
-            try:
-                strategy.check(nkg)
-            except AssignmentError as exc:
-                raise RescaleRefused(str(exc)) from None
-        if planning is not None and not isinstance(planning, Planning):
-            raise RescaleRefused(f"planning must be a migration.planning.Planning, not "
-                                 f"{type(planning).__name__}")
-        if PROTOCOLS[proto].live and not v.keyed:
-            proto = RescaleProtocol.STOP_RESTART  # a stateless operator has no groups to move
-        return RescaleRequest(v.name, parallelism, proto,
-                              tuple(assignment) if assignment is not None else None, planning,
-                              "requested through the job handle", strategy=strategy)
-
-    def _validate_source(self, vertex: str, parallelism: int, proto: RescaleProtocol,
-                         assignment: tuple[int, ...] | None, planning: Any,
-                         strategy: AssignmentSpec | None) -> RescaleRequest:
-        """A source rescales by handing its partitions over (any live protocol) or by
-        stop-restart; it has no key groups. More tasks than partitions is allowed: the
-        surplus tasks read nothing and end at once (they hold back no watermark and no
-        checkpoint)."""
-        if assignment is not None or planning is not None or strategy is not None:
-            raise RescaleRefused(f"operator {vertex!r} is a source: it has partitions, not key "
-                                 "groups; rescale it without an assignment, strategy or "
-                                 "planning")
-        return RescaleRequest(vertex, parallelism, proto, None, None,
-                              "requested through the job handle")
+        return validate_request(m.dep.plan, operator, parallelism, protocol, assignment,
+                                planning, strategy, live_rescaling=m.config.live_rescaling)
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
@@ -367,11 +299,18 @@ class Rescaler:
         req = self.validate(operator, p, protocol, None, None)
         v = m.dep.plan.vertex(req.operator)
         if not v.keyed or not PROTOCOLS[req.protocol].live:
-            raise RescaleRefused(f"operator {operator!r} is not keyed: placement moves a task "
-                                 "with its key groups, live (a stateless operator can be "
-                                 "rescaled with stop-restart instead)", operator=operator)
+            raise RescaleRefused(f"operator {operator!r} is not keyed, or {protocol!r} is not "
+                                 "a live protocol: placement moves a task with its key groups, "
+                                 "live (a stateless operator holds none: rescale it instead)",
+                                 operator=operator)
         index = check_count(f"placement of {operator!r}: task_index", task_index, 0,
                             error=RescaleRefused)
+        try:  # the replacement runs beside the task it replaces until its groups moved
+            m.dep.plan.check_rescale(req.operator, p + 1)
+        except RescaleRefused as exc:
+            raise RescaleRefused(f"placement of task {index} of {operator!r} runs one more "
+                                 f"task while its key groups move, and {exc}",
+                                 operator=operator) from None
         if index >= p:
             raise RescaleRefused(f"operator {operator!r} has no task {index}; its tasks are "
                                  f"0..{p - 1}", operator=operator)
@@ -526,10 +465,12 @@ class Rescaler:
                                                   exclusive=True)
             case RestoreJob(checkpoint=meta, parallelism=parallelism, assignments=assignments):
                 plan = m.graph_plan
+                changed: dict[str, int] = {}
                 for v in plan.vertices:
                     p = parallelism.get(v.name) or meta.vertex(v.name).parallelism
                     if p != v.parallelism:
-                        plan = plan.rescaled(v.name, p)
+                        changed[v.name] = p
+                plan = plan.with_parallelism(changed)  # forward edges keep equal sides
                 restore = plan_restore(meta, plan, m.job_id, m.next_generation(),
                                        assignments=assignments, partitions=m.dep.partitions)
                 m.kill_tasks()

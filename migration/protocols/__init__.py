@@ -2,13 +2,21 @@
 
 ``PROTOCOLS`` maps each ``RescaleProtocol`` to its ``ProtocolSpec`` (data-plane flags,
 scheduling and planner); ``LIVE`` is the live subset. ``make_plan`` returns a protocol's
-plan as a value (no I/O). The table in ``migration.protocols.base`` says how they differ.
+plan as a value (no I/O). The table in ``migration.protocols.base`` says how they differ;
+``protocol_used`` says what a request runs as (``LiveMechanism`` for operators without key
+groups).
 """
 
 from __future__ import annotations
 
 from migration.plan import MigrationPlan
-from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
+from migration.protocols.base import (
+    LiveMechanism,
+    PlanRequest,
+    ProtocolSpec,
+    RescaleProtocol,
+    protocol_used,
+)
 from migration.protocols.drrs import DRRS
 from migration.protocols.megaphone import BATCHED, FLUID
 from migration.protocols.non_disruptive import NON_DISRUPTIVE
@@ -30,5 +38,5 @@ def make_plan(protocol: str, request: PlanRequest) -> MigrationPlan:
     return protocol_spec(protocol).planner(request)
 
 
-__all__ = ["LIVE", "PROTOCOLS", "MigrationPlan", "PlanRequest", "ProtocolSpec",
-           "RescaleProtocol", "make_plan", "protocol_spec"]
+__all__ = ["LIVE", "PROTOCOLS", "LiveMechanism", "MigrationPlan", "PlanRequest", "ProtocolSpec",
+           "RescaleProtocol", "make_plan", "protocol_spec", "protocol_used"]

@@ -16,6 +16,11 @@ non-disruptive     no       yes      no     no          steps from the planning 
 stop-restart       (not live: pause, drain, snapshot, redeploy, install, resume)
 =================  =======  =======  =====  ==========  ================================
 
+These flags move key groups. An operator without key groups has nothing to move: asked to
+rescale live with any of them, a source hands its partitions over and any other operator
+adds or drains tasks (``LiveMechanism``, ``protocol_used``); ``stop-restart`` stays what
+it is for every operator.
+
 *trigger*: predecessors send a priority trigger and the old owner migrates at once,
 re-routing later records (DRRS). *aligned*: the old owner ships a group's state only once
 every predecessor's confirm barrier is in, so nothing is ever re-routed. *block*: while
@@ -43,6 +48,32 @@ class RescaleProtocol(NameEnum):
     FLUID = "fluid"
     BATCHED = "batched"
     NON_DISRUPTIVE = "non-disruptive"
+
+
+class LiveMechanism(NameEnum):
+    """How a live rescale runs for an operator without key groups, in place of the key-group
+    protocol that was asked for (``RescaleReport.protocol``; the request's protocol is in
+    ``RescaleReport.requested_protocol``):
+
+    * ``handover``: a source's partitions go to a new set of source tasks with their
+      resume states (``migration.coordinator.SourceRescale``);
+    * ``stateless``: a non-keyed operator gets new tasks, wired while the job runs, or
+      drains and removes some (``migration.coordinator.StatelessRescale``); no state moves
+      and no other operator stops."""
+
+    HANDOVER = "handover"
+    STATELESS = "stateless"
+
+
+def protocol_used(protocol: str, *, keyed: bool, source: bool) -> str:
+    """What a rescale of an operator runs as, asked with ``protocol``: ``stop-restart``
+    as asked; a live protocol as itself for a keyed operator, ``handover`` for a source,
+    ``stateless`` for any other operator (its tasks hold no key groups). What controllers
+    compare with ``RescaleReport.protocol`` and the measured ``RescaleRecord.protocol``."""
+    proto = RescaleProtocol.parse(protocol, "protocol")
+    if proto == RescaleProtocol.STOP_RESTART or keyed:
+        return str(proto)
+    return str(LiveMechanism.HANDOVER if source else LiveMechanism.STATELESS)
 
 
 @dataclass(frozen=True)

@@ -107,3 +107,23 @@ def test_it_chooses_the_assignment_itself_so_it_takes_no_assignment_argument():
 
     with pytest.raises(ControllerError, match="assignments="):
         CostAwareDS2(assignment="ssm")
+
+
+def test_a_stateless_operator_is_predicted_and_told_as_the_stateless_rescale_it_runs():
+    """A live request for an operator without key groups runs 'stateless': its cost model
+    is fitted on the measured stateless rescales, never on the protocol it names."""
+    j = Pipeline([Stage("parse", 1_000, keyed=False), Stage("sink", 50_000, 0.0, keyed=False)],
+                 3_000)
+    j.history = [record("parse", "stateless", 0, 0.05, at=0.0),
+                 record("agg", "drrs", 32, 9.0, at=10.0)]
+    ctl = CostAwareDS2()
+    op = j.view().operators["parse"]
+    assert ctl.runs_as("drrs", op) == "stateless"
+    assert ctl.runs_as("stop-restart", op) == "stop-restart"
+    (best, *_) = ctl.options(op, 5, j.view(), j.window())
+    assert best.protocol == "drrs" and best.used == "stateless"
+    assert best.disruption_s == pytest.approx(0.05)
+    d = scales(ctl.decide(j.window(), j.view()))["parse"]
+    assert d.protocol == "drrs"
+    assert "drrs (runs as stateless)" in d.reason and "stateless: " in d.reason
+    assert "fitted on 1 rescales" in d.reason

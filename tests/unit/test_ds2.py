@@ -211,3 +211,35 @@ def test_bad_settings_are_refused():
         DS2(band=(0.8, 0.9))
     with pytest.raises(ControllerError, match="max_parallelism"):
         DS2(min_parallelism=4, max_parallelism=2)
+
+
+def with_forward(view, operator: str, neighbours: tuple[str, ...]):
+    """``view`` with ``operator`` joined to ``neighbours`` by forward edges."""
+    import dataclasses
+
+    ops = dict(view.operators)
+    ops[operator] = dataclasses.replace(ops[operator], forward=neighbours)
+    return dataclasses.replace(view, operators=ops)
+
+
+def test_an_operator_on_a_forward_edge_is_not_rescaled_and_the_reason_says_why():
+    """reflow refuses to change a parallelism across a forward edge; DS2 proposes no such
+    rescale (it would be refused), says why, and still rescales the others."""
+    job = Pipeline([Stage("parse", 1_000, keyed=False), Stage("agg", 500, 0.1, parallelism=2),
+                    Stage("sink", 2_000, 0.0, keyed=False)], 3_000)
+    ds2 = DS2()
+    plain = scales(ds2.decide(job.window(), job.view()))
+    assert set(plain) >= {"parse", "agg"}, plain
+    out = DS2().decide(job.window(), with_forward(job.view(), "parse", ("agg",)))
+    assert "parse" not in scales(out) and scales(out)["agg"] == plain["agg"], out
+    (why,) = [d for d in out if isinstance(d, NoChange)]
+    assert "parse stays at 1" in why.reason and "forward edge" in why.reason
+    assert f"would go to {plain['parse']}" in why.reason
+
+
+def test_only_forward_bound_operators_out_of_the_band_give_a_no_change():
+    job = three_operators(3_000)
+    out = DS2().decide(job.window(), with_forward(job.view(), "agg", ("sink",)))
+    assert not scales(out), out
+    assert any("agg stays at 2" in d.reason for d in out)
+    assert any("within the utilisation band" in d.reason for d in out)

@@ -15,6 +15,7 @@ from engine.deployment import (
     initial_deployment,
     task_name,
 )
+from engine.errors import RescaleRefused
 from engine.keygroups import key_groups_of_task, uniform_assignment
 from engine.messages import Connect, decode_message, encode_message
 from engine.physical import FORWARD, KEYED, REBALANCE, PhysicalPlan, plan_physical
@@ -121,22 +122,43 @@ def test_keyed_union_gives_one_keyed_edge_per_input():
 # ---------------------------------------------------------------- rescaled
 
 
-def test_rescaled_turns_unequal_forward_edges_into_rebalance_and_keeps_chains():
+def test_rescaled_refuses_to_turn_a_forward_edge_into_rebalance_and_keeps_chains():
+    """A forward edge keeps its meaning: a change of parallelism on one side is refused
+    naming the edge (it never silently becomes a rebalance edge); both sides together, or a
+    vertex on rebalance edges, rescale with their chains."""
     job = StreamJob("j", num_key_groups=8, parallelism=2)
     s = job.source(SRC, name="src")
     s.map(str, name="a").filter(bool, name="fa").sink(TestingSink(), name="out-a")
     s.map(repr, name="b").sink(TestingSink(), name="out-b")
     plan = plan_physical(job.graph())
     assert edges(plan) == [("src", "a", FORWARD), ("src", "b", FORWARD)]
-    r = plan.rescaled("a", 5)
+    with pytest.raises(RescaleRefused, match="'src' -> 'a' is a forward edge"):
+        plan.rescaled("a", 5)
+    with pytest.raises(RescaleRefused, match="'src' -> 'a' is a forward edge"):
+        plan.check_rescale("a", 5)
+    with pytest.raises(RescaleRefused, match="is a forward edge"):
+        plan.rescaled("src", 3)
+    plan.check_rescale("a", 2)  # the same parallelism: nothing changes
+    r = plan.with_parallelism({"src": 5, "a": 5, "b": 5})
     assert chains(r) == {
-        "src": (["src"], 2), "a": (["a", "fa", "out-a"], 5), "b": (["b", "out-b"], 2)}
+        "src": (["src"], 5), "a": (["a", "fa", "out-a"], 5), "b": (["b", "out-b"], 5)}
     assert all(op.parallelism == 5 for op in r.vertex("a").operators)
-    assert edges(r) == [("src", "a", REBALANCE), ("src", "b", FORWARD)]
+    assert edges(r) == [("src", "a", FORWARD), ("src", "b", FORWARD)]
     assert [e.edge_id for e in r.edges] == [0, 1]
     # the original plan is a value: untouched
     assert edges(plan) == [("src", "a", FORWARD), ("src", "b", FORWARD)]
     assert plan.vertex("a").parallelism == 2
+    assert plan.forward_edges_of("b") == [plan.edges[1]]
+
+
+def test_rescaled_keeps_a_rebalance_edge_at_any_parallelism():
+    job = StreamJob("j", num_key_groups=8, parallelism=2)
+    (job.source(SRC, name="src", parallelism=1).map(str, name="a", parallelism=2)
+        .sink(TestingSink(), name="o"))
+    plan = plan_physical(job.graph())
+    assert edges(plan) == [("src", "a", REBALANCE)]
+    for p in (1, 3):  # equal parallelism too: the edge stays a rebalance edge
+        assert edges(plan.rescaled("a", p)) == [("src", "a", REBALANCE)]
 
 
 def test_rescaled_keyed_vertex_keeps_keyed_edge_and_key_groups():

@@ -169,8 +169,30 @@ class WatermarkRelease:
     token: int
 
 
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupLeft:
+    """A live rescale: the old owner of ``key_group``, on every output channel when it gives
+    the group away, behind all its outputs of it (``engine.group_order``)."""
+
+    subscale: int
+    key_group: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupArrived:
+    """A live rescale: the new owner of ``key_group``, on every output channel when the
+    group's state is in, ahead of all its outputs of it; a receiver reads nothing more of
+    the channel until it has met the matching ``GroupLeft`` (``engine.group_order``)."""
+
+    subscale: int
+    key_group: int
+
+
 ChannelEvent = (Watermark | CheckpointBarrier | LatencyMarker | EndOfStream | ChannelIdle
-                | ConfirmBarrier | PauseBarrier | LogicBarrier | WatermarkHold | WatermarkRelease)
+                | ConfirmBarrier | PauseBarrier | LogicBarrier | WatermarkHold | WatermarkRelease
+                | GroupLeft | GroupArrived)
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,9 +91,24 @@ class PhysicalPlan:
 
     def neighbours(self, vertex: str) -> frozenset[str]:
         """The other vertices that exchange records with ``vertex``: its inputs' sources
-        and its outputs' destinations."""
-        return frozenset({e.src for e in self.inputs_of(vertex)}
-                         | {e.dst for e in self.outputs_of(vertex)}) - {vertex}
+        and its outputs' destinations, and, through a neighbour without key groups (not a
+        source), that neighbour's own, and so on: a stateless task passes on what a
+        migration sends its receivers (watermark holds, ``engine.group_order``'s markers),
+        so operators it joins must not rescale at once either."""
+        def direct(v: str) -> set[str]:
+            return {e.src for e in self.inputs_of(v)} | {e.dst for e in self.outputs_of(v)}
+
+        seen = {vertex}
+        todo = [vertex]
+        out: set[str] = set()
+        while todo:
+            for n in direct(todo.pop()) - seen:
+                seen.add(n)
+                out.add(n)
+                nv = self.vertex(n)
+                if not nv.keyed and not nv.is_source:
+                    todo.append(n)
+        return frozenset(out)
 
     def forward_edges_of(self, vertex: str) -> list[Edge]:
         """The forward edges into and out of ``vertex`` (each task of one side sends to the

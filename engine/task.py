@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ from engine.columnar import ColumnBatch, as_rows
 from engine.config import JobConfig
 from engine.deployment import Deployment
 from engine.errors import OutputCodecError, ReflowError, UserFunctionError
+from engine.group_order import GroupOrder
 from engine.groupstats import GroupLoad
 from engine.latency import LatencyHistogram
 from engine.messages import (
@@ -66,6 +67,8 @@ from engine.messages import (
     DescribeTask,
     DiscardLogic,
     EndOfStream,
+    GroupArrived,
+    GroupLeft,
     GroupStats,
     GroupStatsRequest,
     HandOver,
@@ -321,7 +324,8 @@ class TaskCore:
 
         self._heads: dict[int, PartialFrame] = {}
         # channels not read until every token blocking them is lifted (migration alignment)
-        self._step_blocked: dict[int, set[int]] = {}
+        self._step_blocked: dict[int, set[Hashable]] = {}
+        self.group_order = GroupOrder()  # per-key order across migrations upstream
         # source rescale: token -> old channels that must end before its new ones are read
         self._handovers: dict[int, set[int]] = {}
         self._suspended_since: float | None = None
@@ -506,11 +510,11 @@ class TaskCore:
         self._inputs_changed()
         return True
 
-    def block_channel(self, channel_id: int, token: int) -> None:
+    def block_channel(self, channel_id: int, token: Hashable) -> None:
         """Stop reading ``channel_id`` until ``token`` (e.g. a subscale) is lifted."""
         self._step_blocked.setdefault(channel_id, set()).add(token)
 
-    def unblock_channels(self, token: int) -> None:
+    def unblock_channels(self, token: Hashable) -> None:
         """Lift ``token`` from every channel; a channel is read again once none is left."""
         for cid in [c for c, tokens in self._step_blocked.items() if token in tokens]:
             tokens = self._step_blocked[cid]
@@ -574,6 +578,18 @@ class TaskCore:
                     self.router.broadcast(event)
                 else:
                     self._on_watermark(self.tracker.release(token))
+            case GroupLeft(subscale=sid, key_group=kg):
+                if self.keyed is None:
+                    self._relay_order_marker(event)
+                else:
+                    waiting = self.group_order.on_left((sid, kg))
+                    if waiting is not None:
+                        self.unblock_channels(("order", sid, kg, waiting))
+            case GroupArrived(subscale=sid, key_group=kg):
+                if self.keyed is None:
+                    self._relay_order_marker(event)
+                elif self.group_order.on_arrived((sid, kg), ch.channel_id):
+                    self.block_channel(ch.channel_id, ("order", sid, kg, ch.channel_id))
             case CheckpointBarrier(checkpoint_id=cid):
                 self._barriers.setdefault(cid, event)
                 self._on_checkpoint_aligned(self.checkpoints.on_barrier(ch.channel_id, cid))
@@ -593,6 +609,14 @@ class TaskCore:
                     self._on_watermark(advanced)
             case _:
                 self.migration.on_event(ch, event)
+
+    def _relay_order_marker(self, event: Any) -> None:
+        """A task without keyed state passes ``GroupLeft``/``GroupArrived`` on when it has
+        one input (a forward edge's partner: one path per key, kept); with several, records
+        of one key reach it along several paths, whose order no run fixes, and relaying
+        could make a receiver wait on a channel for a marker behind that very wait."""
+        if len(self._live_inputs()) == 1:
+            self.router.broadcast(event)
 
     def _handover_ended(self, channel_id: int) -> None:
         """An old channel of a source rescale ended: the new channels waiting for it (and
@@ -787,7 +811,7 @@ class TaskCore:
 
     def _describe(self) -> str:
         """Where this task's migrations and inputs stand (a stuck rescale's error)."""
-        parts = self.migration.describe()
+        parts = self.migration.describe() + self.group_order.describe()
         chans = [f"{cid}:{len(c.queue)}q{'/ended' if c.ended else ''}"
                  f"{'/blocked' if cid in self._step_blocked or self.checkpoints.is_blocked(cid) else ''}"
                  f"{'/head' if cid in self._heads else ''}" for cid, c in self.inputs.items()]

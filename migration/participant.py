@@ -34,6 +34,9 @@ Guarantees:
 * Timers of a group on its way in or out do not fire here (held ones travel with the state);
   user code sees, for an incoming group, no later watermark than the old owner's when the
   group left it.
+* Receivers take a group's outputs from the old owner before those from the new one: the
+  old owner puts ``GroupLeft`` behind its last outputs of a group it gives away, the new
+  owner ``GroupArrived`` ahead of its first (``engine.group_order``).
 * No watermark passes a record still on its way: the old owner puts ``WatermarkHold`` on its
   output channels when a subscale's groups freeze (at its watermark then), the new owner
   ``WatermarkRelease`` once the subscale is done there, behind the outputs of its records
@@ -59,6 +62,8 @@ from engine.messages import (
     DropReplicas,
     ExpectIncoming,
     ExpectOutgoing,
+    GroupArrived,
+    GroupLeft,
     InjectSubscale,
     LatencyMarker,
     MigrateState,
@@ -699,6 +704,8 @@ class MigrationParticipant:
         replica there when it holds one at the group's last replicated version."""
         b = self._backend()
         kind, data = migration_payload(b, kg, self._replicas_at_new.get(sid, {}).get(kg))
+        # behind every output of the group sent from here (the callers flushed them)
+        self.host.router.broadcast(GroupLeft(sid, kg))
         b.remove(kg)
         b.untrack(kg)
         self.host.drop_held_timers(kg)  # they are in the state just taken
@@ -738,6 +745,8 @@ class MigrationParticipant:
             self.replicas.drop(msg.key_group)
             data = msg.state
         b.install(msg.key_group, data)
+        # ahead of every output of the group from here: receivers take the old owner's first
+        self.host.router.broadcast(GroupArrived(msg.subscale, msg.key_group))
         self.new_role.on_state(msg.subscale, msg.key_group, len(msg.state), msg.watermark)
         self.host.guarded(self._release_and_activate, msg.subscale)
         self._pull_next(msg.subscale)

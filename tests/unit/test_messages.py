@@ -52,6 +52,8 @@ CHANNEL_EVENTS = [
     m.LogicBarrier(3),
     m.WatermarkHold(5, 1_700_000_000_000),
     m.WatermarkRelease(5),
+    m.GroupLeft(5, 17),
+    m.GroupArrived(5, 17),
 ]
 
 # Messages whose fields are plain values.

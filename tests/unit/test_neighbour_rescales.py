@@ -41,3 +41,19 @@ def test_a_round_runs_neighbours_in_turn_and_the_others_at_once():
     groups = neighbourhoods(plan, {"nope": ["x"], "a": ["y"]})
     assert sorted(groups) == [["x"], ["y"]]
     assert neighbourhoods(plan, {}) == []
+
+
+def test_neighbours_reach_through_stateless_operators():
+    """src -> a (keyed) -> m (map, another parallelism: a rebalance edge) -> b (keyed): m
+    passes a's watermark holds and order markers on to b, so a and b are neighbours."""
+    job = StreamJob("n", num_key_groups=8)
+    (job.source(TestingSource([(1, 1)]), name="src")
+        .key_by(lambda r: r[0]).reduce(lambda x, y: x, name="a", parallelism=2)
+        .map(lambda r: r, name="m", parallelism=3)
+        .key_by(lambda r: r[0]).reduce(lambda x, y: x, name="b")
+        .sink(TestingSink(), name="out"))
+    plan = plan_physical(job.graph())
+    assert plan.neighbours("a") == {"src", "m", "b"}
+    assert plan.neighbours("b") == {"m", "a"}
+    assert plan.neighbours("m") == {"a", "b"}
+    assert plan.neighbours("src") == {"a"}

@@ -126,7 +126,8 @@ def _table(summary: dict[str, dict[str, float]]) -> str:
     lines = [f"{'operator':<20}" + "".join(f"{c:>14}" for c, _ in _COLUMNS)]
     for op, m in summary.items():
         lines.append(f"{op:<20}" + "".join(
-            f"{int(m[k]):>14,}" if k == "tasks" else f"{m[k]:>14,.1f}" for _, k in _COLUMNS))
+            f"{m[k]:>14,.1f}" if k.endswith("_seconds_total") else f"{int(m[k]):>14,}"
+            for _, k in _COLUMNS))
     return "\n".join(lines)
 
 
@@ -171,6 +172,9 @@ def _find(args: argparse.Namespace) -> Any:
     except JobNotFound as exc:
         _err(str(exc))
         return None
+    except ReflowError as exc:  # the cluster could not be reached
+        _err(f"{type(exc).__name__}: {exc}")
+        return None
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -179,7 +183,11 @@ def _status(args: argparse.Namespace) -> int:
     if not args.job:
         address = args.address or local_ray.address_from_env()
         if address:
-            registry.connect(address)
+            try:
+                registry.connect(address)
+            except ReflowError as exc:
+                _err(f"{type(exc).__name__}: {exc}")
+                return 1
             jobs = [{"job": j} for j in registry.cluster_jobs()]
         else:
             jobs = [{"job": a.job_id, "metrics_url": a.metrics_url, "ray_address": a.ray_address,
@@ -190,8 +198,12 @@ def _status(args: argparse.Namespace) -> int:
             print("no running jobs (recorded in "
                   f"{registry.jobs_dir()}; pass --address for a cluster's)")
         else:
-            for j in jobs:
-                print("  ".join(str(v) for v in j.values()))
+            header = {"job": "job", "metrics_url": "metrics", "ray_address": "ray address",
+                      "driver": "driver (host:pid)"}
+            rows = [[header[k] for k in jobs[0]]] + [[str(v) for v in j.values()] for j in jobs]
+            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            for row in rows:
+                print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         return 0
     handle = _find(args)
     if handle is None:
@@ -286,7 +298,9 @@ def _draw_progress(bar: ProgressBar, handle: Any, operator: str, before: Any) ->
         return
     note = f"key groups, {r.phase}"
     if r.subscales_total:
-        note += f", subscales {r.subscales_done}/{r.subscales_total}"
+        done = f"{r.subscales_done}/{r.subscales_total}"
+        note = (f"key groups, subscales {done}" if r.phase == "subscales"
+                else f"{note}, subscales {done}")
     moved, total = r.groups()
     bar.update(moved, max(total, 1), note)
 
@@ -413,15 +427,20 @@ def _checkout_script(kind: str, folder: str, name: str, rest: list[str],
     to do)."""
     cwd = os.path.abspath(cwd or os.getcwd())
     where = os.path.join(cwd, folder)
-    path = os.path.join(where, f"{name}.py")
+    name = name.removesuffix(".py")
+    path = os.path.normpath(os.path.join(where, *name.split("/")) + ".py")
     if not os.path.isdir(where):
         print(f"reflow {kind}: no {folder}/ under {cwd}: the {kind} scripts are not "
               f"installed with the package; run `reflow {kind} {name}` from the root of a "
               f"reflow checkout (git clone, then cd into it)", file=sys.stderr)
         return 2
-    if os.sep in name or not os.path.isfile(path):
-        found = sorted(f[:-3] for f in os.listdir(where)
-                       if f.endswith(".py") and not f.startswith("_"))
+    inside = os.path.commonpath([where, path]) == where
+    if not inside or not os.path.isfile(path):
+        found = sorted(os.path.relpath(os.path.join(d, f), where)[:-3].replace(os.sep, "/")
+                       for d, _, files in os.walk(where) for f in files
+                       if f.endswith(".py") and not f.startswith("_")
+                       and os.path.relpath(d, where).count(os.sep) < 1
+                       and "harness" not in os.path.relpath(d, where))
         print(f"reflow {kind}: no {folder}/{name}.py under {cwd}; available: "
               f"{', '.join(found) or 'none'}", file=sys.stderr)
         return 2
@@ -466,8 +485,8 @@ def parser() -> argparse.ArgumentParser:
 
     rs = sub.add_parser("rescale", help="change an operator's parallelism while the job runs")
     rs.add_argument("job", help="job name or id")
-    rs.add_argument("operator")
-    rs.add_argument("parallelism", type=int)
+    rs.add_argument("operator", help="the operator's name (as `reflow status JOB` lists it)")
+    rs.add_argument("parallelism", type=int, help="its number of tasks after the rescale")
     rs.add_argument("--protocol", default="drrs",
                     help="drrs (default), pause-resume, fluid, batched, non-disruptive, "
                          "stop-restart")
@@ -490,8 +509,9 @@ def parser() -> argparse.ArgumentParser:
     for kind, folder in (("bench", BENCH_DIR), ("example", EXAMPLES_DIR)):
         e = sub.add_parser(kind, help=f"run {folder}/NAME.py of the checkout in the current "
                                       "directory")
-        e.add_argument("name")
-        e.add_argument("args", nargs=argparse.REMAINDER)
+        e.add_argument("name", help=f"the script under {folder}/, without .py (a subfolder "
+                                    "with '/', e.g. nexmark/run)")
+        e.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     return ap
 
 

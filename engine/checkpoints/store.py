@@ -38,8 +38,14 @@ def default_root() -> str:
 
 
 def join(location: str, *names: str) -> str:
-    """``location`` (a path or URI) with ``names`` below it."""
-    return "/".join([location.rstrip("/"), *names])
+    """``location`` (a path or URI) with ``names`` below it. A URI's query string (an
+    S3-compatible store's ``?endpoint_override=...&scheme=http``) stays at the end, where
+    ``pyarrow.fs.FileSystem.from_uri`` reads it."""
+    base, query = location, ""
+    if "://" in location and "?" in location:
+        base, query = location.split("?", 1)
+        query = "?" + query
+    return "/".join([base.rstrip("/"), *names]) + query
 
 
 def _fs(uri: str):  # -> tuple[pyarrow.fs.FileSystem, str]
@@ -114,7 +120,7 @@ def read_metadata(location: str) -> CheckpointMetadata:
             "directory (chk-<n>), a savepoint, or the job's checkpoint directory",
             path=location, reason="incomplete")
     try:
-        data = _read(f"{location.rstrip('/')}/{METADATA_FILE}")
+        data = _read(join(location, METADATA_FILE))
     except OSError as exc:
         raise RestoreError(f"cannot read {location}: {exc}", path=location,
                            reason="unreadable") from exc

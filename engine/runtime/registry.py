@@ -34,7 +34,7 @@ from typing import Any
 import ray
 
 from engine.config import JobConfig
-from engine.errors import JobNotFound
+from engine.errors import JobNotFound, RayUnavailable
 from engine.runtime import local_ray
 from engine.runtime.job_master import NAMESPACE
 
@@ -142,8 +142,32 @@ def connect(address: str, auth_mode: str = "") -> None:
 
         Config.initialize("")
     if not ray.is_initialized():
+        check_reachable(address)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)
+
+
+#: how long ``check_reachable`` waits for a Ray address to accept a connection
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(address: str, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """``RayUnavailable`` at once when nothing listens at ``address`` (``host:port`` or
+    ``ray://host:port``); Ray itself would retry for minutes, printing its warnings. Other
+    forms (``auto``, ``local``) are left to Ray."""
+    hostport = address.removeprefix("ray://")
+    host, sep, port = hostport.rpartition(":")
+    if not sep or not port.isdigit() or "/" in hostport:
+        return
+    try:
+        with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)),
+                                      timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise RayUnavailable(
+            f"no Ray cluster answers at {address} ({exc}); pass the address of a running "
+            "cluster's head (GCS host:port, or ray://host:10001), or leave --address out "
+            "to look in this machine's job files") from exc
 
 
 def cluster_jobs() -> list[str]:

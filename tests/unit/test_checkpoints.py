@@ -378,3 +378,13 @@ def test_fixed_delay_restarts_a_bounded_number_of_times_and_none_never():
     assert off.name == "none" and not off.on_failure("x").restart
     forced = RestartStrategy(JobConfig(restart_strategy="fixed-delay"))
     assert forced.on_failure("x").restart  # from the start of the input
+
+
+def test_join_keeps_a_uri_query_string_at_the_end():
+    from engine.checkpoints.store import join
+
+    uri = "s3://b/sp?endpoint_override=h:9&scheme=http"
+    assert join(uri, "chk-3", "x.state") == "s3://b/sp/chk-3/x.state?endpoint_override=h:9&scheme=http"
+    assert join("s3://b/sp/", "x") == "s3://b/sp/x"
+    assert join("/tmp/a?b", "x") == "/tmp/a?b/x"  # a local path may hold a '?'
+

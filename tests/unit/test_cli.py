@@ -63,7 +63,9 @@ def test_metrics_summary_sums_per_operator():
     assert s["sum"]["tasks"] == 2 and s["sum"]["reflow_records_in_total"] == 15
     assert s["sum"]["reflow_key_groups"] == 32 and s["src"]["tasks"] == 1
     table = cli._table(s)
-    assert table.splitlines()[0].startswith("operator") and "15.0" in table
+    assert table.splitlines()[0].startswith("operator")
+    row = table.splitlines()[2].split()  # counts print as integers, seconds with a decimal
+    assert row[0] == "sum" and row[2] == "15" and row[4] == "0.0" and row[7] == "32"
 
 
 def _checkout(tmp_path, monkeypatch):
@@ -161,3 +163,24 @@ def test_resolve_by_name_or_id_and_says_what_it_knows(tmp_path, monkeypatch):
     with pytest.raises(JobNotFound, match=r"no running job 'q7'.*wc-0000000[12]"):
         registry.resolve("q7")
     assert registry.name_of("my-job-name-1a2b3c4d") == "my-job-name"
+
+
+def test_example_names_a_script_in_a_subfolder_and_lists_them(tmp_path, capsys):
+    (tmp_path / "examples" / "nexmark").mkdir(parents=True)
+    (tmp_path / "examples" / "nexmark" / "run.py").write_text("raise SystemExit(3)\n")
+    (tmp_path / "examples" / "wc.py").write_text("")
+    assert cli._checkout_script("example", "examples", "nexmark/run", [], cwd=str(tmp_path)) == 3
+    assert cli._checkout_script("example", "examples", "../wc", [], cwd=str(tmp_path)) == 2
+    assert "available: nexmark/run, wc" in capsys.readouterr().err
+
+
+def test_status_with_an_address_nothing_listens_on_fails_at_once_in_one_line(capsys):
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert cli.main(["status", "--address", f"127.0.0.1:{port}"]) == 1
+    assert cli.main(["status", "somejob", "--address", f"ray://127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("RayUnavailable: no Ray cluster answers" in e for e in err)

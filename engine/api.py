@@ -35,8 +35,13 @@ class StreamJob:
         parallelism: int = 1,
         config: JobConfig | None = None,
     ) -> None:
-        if not isinstance(name, str) or not name:
+        if not isinstance(name, str) or not name.strip():
             raise JobDefinitionError(f"a job needs a non-empty name; got {name!r}")
+        if any(c in name for c in "/\\") or not name.isprintable():
+            raise JobDefinitionError(
+                f"job name {name!r} holds a path separator or a control character; it names "
+                "the job's actors, files and checkpoint directory: use letters, digits, "
+                "spaces, '.', '_' or '-'")
         num_key_groups = check_count(f"job {name!r}: num_key_groups", num_key_groups,
                                      error=JobDefinitionError)
         parallelism = check_count(f"job {name!r}: default parallelism", parallelism,
@@ -127,11 +132,31 @@ class StreamJob:
         operators are matched by name, sinks commit the savepoint's output. State of an
         operator this job does not have refuses the restore (``RestoreError``) unless
         ``allow_non_restored_state`` drops it."""
+        graph = self.graph()
+        if not any(op.kind == g.SINK for op in graph.operators):
+            raise JobDefinitionError(
+                f"job {self.name!r} has no sink, so nothing it computes would be kept: end "
+                "each branch with .sink(...) (engine.sinks, engine.testing.TestingSink)")
+        if restore_from is not None:
+            if not isinstance(restore_from, str) or not restore_from.strip():
+                raise JobDefinitionError(
+                    f"job {self.name!r}: restore_from={restore_from!r} names no savepoint or "
+                    "checkpoint; give its directory or URI, or leave restore_from out")
+            restore_from = absolute_location(restore_from)
         from engine.runtime import deploy
 
-        return deploy(self.graph(), self.config, address=address, controllers=tuple(controllers),
+        return deploy(graph, self.config, address=address, controllers=tuple(controllers),
                       restore_from=restore_from,
                       allow_non_restored_state=allow_non_restored_state)
+
+
+def absolute_location(location: str) -> str:
+    """A checkpoint or savepoint location as the driver means it: a URI as it is, a
+    relative path made absolute here (the JobMaster and the tasks run in other working
+    directories)."""
+    import os
+
+    return location if "://" in location else os.path.abspath(os.path.expanduser(location))
 
 
 def _or(parallelism: int | None, default: int) -> int:

@@ -111,6 +111,8 @@ class JobHandle:
         at most ``checkpoint_timeout_s`` plus ``rescale_window_s`` (it may wait for a
         running subscale of a rescale to finish first)."""
         d = self.deadlines
+        if location is not None:
+            location = _location(location, "savepoint")
         return self._get(self._master.savepoint.remote(location),  # type: ignore[no-any-return]
                          "savepoint", d.savepoint_s)
 
@@ -125,6 +127,7 @@ class JobHandle:
         and its sinks' output committed, then the job stops; returns the savepoint's path.
         If the savepoint fails, ``CheckpointFailed`` is raised and the job goes on."""
         if savepoint is not None:
+            savepoint = _location(savepoint, "stop")
             path: str = self._get(self._master.savepoint.remote(savepoint, True), "stop",
                                   self.deadlines.savepoint_s)
             self.stop()
@@ -178,6 +181,11 @@ class JobHandle:
         runs new steps, and raises ``ControlTimeout`` when it ran none for
         ``Deadlines.rescale_window_s`` (2 × (rescale_timeout_s + control_timeout_s)) or
         did not answer within ``control_timeout_s`` when asked."""
+        if isinstance(parallelism, bool) or not isinstance(parallelism, int):
+            raise RescaleRefused(
+                f"rescale of {operator!r}: parallelism must be a number of tasks (an int), "
+                f"got {parallelism!r}; to move key groups at the same parallelism use "
+                "rebalance()", operator=operator)
         return self._rescale(operator, parallelism, protocol, None, planning,
                              requested_strategy(assignment, balance, projected_costs))
 
@@ -392,3 +400,15 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
             handle.stop()
         raise
     return handle
+
+
+def _location(location: Any, call: str) -> str:
+    """A savepoint location from the user: a non-empty path or URI, a relative path made
+    absolute here (the JobMaster writes it from another working directory)."""
+    from engine.api import absolute_location
+    from engine.errors import ConfigError
+
+    if not isinstance(location, str) or not location.strip():
+        raise ConfigError(f"{call}: savepoint location {location!r} names no directory or "
+                          "URI; give one, or None for the job's checkpoint directory")
+    return absolute_location(location)

@@ -369,3 +369,53 @@ def test_a_nan_key_fails_the_task_naming_operator_and_record(sink):
     [f] = [r for r in src.reports if isinstance(r, TaskFailed)]
     assert (f.operator, f.task_index, f.record) == ("key_by after prices", 0, "(nan, 'c')")
     assert "InvalidKeyError" in f.cause and "NaN" in f.cause
+
+
+def test_a_job_name_with_a_path_separator_is_refused():
+    from engine.api import StreamJob
+    from engine.errors import JobDefinitionError
+
+    for bad in ("a/b", "a\\b", "tab\there", "  "):
+        with pytest.raises(JobDefinitionError):
+            StreamJob(bad)
+    StreamJob("stock exchange-2.v1_x")
+
+
+def test_a_job_without_a_sink_or_with_an_empty_restore_from_is_refused_before_deploying():
+    from engine.api import StreamJob
+    from engine.errors import JobDefinitionError
+    from engine.testing import TestingSink, TestingSource
+
+    job = StreamJob("nosink")
+    job.source(TestingSource([(1, 1)]), name="src").key_by(lambda r: r[0]).reduce(
+        lambda a, b: a, name="sum")
+    with pytest.raises(JobDefinitionError, match="has no sink"):
+        job.run()
+    ok = StreamJob("restore")
+    ok.source(TestingSource([(1, 1)]), name="src").sink(TestingSink(), name="out")
+    for bad in ("", "   "):
+        with pytest.raises(JobDefinitionError, match="names no savepoint"):
+            ok.run(restore_from=bad)
+
+
+def test_relative_savepoint_locations_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
+    from engine.api import absolute_location
+    from engine.errors import ConfigError
+    from engine.runtime.handle import _location
+
+    monkeypatch.chdir(tmp_path)
+    assert absolute_location("sp/1") == str(tmp_path / "sp" / "1")
+    assert absolute_location("s3://b/sp?x=1") == "s3://b/sp?x=1"
+    assert _location("sp", "savepoint") == str(tmp_path / "sp")
+    with pytest.raises(ConfigError):
+        _location("", "stop")
+
+
+def test_rescale_without_a_parallelism_is_refused_on_the_driver():
+    from engine.errors import RescaleRefused
+    from engine.runtime.handle import JobHandle
+
+    handle = JobHandle.__new__(JobHandle)  # refused before the JobMaster is asked
+    for bad in (None, 2.0, "3", True):
+        with pytest.raises(RescaleRefused, match="must be a number of tasks"):
+            handle.rescale("sum", bad)  # type: ignore[arg-type]

@@ -104,8 +104,11 @@ class PendingFiles:
 
     Format: ``open/<name>`` holds the files written since the last ``seal``;
     ``seal(checkpoint_id)`` moves them to ``cp-<id:012d>/<name>`` and returns the
-    transaction ``[[<pending path>, <name>], ...]`` (paths relative to ``directory``);
-    ``commit`` renames each pending path to ``directory/<name>``. ``lock`` is held (an
+    transaction ``[[<pending path>, <name>, <directory>], ...]`` (paths relative to the
+    absolute ``directory`` they were written in); ``commit`` renames each pending path to
+    ``<directory>/<name>``, in the directory of the transaction (a job restored from a
+    savepoint into another directory publishes the savepoint's output where it was
+    written, as Flink's file sink does). ``lock`` is held (an
     exclusive ``flock``) while the writer lives, so ``clean`` can tell the files of a writer
     that died or was closed: their ``open/`` files were never pre-committed and are deleted.
 
@@ -147,18 +150,27 @@ class PendingFiles:
         os.makedirs(os.path.join(self.directory, rel), exist_ok=True)
         for n in names:
             os.replace(os.path.join(self.open_dir, n), os.path.join(self.directory, rel, n))
-        return [[os.path.join(rel, n), n] for n in names]
+        home = os.path.abspath(self.directory)  # a restored job may write elsewhere
+        return [[os.path.join(rel, n), n, home] for n in names]
 
     @staticmethod
     def commit(directory: str, transactions: Sequence[Any], sink: str) -> None:
         """Publish the files of ``transactions`` (``seal``'s results; None skipped)."""
         import os
 
+        homes = {directory}
         for txn in transactions:
             if txn is None:
                 continue
-            for pending, name in txn:
-                src, dst = os.path.join(directory, pending), os.path.join(directory, name)
+            for entry in txn:
+                # [pending, name, directory it was written in] (older checkpoints: no
+                # directory): a transaction is published where it was written, as Flink's
+                # file sink commits to its committable's own path, even when the job
+                # restored from it writes into another directory
+                pending, name = entry[0], entry[1]
+                home = entry[2] if len(entry) > 2 else directory
+                homes.add(home)
+                src, dst = os.path.join(home, pending), os.path.join(home, name)
                 if os.path.exists(src):
                     os.replace(src, dst)
                 elif not os.path.exists(dst):
@@ -166,7 +178,8 @@ class PendingFiles:
                         f"{sink}: cannot commit {name!r}: its pre-committed file {pending!r} "
                         f"is gone and it is not in {directory!r} either; every task must "
                         "see the same directory, and nothing may delete .pending by hand")
-        PendingFiles.clean(directory)
+        for home in sorted(homes):
+            PendingFiles.clean(home)
 
     @staticmethod
     def clean(directory: str) -> int:

@@ -106,6 +106,9 @@ class JobMaster:
         self.handles: dict[str, Any] = {}
         self.state = JobState.CREATED
         self.failure: TaskFailed | None = None
+        # a task that failed while the job was being deployed or restarted (the deploy
+        # takes it up once the tasks run: dropping it left a job 'running' for ever)
+        self.deferred_failure: TaskFailed | None = None
         self.error = ""
         self.error_suffix = ""  # why the restart strategy gave up, when it did
         self.finished: set[str] = set()
@@ -255,6 +258,9 @@ class JobMaster:
                 self.state = JobState.RUNNING
             else:
                 await self._deploy()
+            failed = self.take_deferred_failure()
+            if failed is not None:  # e.g. a restored sink transaction could not commit
+                await self.task_failed(failed)
         except RestoreError:
             await self._fail("restore refused")
             raise
@@ -332,10 +338,9 @@ class JobMaster:
         if isinstance(msg, TaskFinished):
             self.finished.add(msg.task)
         elif isinstance(msg, TaskFailed) and self.state == JobState.RUNNING:
-            error = (f"task {msg.task} of operator {msg.operator!r} failed: "
-                     f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
-            self.failure = msg
-            await self.fail(error)
+            await self.task_failed(msg)
+        elif isinstance(msg, TaskFailed) and self.state.active and self.deferred_failure is None:
+            self.deferred_failure = msg
         self.rescaler.on_report(msg)
         self.logic.on_report(msg)
         await self.checkpointing.on_report(msg)
@@ -367,6 +372,19 @@ class JobMaster:
                     return
             self.state = JobState.FINISHED
             await self._teardown()
+
+    async def task_failed(self, msg: TaskFailed) -> None:
+        """Task ``msg.task`` failed: the job fails (and restarts, if its strategy says so)."""
+        error = (f"task {msg.task} of operator {msg.operator!r} failed: "
+                 f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
+        self.failure = msg
+        await self.fail(error)
+
+    def take_deferred_failure(self) -> TaskFailed | None:
+        """The failure a task of the current deployment reported while it was being
+        deployed, once (None if none; one of tasks killed since is forgotten)."""
+        msg, self.deferred_failure = self.deferred_failure, None
+        return msg if msg is not None and msg.task in self.handles else None
 
     async def fail(self, error: str) -> None:
         """The job failed with ``error``: the restart strategy restarts it from the last

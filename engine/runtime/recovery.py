@@ -91,12 +91,17 @@ class Recovery:
         """Restart the job (``begin`` said so); a failure while restarting asks the strategy
         again, and fails the job when it gives up."""
         m = self.m
+        first, failed = cause, 0
         while True:
             try:
                 await self._restart(cause)
                 return
             except Exception as exc:  # noqa: BLE001 - the restart failed: ask the strategy
-                cause = f"restarting after '{cause}' failed: {type(exc).__name__}: {exc}"
+                # one readable message: the first failure and the last restart's, not a
+                # nest of every restart's
+                failed += 1
+                cause = (f"{first}; restarting failed {failed} time(s), the last with "
+                         f"{type(exc).__name__}: {exc}")
                 decision = self.strategy.on_failure(cause)
                 if not decision.restart:
                     self.restarting = False
@@ -109,6 +114,7 @@ class Recovery:
         m = self.m
         await m.checkpointing.abort(f"the job restarts after a failure: {cause}")
         m.kill_tasks()
+        m.deferred_failure = None
         m.rescaler.restarted()
         m.replicas.reset()
         await asyncio.sleep(self.strategy.delay_s)
@@ -121,6 +127,11 @@ class Recovery:
                                 m.next_generation(), allow_non_restored_state=True,
                                 partitions=m.dep.partitions)
             await self.deploy(plan.deployment, plan.tasks)
+        failed = m.take_deferred_failure()
+        if failed is not None:  # a task of the new deployment failed while it was deployed
+            raise JobFailedError(f"task {failed.task} of operator {failed.operator!r} failed "
+                                 f"as it was restored: {failed.cause}",
+                                 operator=failed.operator, task=failed.task)
         self.restarts += 1
         m.collector.restarts = self.restarts
         self.restarting = False

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from engine import JobConfig, StreamJob
 from engine.errors import CheckpointFailed, JobFailedError, RestoreError
+from engine.sinks import Sink, SinkWriter
 from engine.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import (
     Moment,
@@ -225,6 +226,112 @@ def test_a_savepoint_restores_exactly_at_another_parallelism(ray_cluster, tmp_pa
     finally:
         h2.stop()
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+@pytest.mark.parametrize("restored_p", [3, 1])
+def test_stop_with_savepoint_then_restore_into_another_parquet_directory(ray_cluster, tmp_path,
+                                                                        restored_p):
+    """Issue 32's round trip: checkpoints every 0.5 s, a savepoint mid-run, a stop with
+    savepoint, then a new job at another parallelism restored from it that writes into
+    another directory. The savepoint's pending output is published where it was written
+    (before, the restored job's commit found no file, its tasks failed while it was being
+    deployed, the failure was dropped and the job ran for ever); the rows of both runs
+    together are every running sum once."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from engine.sinks import ParquetSink
+
+    records = [(i % 50, i % 7 + 1) for i in range(6000)]
+    first_out, second_out = str(tmp_path / "first"), str(tmp_path / "second")
+    mid, stop = SourceGate(1500), SourceGate(3000)
+    cfg = checkpointed(str(tmp_path / "chk"), checkpoint_interval_s=0.5)
+
+    def job(p: int, out: str, gates: Any) -> StreamJob:
+        return running_sum_job(records, p, ParquetSink(out, schema=["key", "total"],
+                                                       rows_per_file=300),
+                               rate=3000, gates=gates, config=cfg)
+
+    h = job(2, first_out, [mid, stop]).run()
+    try:
+        mid.wait_reached()
+        h.savepoint(str(tmp_path / "sp-mid"))
+        mid.open()
+        stop.wait_reached()
+        path = h.stop(savepoint=str(tmp_path / "sp"))
+    finally:
+        mid.open()
+        stop.open()
+        h.stop()
+    h2 = job(restored_p, second_out, None).run(restore_from=path)
+    try:
+        st_ = h2.wait(180)
+    finally:
+        h2.stop()
+    assert st_.state == "finished" and st_.checkpoints.restored_from == path
+    rows = []
+    for f in glob.glob(f"{first_out}/*.parquet") + glob.glob(f"{second_out}/*.parquet"):
+        rows += zip(*pq.read_table(f).to_pydict().values(), strict=True)
+    assert glob.glob(f"{second_out}/*.parquet"), "the restored job wrote nothing"
+    assert sorted(rows) == sorted(running_sum_reference(records)), "rows lost or twice"
+
+
+class RefusingCommits(Sink):
+    """An exactly-once sink whose every pre-commit is one transaction and whose commit
+    raises when ``refuse``: a job restored with it fails as its tasks are deployed."""
+
+    exactly_once = True
+
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+
+    def open(self, task_index: int, parallelism: int, clock: Any) -> SinkWriter:
+        return _RefusingWriter(self.refuse)
+
+
+class _RefusingWriter(SinkWriter):
+    def __init__(self, refuse: bool) -> None:
+        self.refuse = refuse
+
+    def write(self, values: Any, timestamps: Any) -> None:
+        pass
+
+    def pre_commit(self, checkpoint_id: int) -> Any:
+        return checkpoint_id
+
+    def commit(self, transactions: Any) -> None:
+        if self.refuse and any(t is not None for t in transactions):
+            raise OSError("the store refuses the restored output")
+
+
+def test_a_task_that_fails_while_the_job_is_restored_fails_the_job(ray_cluster, tmp_path):
+    """A task that fails while it is being deployed (here: its sink refuses to commit the
+    restored savepoint's output) fails the job; the restart strategy restarts it, then
+    gives up. Before, a failure reported during the deploy was dropped, and the job ran
+    for ever with failed tasks."""
+    records = [(i % 20, 1) for i in range(3000)]
+    stop = SourceGate(1000)
+    cfg = checkpointed(str(tmp_path / "chk"), restart_attempts=1)
+
+    def job(refuse: bool, gates: Any) -> StreamJob:
+        return running_sum_job(records, 2, RefusingCommits(refuse), rate=3000, gates=gates,
+                               config=cfg)
+
+    h = job(False, [stop]).run()
+    try:
+        stop.wait_reached()
+        path = h.stop(savepoint=str(tmp_path / "sp"))
+    finally:
+        stop.open()
+        h.stop()
+    h2 = job(True, None).run(restore_from=path)
+    try:
+        with pytest.raises(JobFailedError, match="refuses the restored output"):
+            h2.wait(120)
+        assert h2.status().state == "failed"
+    finally:
+        h2.stop()
 
 
 def test_an_at_least_once_sink_is_named_at_run_and_in_the_status(ray_cluster, tmp_path,

@@ -688,3 +688,26 @@ def test_parquet_writer_keeps_earlier_rows_and_drops_the_batch_when_a_file_fails
     w.flush()
     values, _ = read_in_order(ParquetSource(out))
     assert values == [1, 4]  # the earlier row kept; the failed batch's rows nowhere
+
+
+def test_pending_files_are_published_where_they_were_written(tmp_path):
+    """A job restored from a savepoint into another directory publishes the savepoint's
+    pre-committed files in the directory they were written in (Flink's file sink commits
+    to its committable's own path); transactions of older checkpoints, without a
+    directory, are read against the committing writer's."""
+    import os
+
+    from engine.sinks import PendingFiles
+
+    old, new = str(tmp_path / "old"), str(tmp_path / "new")
+    os.makedirs(new)
+    w = PendingFiles(old, "w0")
+    with open(os.path.join(w.open_dir, "part-1"), "w") as f:
+        f.write("x")
+    txn = w.seal(7)
+    assert txn is not None and txn[0][2] == os.path.abspath(old)
+    PendingFiles.commit(new, [txn], "sink")
+    assert os.path.exists(os.path.join(old, "part-1")) and not os.listdir(new)
+    PendingFiles.commit(new, [txn], "sink")  # twice: a no-op
+    legacy = [[e[0], e[1]] for e in txn]
+    PendingFiles.commit(old, [legacy], "sink")

@@ -159,7 +159,7 @@ def test_a_commit_whose_data_is_gone_raises_instead_of_losing_records(kind, tmp_
     w = writer(sink)
     w.write([1, 2], [0, 0])
     t = w.pre_commit(1)
-    for pending, _ in t:
+    for pending, *_ in t:
         os.remove(os.path.join(directory, pending))
     with pytest.raises(SinkCommitError, match="cannot commit .*is gone"):
         w.commit([t])

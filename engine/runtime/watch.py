@@ -26,7 +26,6 @@ from engine.messages import decode_message
 from engine.metrics import TaskMetrics
 from engine.names import JobState
 from engine.runtime.health import TaskHealth
-from engine.task import TaskStatus
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster
@@ -67,10 +66,11 @@ class Watch:
         """Ask every live task for its metrics and wait ``Deadlines.task_poll_s``. Returns
         the tasks whose actor died."""
         m = self.m
-        # a finished task is asked once more, for its final figures: one that finished
-        # before its first poll would otherwise never show in the metrics at all
-        names = [n for n in m.dep.task_names() if n in m.handles
-                 and (n not in m.finished or not self._final(n))]
+        # finished tasks are asked too: for their final figures (one that finished before
+        # its first poll would otherwise never show in the metrics), and because a finished
+        # task that dies must be noticed like any other (checkpoints wait for its ack and
+        # would time out, one after the other, while the job said "running")
+        names = [n for n in m.dep.task_names() if n in m.handles]
         futs: dict[str, tuple[Any, asyncio.Future[TaskMetrics]]] = {}
         for n in names:
             h = m.handles[n]
@@ -94,8 +94,7 @@ class Watch:
             if m.handles.get(n) is not h:  # replaced or removed meanwhile
                 continue
             exc = f.exception()
-            if (isinstance(exc, RayActorError) and n in m.dep.task_names()
-                    and n not in m.finished):
+            if isinstance(exc, RayActorError) and n in m.dep.task_names():
                 died.append((n, exc))
             elif exc is None:
                 self.health.answered(n)
@@ -109,11 +108,6 @@ class Watch:
         m.collector.unresponsive = {t: (*where[t], self.health.since(t))
                                     for t, _ in self.health.unresponsive() if t in where}
         return died
-
-    def _final(self, task: str) -> bool:
-        """The collector holds ``task``'s figures from after it finished."""
-        snap = self.m.collector.tasks.get(task)
-        return snap is not None and snap.status == TaskStatus.FINISHED
 
     def unresponsive(self) -> tuple[tuple[str, float], ...]:
         """``(task, seconds since it last answered)`` of the live tasks that did not answer

@@ -371,3 +371,49 @@ def test_an_output_without_a_codec_fails_the_job_naming_operator_and_record(ray_
     assert e.operator == "make" and e.record.startswith("(4, <")
     assert "no codec for Opaque" in str(e) and "register_codec" in str(e)
     assert "internal error" not in str(e)
+
+
+def test_the_death_of_a_finished_task_is_noticed_and_the_job_recovers(ray_cluster, tmp_path):
+    """Issue 32 item 1: a bounded source beside a held one finishes; its actor is then
+    killed. The watch notices (it asks finished tasks too), the job restarts from its last
+    checkpoint, checkpoints complete again, and the output is exact. Before, the job said
+    'running', every checkpoint waited for the dead task's ack until its timeout, and
+    nothing was committed."""
+    from tests.jobs import task_actors
+
+    bounded = [(i % 10, 1) for i in range(300)]
+    held = [(100 + i % 10, 1) for i in range(600)]
+    gate = SourceGate(200)
+    sink = TestingSink(str(tmp_path / "out"))
+    cfg = JobConfig(batch_size=20, linger_ms=2, metrics_port=None, checkpoint_interval_s=0.5,
+                    checkpoint_timeout_s=15, checkpoint_dir=str(tmp_path / "chk"),
+                    restart_delay_s=0.1)
+    job = StreamJob("finished-dies", num_key_groups=16, config=cfg)
+    a = job.source(TestingSource(bounded, rate=1000), name="bounded")
+    b = job.source(TestingSource(held, rate=1000, gate=gate), name="held")
+    (a.union(b).key_by(lambda r: r[0]).reduce(lambda x, y: (x[0], x[1] + y[1]), name="sum")
+        .sink(sink, name="out"))
+    h = job.run()
+    try:
+        until(lambda: int(h.metrics().total("records_out", "bounded")) == 300
+              and any(t.vertex == "bounded" and t.status == "finished"
+                      for t in h.metrics().tasks), 60, "the bounded source to finish")
+        gate.wait_reached()
+        done = h.status().checkpoints.completed
+        until(lambda: h.status().checkpoints.completed > done, 60, "a checkpoint")
+        [victim] = task_actors(h, "bounded")
+        ray.kill(ray.get_actor(victim, namespace=NAMESPACE))
+        until(lambda: h.status().restarts >= 1, 60, "the restart after the finished task died")
+        after = h.status().checkpoints.completed
+        until(lambda: h.status().checkpoints.completed > after, 60, "a checkpoint after it")
+        gate.open()
+        st_ = h.wait(120)
+    finally:
+        gate.open()
+        h.stop()
+    assert st_.state == "finished" and st_.restarts >= 1
+    want = {k: (k, sum(v for kk, v in bounded + held if kk == k)) for k, _ in bounded + held}
+    got: dict = {}
+    for k, total in sink.results():
+        got[k] = max(got.get(k, (k, 0)), (k, total))
+    assert got == want

@@ -773,13 +773,16 @@ class TaskFinished:
 @wire
 @dataclass(frozen=True, slots=True)
 class TaskFailed:
-    """``task`` failed; ``record`` is the repr of the offending record, or '' when none."""
+    """``task`` failed; ``record`` is the repr of the offending record, or '' when none.
+    ``permanent``: the job's own definition makes it fail again whatever a restart does
+    (e.g. keyed state no codec can encode): the job fails without restarting."""
 
     task: str
     operator: str
     task_index: int
     record: str
     cause: str
+    permanent: bool = False
 
 
 @wire

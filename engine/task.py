@@ -49,7 +49,7 @@ from engine.codec import pack_exact
 from engine.columnar import ColumnBatch, as_rows
 from engine.config import JobConfig
 from engine.deployment import Deployment
-from engine.errors import OutputCodecError, ReflowError, UserFunctionError
+from engine.errors import CodecError, OutputCodecError, ReflowError, UserFunctionError
 from engine.group_order import GroupOrder
 from engine.groupstats import GroupLoad
 from engine.latency import LatencyHistogram
@@ -182,6 +182,26 @@ def estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
             sample = list(itertools.islice(t.items(), 32))
             total += len(pack_exact(sample)) * len(t) // len(sample)
     return total
+
+
+def unencodable_state(backend: KeyedStateBackend, operator: str, exc: CodecError) -> str:
+    """What a checkpoint of ``operator``'s keyed state could not encode, and what to do."""
+    from engine.codec import pack_exact
+
+    for kg in backend.owned():
+        for name, table in backend.groups.get(kg, {}).items():
+            for key, value in table.items():
+                try:
+                    pack_exact([key, value])
+                except CodecError as err:
+                    return (f"keyed state {name!r} of operator {operator!r} holds a value "
+                            f"that cannot be encoded for a checkpoint (key {key!r:.60}, "
+                            f"{type(value).__name__}: {err}); keep msgpack types (int, "
+                            "float, str, bytes, bool, None, list, tuple, dict) in state, or "
+                            "declare a codec for the type (engine.codec.register_codec / "
+                            "register_dataclass)")
+    return (f"keyed state of operator {operator!r} cannot be encoded for a checkpoint: {exc}; "
+            "declare a codec for its types (engine.codec.register_codec)")
 
 
 class PartialFrame:
@@ -699,7 +719,13 @@ class TaskCore:
                                            "rescale's subscale is running)"))
             return
         b = self.backend
-        groups = () if b is None else tuple((kg, b.snapshot(kg)) for kg in b.owned())
+        try:
+            groups = () if b is None else tuple((kg, b.snapshot(kg)) for kg in b.owned())
+        except CodecError as exc:  # the user's state: a restart would fail the same way
+            assert b is not None
+            self._fail(spec.operators[0].name, "", unencodable_state(b, spec.operators[0].name,
+                                                                       exc), permanent=True)
+            return
         source = self.source_offsets() if self.reader is not None else None
         try:
             if self._two_phase and self._writers_open:
@@ -804,9 +830,10 @@ class TaskCore:
             self._writers_open = False
             self.chain.close()
 
-    def _fail(self, operator: str, record: str, cause: str) -> None:
+    def _fail(self, operator: str, record: str, cause: str, permanent: bool = False) -> None:
         self.status = FAILED
-        self.failure = TaskFailed(self.name, operator, self.spec.task_index, record, cause)
+        self.failure = TaskFailed(self.name, operator, self.spec.task_index, record, cause,
+                                  permanent)
         self.reports.append(self.failure)
 
     def _describe(self) -> str:

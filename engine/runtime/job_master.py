@@ -378,6 +378,10 @@ class JobMaster:
         error = (f"task {msg.task} of operator {msg.operator!r} failed: "
                  f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
         self.failure = msg
+        if msg.permanent:  # the job's own definition: a restart would fail the same way
+            await self.fail_for_good(error + " (not restarted: a restart would fail the "
+                                             "same way)")
+            return
         await self.fail(error)
 
     def take_deferred_failure(self) -> TaskFailed | None:

@@ -388,3 +388,49 @@ def test_join_keeps_a_uri_query_string_at_the_end():
     assert join("s3://b/sp/", "x") == "s3://b/sp/x"
     assert join("/tmp/a?b", "x") == "/tmp/a?b/x"  # a local path may hold a '?'
 
+
+
+class _NoCodec:
+    """A value type with no declared codec."""
+
+
+def test_keyed_state_no_codec_encodes_fails_the_task_for_good_naming_state_and_operator(tmp_path):
+    """Issue 32 item 4: a checkpoint of keyed state holding a type without a codec is the
+    user's error: the task fails with a message naming the state and the operator, marked
+    permanent (the JobMaster does not restart the job on it); before, it was an 'internal
+    error CodecError' the restart strategy looped on."""
+    import random
+
+    from engine.api import StreamJob
+    from engine.clock import ManualClock
+    from engine.config import JobConfig
+    from engine.functions import KeyedProcessFunction
+    from engine.messages import TaskFailed, TriggerCheckpoint
+    from engine.testing import TestingSink, TestingSource
+    from tests.harness import wire
+    from tests.unit.test_drrs_core import DNet
+
+    class Keep(KeyedProcessFunction):
+        def open(self, ctx):
+            self.last = ctx.value_state("last_seen", None)
+
+        def process_element(self, value, ctx):
+            self.last.update(_NoCodec())
+            yield value
+
+    job = StreamJob("nocodec", num_key_groups=16,
+                    config=JobConfig(batch_size=4, linger_ms=0, metrics_port=None,
+                                     checkpoint_interval_s=60))
+    (job.source(TestingSource([(1, 1), (2, 2)]), name="src").key_by(lambda r: r[0])
+        .process(Keep(), name="keep").sink(TestingSink(str(tmp_path / "o")), name="out"))
+    net = DNet(job, ManualClock())
+    net["src/0"].poll_source(2)
+    net._random_round(random.Random(1), 0)
+    net.pump()
+    net["src/0"].handle(wire(TriggerCheckpoint(1, str(tmp_path / "chk-1"))))
+    net.pump()
+    core = net["keep/0"]
+    [failed] = [r for r in core.reports if isinstance(r, TaskFailed)]
+    assert core.status == "failed" and failed.permanent and failed.operator == "keep"
+    assert "keyed state 'last_seen' of operator 'keep'" in failed.cause
+    assert "_NoCodec" in failed.cause and "register_codec" in failed.cause

@@ -11,6 +11,7 @@ virtualenv without reflow's packages, so without ``local_spark``'s choice of
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import venv
@@ -25,7 +26,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_main_example_with_a_venv_python_off_path(tmp_path):
     # the user's venv sees the installed packages; the python3 on PATH is a venv without them
     user_venv, bare_venv = tmp_path / "venv", tmp_path / "bare"
-    venv.create(user_venv, system_site_packages=True, with_pip=False)
+    venv.create(user_venv, system_site_packages=False, with_pip=False)
+    # the user's venv sees what this interpreter sees: its own site-packages (when the
+    # tests run inside a virtualenv, system_site_packages would show the base
+    # interpreter's instead, without the packages installed into that virtualenv)
+    seen = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))
+            and os.path.isdir(p)]
+    [user_site] = (user_venv / "lib").glob("python*/site-packages")
+    (user_site / "reflow-test-parent.pth").write_text(  # addsitedir: their .pth files too
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in seen))
     venv.create(bare_venv, system_site_packages=False, with_pip=False)
     bare_python = subprocess.run([str(bare_venv / "bin" / "python3"), "-c", "import msgpack"],
                                  capture_output=True, text=True)

@@ -279,7 +279,8 @@ class ControlTimeout(ControlPlaneError):
 
 class JobMasterLost(ControlPlaneError):
     """The JobMaster actor died (its process or node went away, or it was killed); the job
-    is gone with it. Ray's error is the ``__cause__``. Deploy the job again."""
+    is gone with it. Ray's error is the ``__cause__``. Resume it from its checkpoints
+    (``job.run(restore_from="<checkpoint_dir>/<job id>")``), or deploy it again."""
 
 
 class RayUnavailable(ReflowError):

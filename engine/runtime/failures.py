@@ -72,8 +72,9 @@ def translate(exc: BaseException, *, job: str, call: str, seconds: float = 0.0) 
     if isinstance(exc, RayActorError):
         return JobMasterLost(
             f"job {job}: the JobMaster died (its process or node went away, or it was killed) "
-            f"during {call}(); the job is gone with it: deploy it again "
-            f"({type(exc).__name__})", job=job, call=call)
+            f"during {call}(); the job is gone with it. If it took checkpoints, resume it from "
+            f"the latest: job.run(restore_from='<JobConfig.checkpoint_dir>/{job}'); else "
+            f"deploy it again ({type(exc).__name__})", job=job, call=call)
     if isinstance(exc, RayTaskError):
         inner = unwrap(exc)
         return InternalError(

@@ -2,7 +2,7 @@
 scaling period, disruption figures and ratios measured within the one run.
 
     python examples/bench/rescale.py                          # micro, every protocol, ~10 min
-    python examples/bench/rescale.py --quick                  # small smoke run, ~1-2 min
+    python examples/bench/rescale.py --quick                  # small smoke run, ~6 min (own folder: <scenario>-quick)
     python examples/bench/rescale.py --scenario skew --protocols drrs,stop-restart
     reflow bench rescale --scenario q7 --quick                # the same through the CLI
 
@@ -670,8 +670,9 @@ def plot(results: dict[str, Any], path: str) -> None:
     nan = float("nan")
     means = results["config"].get("plot_mean")
     runs = [r for r in results["runs"] if r["status"] == RunStatus.OK]
-    for i, r in enumerate(runs):
-        col = COLORS.get(r["protocol"], f"C{i}")
+    others = sorted({r["protocol"] for r in runs} - set(COLORS))
+    for i, r in enumerate(runs):  # one colour per protocol, whatever the round
+        col = COLORS.get(r["protocol"]) or f"C{others.index(r['protocol']) % 10}"
         rows = r["timeline"]
         t = [x["t"] for x in rows]
         first = r.get("round", 0) == 0
@@ -697,6 +698,15 @@ def plot(results: dict[str, Any], path: str) -> None:
                         xycoords=("data", "axes fraction"), fontsize=8, color=col, va="top")
     for a_ in (ax, ax2):
         a_.axvline(0, color="k", lw=1.5)
+    # from the baseline on: the job's start-up (its first seconds' latency) would take the
+    # y-axis and leave the rescale a flat line at the bottom
+    baseline_s = float(results["config"].get("baseline") or 0.0)
+    if runs and baseline_s:
+        ax.set_xlim(left=-baseline_s - 1.0)
+        shown = [x["p99_ms"] for r in runs for x in r["timeline"]
+                 if x["p99_ms"] is not None and x["t"] >= -baseline_s - 1.0]
+        if shown:
+            ax.set_ylim(bottom=max(min(shown) / 2, 0.1), top=max(shown) * 2)
     ax.annotate("rescale request", (0, 0.02), xycoords=("data", "axes fraction"), fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("latency per wall second, ms (log)")
@@ -801,7 +811,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.warm_standby = args.to_p
     every = ["drrs", "stop-restart"] if args.scenario == "source" else map(str, PROTOCOLS)
     args.protocols = [p for p in cli.comma_list(args.protocols) or every if p != NONE]
-    args.out = cli.out_dir(args, "rescale", args.scenario)
+    # a quick run has a folder of its own: it never overwrites a full run's results
+    args.out = cli.out_dir(args, "rescale", args.scenario + ("-quick" if args.quick else ""))
     if args.scenario in ("micro", "micro-in", "skew", "source"):
         parse_skew(args.skew)
     if not 1 <= args.from_p <= args.key_groups or not 1 <= args.to_p <= args.key_groups:

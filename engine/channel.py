@@ -35,22 +35,32 @@ REROUTE_PORT = -1
 
 
 class InputChannel:
-    """One input channel: a reorder buffer in front of a FIFO of encoded frames."""
+    """One input channel: a reorder buffer in front of a FIFO of encoded frames.
 
-    __slots__ = ("channel_id", "port", "next_seq", "pending", "queue", "ended")
+    Bounded: a sender has at most ``credits`` frames unacknowledged, so no frame it sends
+    is ``max_ahead`` or more beyond the next one expected; such a frame (a sender that
+    left, a forged one) is refused rather than kept."""
 
-    def __init__(self, channel_id: int, port: int = 0) -> None:
+    __slots__ = ("channel_id", "port", "next_seq", "pending", "queue", "ended", "max_ahead")
+
+    def __init__(self, channel_id: int, port: int = 0, max_ahead: int = 1024) -> None:
         self.channel_id = channel_id
         self.port = port
         self.next_seq = 0
         self.pending: dict[int, bytes] = {}
         self.queue: deque[tuple[int, bytes]] = deque()
         self.ended = False
+        self.max_ahead = max_ahead
 
     def offer(self, seq: int, payload: bytes) -> int:
-        """Accept frame ``seq``; returns how many frames became ready (in order)."""
+        """Accept frame ``seq``; returns how many frames became ready (in order).
+        ``ValueError`` for a frame delivered twice or ``max_ahead`` beyond the next."""
         if seq < self.next_seq or seq in self.pending:
             raise ValueError(f"channel {self.channel_id}: frame {seq} delivered twice")
+        if seq - self.next_seq >= self.max_ahead:
+            raise ValueError(f"channel {self.channel_id}: frame {seq} is {seq - self.next_seq} "
+                             f"ahead of the next expected ({self.next_seq}), more than a "
+                             f"sender's credits allow ({self.max_ahead}); refused")
         self.pending[seq] = payload
         ready = 0
         while self.next_seq in self.pending:

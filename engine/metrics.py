@@ -8,12 +8,17 @@ conventions: ``reflow_`` prefix, base units, ``_total`` counters, ``_seconds``.
 
 from __future__ import annotations
 
+import socket
+import socketserver
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from engine.latency import LatencyHistogram
@@ -369,13 +374,66 @@ class JobCollector:
         return g
 
 
+class _BoundedServer(socketserver.ThreadingMixIn, WSGIServer):
+    """A WSGI server with at most ``MAX_CONNECTIONS`` connections served at once (more are
+    closed at once) and a read timeout per connection: idle or slow clients cannot pile up
+    threads in the JobMaster (prometheus_client's server has neither bound)."""
+
+    daemon_threads = True
+    MAX_CONNECTIONS = 16
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(self.MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out or went away is closed quietly (no traceback)."""
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, (TimeoutError, ConnectionError)):
+            super().handle_error(request, client_address)
+
+
+class _BoundedServer6(_BoundedServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    timeout = 10.0  # seconds a connection may stay silent before it is closed
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass
+
+
 class MetricsEndpoint:
-    """One HTTP endpoint serving a job's metrics; ``port`` 0 picks a free port."""
+    """One HTTP endpoint serving a job's metrics; ``port`` 0 picks a free port. At most
+    ``_BoundedServer.MAX_CONNECTIONS`` scrapes at once, each closed after
+    ``_QuietHandler.timeout`` seconds of silence."""
 
     def __init__(self, collector: JobCollector, host: str, port: int) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        server_class = _BoundedServer6 if ":" in host else _BoundedServer
+        self._server = make_server(host, port, make_wsgi_app(self.registry), server_class,
+                                   handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="reflow-metrics", daemon=True)
+        self._thread.start()
         self.host = host
         self.port = self._server.server_port
 

@@ -301,6 +301,8 @@ class TaskCore:
             cfg.batch_size, cfg.linger_ms / 1000.0, spec.num_key_groups, spec.key_fns, clock.monotonic
         )
         self.inputs: dict[int, InputChannel] = {}
+        # a frame further ahead than a sender's credits allow is refused (InputChannel)
+        self._max_ahead = max(64, 4 * cfg.credits)
         self._order: list[int] = []
         self._rr = 0
         self.consumed: list[tuple[int, int]] = []
@@ -515,7 +517,7 @@ class TaskCore:
         """Open an input channel (nothing if it is open); no input for watermarks when
         ``port`` is ``REROUTE_PORT``."""
         if channel_id not in self.inputs:
-            self.inputs[channel_id] = InputChannel(channel_id, port)
+            self.inputs[channel_id] = InputChannel(channel_id, port, self._max_ahead)
             self._order = sorted(self.inputs)
             self._inputs_changed()
 
@@ -1064,7 +1066,7 @@ class TaskCore:
                 del self.inputs[cid]
         for cid, port in wanted.items():
             if cid not in self.inputs:
-                self.inputs[cid] = InputChannel(cid, port)
+                self.inputs[cid] = InputChannel(cid, port, self._max_ahead)
         self._order = sorted(self.inputs)
         self._rr = 0
         self._inputs_changed()

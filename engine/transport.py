@@ -23,7 +23,10 @@ An acknowledgement means what an actor call's return means on the Ray path: the 
 took the frame for processing (credit-based backpressure). A connection that closes fails
 every unacknowledged frame's future with ``ConnectionLost`` (the receiver died).
 
-Bounds: a length field is checked before anything is allocated for it. A server closes a
+Bounds: a connection must present its token within ``TOKEN_TIMEOUT_S`` and at most
+``MAX_UNAUTHENTICATED`` connections may be waiting to do so at once (more are closed at
+once), so idle or stray connections cannot pile up on the port. A length field is checked
+before anything is allocated for it. A server closes a
 connection whose frame header announces more than ``max_frame_bytes`` (its unacknowledged
 frames then fail at the sender with ``ConnectionLost``); a client never sends such a frame
 (its future fails with ``FrameTooLarge`` naming the limit) and closes a connection whose
@@ -53,6 +56,10 @@ from engine.errors import ConfigError, ConnectionLost, FrameRefused, FrameTooLar
 log = logging.getLogger(__name__)
 
 TOKEN_BYTES = 16
+#: seconds a new connection has to present its token; it is closed after that
+TOKEN_TIMEOUT_S = 10.0
+#: connections that have not presented their token yet, at most, per server
+MAX_UNAUTHENTICATED = 32
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 MAX_REASON_BYTES = 64 * 1024
 ACK = 1
@@ -108,6 +115,7 @@ class DataServer:
         self.tls = tls
         self._server: asyncio.base_events.Server | None = None
         self.port = 0
+        self.unauthenticated = 0  # connections still to present their token
 
     async def start(self, host: str) -> int:
         if self._server is None:
@@ -116,8 +124,20 @@ class DataServer:
         return self.port
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
-            token = await reader.readexactly(TOKEN_BYTES)
+        if self.unauthenticated >= MAX_UNAUTHENTICATED:
+            writer.close()
+            return
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError,
+                                 TimeoutError):
+            self.unauthenticated += 1
+            try:
+                token = await asyncio.wait_for(reader.readexactly(TOKEN_BYTES),
+                                               TOKEN_TIMEOUT_S)
+            except TimeoutError:
+                writer.close()
+                raise
+            finally:
+                self.unauthenticated -= 1
             if not secrets.compare_digest(token, self.token):
                 writer.close()
                 return

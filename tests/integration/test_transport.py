@@ -270,3 +270,35 @@ def test_tls_files_that_cannot_load_are_a_config_error(tmp_path) -> None:
         TLS(good.cert_file, "")
     with pytest.raises(ConfigError, match="JobConfig: tls must be None with transport='ray'"):
         JobConfig(tls=good, transport="ray")
+
+
+def test_idle_unauthenticated_connections_are_capped_and_timed_out(monkeypatch) -> None:
+    """Issue 32 item 11: a connection that never presents its token is closed after
+    TOKEN_TIMEOUT_S, and at most MAX_UNAUTHENTICATED wait at once (more are closed at
+    once); a client with the token still gets through afterwards."""
+    import engine.transport as tr
+
+    monkeypatch.setattr(tr, "TOKEN_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(tr, "MAX_UNAUTHENTICATED", 4)
+
+    async def go() -> None:
+        rx = Receiver()
+        port = await rx.server.start("127.0.0.1")
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+        await until(lambda: rx.server.unauthenticated == 4)
+        closed = 0
+        for reader, _ in idle:  # two closed at once, the other four after the timeout
+            with contextlib.suppress(ConnectionError):
+                if await asyncio.wait_for(reader.read(1), 3) == b"":
+                    closed += 1
+        assert closed == 6 and rx.server.unauthenticated == 0
+        for _, writer in idle:
+            writer.close()
+        client = await connected(rx)
+        fut = client.send(1, 1, b"x")
+        await until(lambda: rx.frames)
+        rx.take()
+        await fut
+        client.close()
+
+    run(go())

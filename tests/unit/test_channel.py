@@ -408,3 +408,19 @@ def test_reconnect_refuses_unflushed_records():
     r.emit([1], [0])
     with pytest.raises(RuntimeError, match="unflushed"):
         r.connect([OutputEdge(0, "forward", (chan(1),))])
+
+
+def test_a_frame_further_ahead_than_credits_allow_is_refused_not_kept():
+    """Issue 32 item 11: the reorder buffer kept frames with far-future sequence numbers
+    (+100 MiB after their sender left); now one ``max_ahead`` or more beyond the next
+    expected is refused and nothing is kept."""
+    import pytest
+
+    from engine.channel import InputChannel
+
+    ch = InputChannel(3, max_ahead=8)
+    assert ch.offer(7, b"a") == 0 and len(ch) == 1
+    with pytest.raises(ValueError, match="ahead of the next expected"):
+        ch.offer(8, b"far" * 1000)
+    assert len(ch) == 1 and 8 not in ch.pending
+    assert ch.offer(0, b"z") == 1 and ch.offer(8, b"now in reach") == 0

@@ -18,9 +18,12 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    ``needed = target / target_utilisation + catch_up + target * disruption_s / catch_up_s``;
    ``disruption_s`` is Flink's fixed ``restart.time`` here (``restart_time_s``, 0 by
    default: a live rescale barely stops the job; ``controllers.cost_aware`` measures it).
-5. **Fixed parallelism.** An operator joined to a neighbour by a forward edge keeps its
-   parallelism (reflow refuses such a rescale: it would change what the job computes); DS2
-   says so in a ``NoChange`` instead of proposing it, and still counts its rates.
+5. **Forward groups.** Operators joined by forward edges run equally many tasks and
+   rescale together: DS2 decides for the group's keyed root (``OperatorView.forward_root``),
+   whose rescale takes its stateless partners along, and leaves the partners to it; an
+   operator whose forward group cannot rescale as one keeps its parallelism (reflow would
+   refuse). Either way DS2 says so in a ``NoChange`` instead of proposing it, and still
+   counts the rates.
 6. **Even key-group splits.** For a keyed operator, the smallest parallelism whose busiest
    task (by key groups, uniform ranges) holds at most ``1 + key_group_tolerance`` times the
    groups the exact parallelism would give it; then clamped to ``[min, max]`` (max: the
@@ -230,7 +233,7 @@ class DS2(Controller):
         # out of the band and able to move (one at its limit stays where it is)
         outside = [e for e in mine if e.load is not None and not lo <= e.load <= hi
                    and e.optimal != e.parallelism]
-        # a forward edge fixes an operator's parallelism: a rescale would be refused
+        # a forward partner follows its group's root; a group without one keeps its size
         fixed = [e for e in outside if ops[e.operator].fixed_parallelism]
         kept = [NoChange(f"{self.name}: {e.operator} stays at {e.parallelism} (DS2 would go to "
                          f"{e.optimal}: {e.reason}): {ops[e.operator].fixed_parallelism}")

@@ -85,21 +85,30 @@ class Deployment:
 
     def with_vertex(self, vertex: str, tasks: tuple[str, ...],
                     assignment: tuple[int, ...] | None = None,
-                    generation: int | None = None) -> Deployment:
+                    generation: int | None = None,
+                    partners: Mapping[str, tuple[str, ...]] | None = None) -> Deployment:
         """This deployment with ``vertex`` run by ``tasks`` (its parallelism follows) and,
         for a keyed vertex, owning key groups by ``assignment`` (unchanged when None), at
-        ``generation`` or the current one, whichever is higher. The generation never goes
+        ``generation`` or the current one, whichever is higher; ``partners``: other vertices
+        (its forward partners) run by these tasks in the same change, so a forward edge
+        between them never sees unequal parallelisms (``PhysicalPlan.with_parallelism``
+        raises ``RescaleRefused`` when one would). The generation never goes
         back: rescales of two vertices run at once, each from the deployment it started
         with, and one that started before the other bumped the generation twice must not
         set it back, or the next rescale would name a new task as an existing or removed
         one (seen as a ``KeyError`` on a task name in a controller-driven rescale)."""
+        changes = {**(partners or {}), vertex: tuple(tasks)}
         plan = self.plan
-        if plan.vertex(vertex).parallelism != len(tasks):
-            plan = plan.rescaled(vertex, len(tasks))
+        resized = {v: len(t) for v, t in changes.items()
+                   if plan.vertex(v).parallelism != len(t)}
+        if resized:
+            plan = plan.with_parallelism(resized)
         assignments = dict(self.assignments)
         if assignment is not None:
             assignments[vertex] = tuple(assignment)
-        return Deployment(plan, self.job_id, {**self.tasks, vertex: tuple(tasks)}, assignments,
+        return Deployment(plan, self.job_id,
+                          {**self.tasks, **{v: tuple(t) for v, t in changes.items()}},
+                          assignments,
                           self.generation if generation is None
                           else max(self.generation, generation),
                           self.partitions)

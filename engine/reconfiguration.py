@@ -275,8 +275,12 @@ class OperatorView:
     vertex), ``inputs``/``outputs`` (upstream and downstream vertices), ``tasks`` (names by
     index), ``assignment`` (key group -> task index; empty when not keyed), ``nodes``
     (the Ray node of each task where known, else "") and ``forward`` (the neighbours it is
-    joined to by a forward edge: task i sends to task i, so its parallelism is fixed and a
-    rescale to another one is refused; a rebalance at the same parallelism is not)."""
+    joined to by a forward edge: task i sends to task i, so both sides always run equally
+    many tasks; a rebalance at the same parallelism changes nothing there).
+    ``forward_root``: in a forward group that rescales live as one
+    (``engine.physical.PhysicalPlan.check_rescale``: one keyed vertex, the rest stateless
+    partners), that keyed vertex, whose rescale takes the group along; "" otherwise (no
+    forward edge, or a group only a rebuilt job can change)."""
 
     name: str
     operators: tuple[str, ...]
@@ -290,6 +294,7 @@ class OperatorView:
     assignment: tuple[int, ...] = ()
     nodes: tuple[str, ...] = ()
     forward: tuple[str, ...] = ()
+    forward_root: str = ""
 
     @property
     def is_source(self) -> bool:
@@ -297,11 +302,17 @@ class OperatorView:
 
     @property
     def fixed_parallelism(self) -> str:
-        """Why its parallelism cannot change ("" when it can): its forward edges."""
-        if not self.forward:
+        """Why a controller must not rescale it itself ("" when it may): a forward partner
+        follows its group's keyed root (rescale that one), and a forward group without one
+        keeps its parallelism (its rescale would be refused)."""
+        if not self.forward or self.forward_root == self.name:
             return ""
+        if self.forward_root:
+            return (f"{self.name!r} is a forward partner of {self.forward_root!r} and "
+                    f"rescales with it")
         return (f"{self.name!r} is joined to {', '.join(repr(n) for n in self.forward)} by a "
-                "forward edge, which keeps its parallelism (a rescale would be refused)")
+                "forward edge, and their forward group cannot rescale as one (a rescale "
+                "would be refused)")
 
 
 @wire

@@ -26,7 +26,7 @@ of ``engine.messages``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +63,7 @@ from engine.messages import (
 )
 from engine.metrics import RescaleProgress
 from engine.names import NameEnum, SubscaleRole
+from engine.physical import FORWARD
 from migration.assignment import (
     AssignmentError,
     AssignmentPlan,
@@ -215,12 +216,20 @@ class RemoveTasks:
 @dataclass(frozen=True)
 class UpdateVertex:
     """The job's deployment of ``vertex`` is now ``tasks`` owning key groups by
-    ``assignment`` (None: unchanged), at ``generation`` (None: unchanged)."""
+    ``assignment`` (None: unchanged), at ``generation`` (None: unchanged); ``partners``:
+    (vertex, tasks) of its forward partners, changed in the same step
+    (``Deployment.with_vertex``)."""
 
     vertex: str
     tasks: tuple[str, ...]
     assignment: tuple[int, ...] | None = None
     generation: int | None = None
+    partners: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def apply(self, dep: Deployment) -> Deployment:
+        """``dep`` with this update (what an executor does with it)."""
+        return dep.with_vertex(self.vertex, self.tasks, self.assignment, self.generation,
+                               dict(self.partners))
 
 
 @dataclass(frozen=True)
@@ -303,12 +312,15 @@ class DataflowChanges:
     checkpoints and rescales (docs/architecture.md, "the life of a checkpoint"): a
     checkpoint starts only when no subscale is in flight (injected, and not yet reported
     done by both owners) and no task is being added or removed; a rescale waits before a
-    command that ``starts`` a change while a checkpoint is pending. Fed by the executor
+    command that ``starts`` a change while a checkpoint is pending (``gates``: the first
+    command of a change only). Fed by the executor
     (the JobMaster's, the unit harness's) with the commands it runs and every report."""
 
     def __init__(self) -> None:
         self.subscales: set[int] = set()
         self._done: dict[int, set[str]] = {}
+        # a change started and its deployment not yet recorded (the next UpdateVertex)
+        self._changing = False
 
     @staticmethod
     def starts(cmd: Command) -> bool:
@@ -322,8 +334,22 @@ class DataflowChanges:
                        for c in cmd.calls)
         return False
 
+    def gates(self, cmd: Command) -> bool:
+        """Whether the executor waits for a pending checkpoint before ``cmd``: it
+        ``starts`` a change and none is under way. A change runs from its first command to
+        the ``UpdateVertex`` that records it, and may start more than once meanwhile (a
+        rescale with forward partners creates or removes each vertex's tasks in turn):
+        only its first command waits, since a checkpoint starting in its middle could not
+        align (e.g. a partner's new task reads a channel whose sender does not exist yet)."""
+        return self.starts(cmd) and not self._changing
+
     def on_command(self, cmd: Command) -> None:
-        """``cmd`` is being run: the subscales it starts are in flight."""
+        """``cmd`` is being run: the subscales it starts are in flight; a change it starts
+        is under way until the next ``UpdateVertex``."""
+        if self.starts(cmd):
+            self._changing = True
+        elif isinstance(cmd, UpdateVertex):
+            self._changing = False
         if isinstance(cmd, SendControl):
             for c in cmd.calls:
                 if isinstance(c.message, ExpectIncoming):
@@ -366,9 +392,17 @@ class RescaleCoordinator:
         self.phase = Phase.HOLD
         self.committed = False
         self.superseded = False
+        # forward partners go to the new parallelism with the operator (RescaleRefused
+        # when its forward group cannot rescale as one: PhysicalPlan.check_rescale)
+        self.partners: tuple[str, ...] = (
+            () if request.place is not None else self.dep.plan.check_rescale(
+                self.vertex, request.parallelism, live=self.spec.live))
+        #: the operator and its partners, in topological order
+        self.group: tuple[str, ...] = tuple(
+            v.name for v in self.dep.plan.vertices if v.name in {self.vertex, *self.partners})
         # the operator's own input ended (a finished task elsewhere, e.g. a bounded source
         # beside an unbounded one, does not stop a rescale: FLIP-147)
-        self.finished_tasks: set[str] = set(ctx.finished) & set(self.dep.tasks[self.vertex])
+        self.finished_tasks: set[str] = set(ctx.finished) & set(self._group_tasks())
         self.input_ended = bool(self.finished_tasks)
         self.plan: MigrationPlan | None = None
         self.assignment_plan: AssignmentPlan | None = None
@@ -462,7 +496,7 @@ class RescaleCoordinator:
         yield AwaitReports(phase, self.config.rescale_timeout_s, tuple(sorted(tasks)))
 
     def _observe(self, report: Any) -> None:
-        if isinstance(report, TaskFinished) and report.task in self.dep.tasks[self.vertex]:
+        if isinstance(report, TaskFinished) and report.task in self._group_tasks():
             self.finished_tasks.add(report.task)
             self.input_ended = True
 
@@ -480,6 +514,31 @@ class RescaleCoordinator:
 
     def _tasks(self, vertex: str | None = None) -> tuple[str, ...]:
         return self.dep.tasks[vertex or self.vertex]
+
+    def _group_tasks(self) -> tuple[str, ...]:
+        """The tasks of the operator and of its forward partners."""
+        return tuple(t for v in (self.vertex, *self.partners) for t in self.dep.tasks[v])
+
+    def _partner_tasks(self, keep: int | None = None) -> dict[str, tuple[str, ...]]:
+        """Each partner's tasks (its first ``keep`` of them)."""
+        return {p: self.dep.tasks[p][:keep] for p in self.partners}
+
+    def _grow_partners(self, old_p: int, work_p: int, gen: int) -> dict[str, tuple[str, ...]]:
+        """Each partner's tasks with new ones at indices ``old_p..work_p - 1``
+        (generation ``gen``)."""
+        out: dict[str, tuple[str, ...]] = {}
+        for p in self.partners:
+            tasks = self.dep.tasks[p]
+            if len(tasks) != old_p:  # a forward edge keeps equal parallelisms
+                raise RuntimeError(f"forward partner {p!r} of {self.vertex!r} runs "
+                                   f"{len(tasks)} tasks, not {old_p}")
+            out[p] = (*tasks, *(task_name(self.ctx.job_id, p, i, gen)
+                                for i in range(old_p, work_p)))
+        return out
+
+    def _with_partners(self, resized: bool) -> tuple[str, ...]:
+        """``RescaleReport.with_partners``: the partners when their task count changed."""
+        return self.partners if resized else ()
 
 
     def _wants_workload(self) -> bool:
@@ -563,7 +622,17 @@ class LiveRescale(RescaleCoordinator):
     """A live rescale (drrs, pause-resume, fluid, batched, non-disruptive): hold the
     operator's tasks (they must not finish while groups move), plan, create new tasks,
     run the plan's subscales (at once within limits, or step by step), remove tasks left
-    without groups, release."""
+    without groups, release.
+
+    With forward partners (``partners``: stateless vertices joined to the operator by
+    forward edges, ``PhysicalPlan.check_rescale``) the group goes to the new parallelism
+    as one: the partners' tasks are held and released with the operator's; their new
+    tasks are created before the operator's, downstream first, from a deployment where
+    every vertex of the group has its new task names (so the operator's new task j is
+    connected to each partner's new task j); on a scale-in their last tasks go after the
+    operator's, upstream first. The partners' tasks relay the migration's watermark holds
+    and order markers (each has the one forward input), so event time and per-key order
+    downstream of them stay exact."""
 
     def __init__(self, request: RescaleRequest, ctx: RescaleContext, clock: Clock) -> None:
         super().__init__(request, ctx, clock)
@@ -618,10 +687,12 @@ class LiveRescale(RescaleCoordinator):
 
     def _steps(self) -> _Steps:
         cfg, clock, vertex = self.config, self.clock, self.vertex
-        # 1. hold: the operator's tasks do not finish while groups move
+        # 1. hold: the operator's tasks (and its forward partners') do not finish while
+        # groups move and tasks come and go
         tasks = self._tasks()
-        self._held = tasks
-        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True)) for t in tasks))
+        self._held = self._group_tasks()
+        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True))
+                                                    for t in self._held))
         ended = [st.task for st in states if st.input_ended]
         if ended or self.input_ended:
             yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
@@ -668,18 +739,26 @@ class LiveRescale(RescaleCoordinator):
         self._names = [*tasks, *new_names]
         if new_names:
             self.phase = Phase.DEPLOY
-            self.dep = self.dep.with_vertex(vertex, tuple(self._names), generation=gen)
+            grown = self._grow_partners(old_p, work_p, gen)
+            self.dep = self.dep.with_vertex(vertex, tuple(self._names), generation=gen,
+                                            partners=grown)
+            # receivers before senders: the partners' new tasks (downstream first), then
+            # the operator's, whose Connect gives new task j its forward channel to each
+            # partner's new task j
+            for p in reversed(self.partners):
+                yield from add_tasks_steps(self.dep, p, grown[p][old_p:], self.ctx.channel_ids,
+                                           scaled=self.group)
             nodes, indices = self._creation(new_names)
             yield from add_tasks_steps(self.dep, vertex, new_names, self.ctx.channel_ids,
-                                       nodes=nodes, indices=indices)
-            yield UpdateVertex(vertex, tuple(self._names), None, gen)
+                                       nodes=nodes, indices=indices, scaled=self.group)
+            yield UpdateVertex(vertex, tuple(self._names), None, gen, tuple(grown.items()))
         # 4. subscales
         yield from self._run_subscales(plan)
         # 5. remove tasks left without key groups, then release the hold
         self.phase = Phase.REMOVE
         gone = yield from self._remove(final_p, work_p)
         yield ReleaseReplicas(vertex, gone)
-        self._held = tuple(self._names)
+        self._held = self._group_tasks()
         yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in self._held))
         done = clock.now()
         s = self.stats
@@ -688,7 +767,8 @@ class LiveRescale(RescaleCoordinator):
             done, done - self.requested_at, s.moved, s.bytes, (), (),
             s.first_start if s.first_start is not None else done, s.rerouted, s.suspended,
             s.delay, tuple(s.timings), self.superseded, self._reason(plan),
-            len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved)))
+            len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved),
+            with_partners=self._with_partners(old_p != len(self._names))))
 
     def _creation(self, new_names: tuple[str, ...]
                   ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
@@ -698,17 +778,24 @@ class LiveRescale(RescaleCoordinator):
 
     def _remove(self, final_p: int, work_p: int) -> Generator[Command, Any, tuple[str, ...]]:
         """Scale-in: remove the tasks at ``final_p`` and above once they hold no key group
-        (not after a supersede: the next request starts from every task). Returns them."""
+        (not after a supersede: the next request starts from every task), then the forward
+        partners' tasks at the same indices, upstream first (their one input, the forward
+        channel from a task removed before, has ended). Returns the operator's."""
         vertex = self.vertex
         current = self.dep.assignments[vertex]
         keep = final_p if not self.superseded else work_p
         if not (keep < work_p and max(current) < keep):
             return ()
         gone = tuple(self._names[keep:])
-        yield from remove_tasks_steps(self.dep, vertex, gone, self.ctx.channel_ids)
+        yield from remove_tasks_steps(self.dep, vertex, gone, self.ctx.channel_ids,
+                                      scaled=self.group)
+        for p in self.partners:
+            yield from remove_tasks_steps(self.dep, p, self.dep.tasks[p][keep:],
+                                          self.ctx.channel_ids, scaled=self.group)
         self._names = self._names[:keep]
-        self.dep = self.dep.with_vertex(vertex, tuple(self._names))
-        yield UpdateVertex(vertex, tuple(self._names))
+        kept = self._partner_tasks(keep)
+        self.dep = self.dep.with_vertex(vertex, tuple(self._names), partners=kept)
+        yield UpdateVertex(vertex, tuple(self._names), partners=tuple(kept.items()))
         return gone
 
     def _reason(self, plan: MigrationPlan) -> str:
@@ -815,14 +902,26 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
     return expect, inject
 
 
+def _forward_within(dep: Deployment, edge_id: int, scaled: Collection[str]) -> bool:
+    """Whether edge ``edge_id`` is a forward edge between two vertices of ``scaled`` (a
+    forward group rescaled as one): its channels pair task i with task i, and both tasks
+    at an index come and go together, so only their own ``Connect`` carries it."""
+    e = next(x for x in dep.plan.edges if x.edge_id == edge_id)
+    return e.partitioning == FORWARD and e.src in scaled and e.dst in scaled
+
+
 def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
                     ids: ChannelIds, hold: bool = True,
                     nodes: tuple[tuple[str, str], ...] = (),
-                    indices: tuple[tuple[str, int], ...] = ()) -> Generator[Command, Any, None]:
+                    indices: tuple[tuple[str, int], ...] = (),
+                    scaled: Collection[str] = ()) -> Generator[Command, Any, None]:
     """Create, wire and start new tasks of ``vertex`` (already in ``dep``) while the job
     runs: they read from every predecessor and write to the operator's receivers; with
     ``hold`` they do not finish before the rescale releases them. ``nodes``/``indices``:
-    as in ``CreateTasks``."""
+    as in ``CreateTasks``. ``scaled``: the forward group rescaled with ``vertex`` (every
+    vertex of it already at the new task names in ``dep``; receivers' new tasks created
+    first): a forward edge inside it is wired by the new tasks' own ``Connect`` (the
+    sender's output, the receiver's input), so no old task adds or gets a channel on it."""
     yield CreateTasks(vertex, new_names, dep, nodes, indices)
     msgs = connect_messages(dep, ids)
     if hold:
@@ -833,13 +932,16 @@ def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
     adds: dict[str, list[tuple[int, int]]] = {}
     for n in new_names:
         for e in msgs[n].outputs:
+            if _forward_within(dep, e.edge_id, scaled):
+                continue  # the partner's new task was connected with it
             for c in e.channels:
                 adds.setdefault(c.target, []).append((c.channel_id, c.port))
     if adds:
         yield SendControl(tuple(Call(t, AddInputs(tuple(ins))) for t, ins in adds.items()),
                           Phase.DEPLOY)
     yield SendControl(tuple(Call(n, Start()) for n in new_names), Phase.DEPLOY)
-    preds = _predecessors(dep, vertex)
+    preds = [(e, u) for e, u in _predecessors(dep, vertex)
+             if not _forward_within(dep, e.edge_id, scaled)]
     if preds:
         yield SendControl(tuple(
             Call(u, AddOutputChannels(e.edge_id, tuple(
@@ -849,11 +951,19 @@ def add_tasks_steps(dep: Deployment, vertex: str, new_names: tuple[str, ...],
 
 
 def remove_tasks_steps(dep: Deployment, vertex: str, gone: tuple[str, ...],
-                       ids: ChannelIds) -> Generator[Command, Any, None]:
+                       ids: ChannelIds, scaled: Collection[str] = ()
+                       ) -> Generator[Command, Any, None]:
     """Scale-in: the predecessors stop sending to ``gone`` (which hold no key groups),
     then ``gone`` end their outputs and go; the sink output they wrote and no checkpoint
-    committed yet (``HandOver``) is adopted by the tasks that stay, round robin."""
-    preds = _predecessors(dep, vertex)
+    committed yet (``HandOver``) is adopted by the tasks that stay, round robin.
+    ``scaled``: the forward group rescaled with ``vertex``, removed upstream first: a
+    forward edge inside it reaches ``gone`` only from the sender's tasks at the same
+    indices, which were removed before (their ``EndOfStream`` ended those channels), so no
+    predecessor drops a channel on it."""
+    if not gone:
+        return
+    preds = [(e, u) for e, u in _predecessors(dep, vertex)
+             if not _forward_within(dep, e.edge_id, scaled)]
     if preds:
         yield SendControl(tuple(
             Call(u, RemoveOutputChannels(tuple(ids.get(e.edge_id, u, n) for n in gone)))
@@ -900,6 +1010,7 @@ class Placement(LiveRescale):
         if request.place is None:
             raise ValueError("a placement request names the task and the node (place=)")
         index, node = request.place
+        ctx.deployment.plan.check_placement(request.operator)
         old = ctx.deployment.assignments.get(request.operator, ())
         p = len(ctx.deployment.tasks[request.operator])
         if not old or index not in old:
@@ -976,7 +1087,9 @@ class StopRestartRescale(RescaleCoordinator):
         mark(Phase.SAVEPOINT)
         self.phase = Phase.RESTORE
         assignments = {vertex: self.plan.new_assignment} if self.plan.new_assignment else {}
-        self.dep = yield RestoreJob(savepoint, {vertex: self.request.parallelism}, assignments)
+        # the forward partners at the new parallelism too, in the same plan
+        self.dep = yield RestoreJob(savepoint, {v: self.request.parallelism for v in self.group},
+                                    assignments)
         mark(Phase.RESTORE)
         self.moved = len(self.plan.moved)
         self.bytes_moved = sum(length for t in savepoint.tasks if t.vertex == vertex
@@ -988,7 +1101,7 @@ class StopRestartRescale(RescaleCoordinator):
             vertex, str(RescaleProtocol.STOP_RESTART), self.plan.old_parallelism,
             self.request.parallelism, self.requested_at, done, done - self.requested_at,
             self.moved, self.bytes_moved, tuple(phases), offsets,
-            key_groups_planned=self.moved))
+            key_groups_planned=self.moved, with_partners=self.partners))
 
 
 # ---------------------------------------------------------------------- source rescale
@@ -1117,8 +1230,11 @@ class StatelessRescale(RescaleCoordinator):
     carried one (its predecessors send their current watermark when they add it); a removed
     task's channel stops counting at its ``EndOfStream``, behind its last record.
 
-    Only for operators whose edges are not forward (``PhysicalPlan.check_rescale``): a
-    forward edge pairs task i with task i and cannot take another number of tasks."""
+    Forward partners (``PhysicalPlan.check_rescale``: all stateless, none a source) go to
+    the new parallelism with the operator: their tasks are held and released with its;
+    new tasks are created downstream first (a forward edge inside the group is wired by the
+    new tasks' own ``Connect``, task j to task j), removed tasks go upstream first (a
+    partner's task's forward input has ended by then)."""
 
     def progress(self) -> RescaleProgress:
         return RescaleProgress(self.vertex, STATELESS, str(self.phase), 0, 0, 0, not self.done)
@@ -1128,9 +1244,11 @@ class StatelessRescale(RescaleCoordinator):
         timer = PhaseTimer(clock)
         tasks = self._tasks()
         old_p, new_p = len(tasks), self.request.parallelism
-        # 1. hold: no task of the operator finishes while their number changes
-        self._held = tasks
-        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True)) for t in tasks))
+        # 1. hold: no task of the operator (or of its partners) finishes while their
+        # number changes
+        self._held = self._group_tasks()
+        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True))
+                                                    for t in self._held))
         ended = [st.task for st in states if st.input_ended]
         if ended or self.input_ended:
             yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
@@ -1146,22 +1264,31 @@ class StatelessRescale(RescaleCoordinator):
             new_names = tuple(task_name(ctx.job_id, vertex, i, gen) for i in range(old_p, new_p))
             names = (*names, *new_names)
             self.phase = Phase.DEPLOY
-            self.dep = self.dep.with_vertex(vertex, names, generation=gen)
-            yield from add_tasks_steps(self.dep, vertex, new_names, ctx.channel_ids)
-            yield UpdateVertex(vertex, names, None, gen)
+            grown = self._grow_partners(old_p, new_p, gen)
+            self.dep = self.dep.with_vertex(vertex, names, generation=gen, partners=grown)
+            grown[vertex] = names
+            for v in reversed(self.group):  # receivers before senders
+                yield from add_tasks_steps(self.dep, v, grown[v][old_p:], ctx.channel_ids,
+                                           scaled=self.group)
+            del grown[vertex]
+            yield UpdateVertex(vertex, names, None, gen, tuple(grown.items()))
             timer.mark(Phase.DEPLOY)
         elif new_p < old_p:  # 2. scale-in: the last tasks drain, end their outputs, go
-            gone = names[new_p:]
             self.phase = Phase.REMOVE
-            yield from remove_tasks_steps(self.dep, vertex, gone, ctx.channel_ids)
+            gone: tuple[str, ...] = ()
+            for v in self.group:  # upstream first
+                yield from remove_tasks_steps(self.dep, v, self.dep.tasks[v][new_p:],
+                                              ctx.channel_ids, scaled=self.group)
+                gone += self.dep.tasks[v][new_p:]
             names = names[:new_p]
-            self.dep = self.dep.with_vertex(vertex, names)
-            yield UpdateVertex(vertex, names)
+            kept = self._partner_tasks(new_p)
+            self.dep = self.dep.with_vertex(vertex, names, partners=kept)
+            yield UpdateVertex(vertex, names, partners=tuple(kept.items()))
             self.finished_tasks.difference_update(gone)
             timer.mark(Phase.REMOVE)
         # 3. release
-        self._held = names
-        yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in names))
+        self._held = self._group_tasks()
+        yield from self._send(Phase.RELEASE, (Call(t, HoldFinish(False)) for t in self._held))
         timer.mark(Phase.RELEASE)
         done = clock.now()
         return RescaleReport(
@@ -1172,7 +1299,8 @@ class StatelessRescale(RescaleCoordinator):
                                 "the last tasks drained and removed live" if new_p < old_p
                                 else "its parallelism is unchanged")
                              + f" instead of {self.request.protocol}"),
-            requested_protocol=str(self.request.protocol))
+            requested_protocol=str(self.request.protocol),
+            with_partners=self._with_partners(new_p != old_p))
 
 
 def coordinator_for(request: RescaleRequest, ctx: RescaleContext,

@@ -40,6 +40,10 @@ class RescaleReport:
     key groups ``handover`` (a source) or ``stateless`` (``migration.protocols.LiveMechanism``);
     ``requested_protocol`` is what the request named (set by every live rescale of an
     operator without key groups; "" elsewhere: the same as ``protocol``).
+    ``with_partners``: the operator's forward partners (``PhysicalPlan.forward_group``),
+    which went from ``old_parallelism`` to ``new_parallelism`` tasks with it, in the same
+    rescale (a forward edge joins equal parallelisms); empty when there were none or the
+    parallelism did not change.
     """
 
     operator: str
@@ -67,6 +71,7 @@ class RescaleReport:
     load_ratio: float | None = None
     assignment_reason: str = ""
     requested_protocol: str = ""
+    with_partners: tuple[str, ...] = ()
 
     @property
     def cut_short(self) -> bool:
@@ -75,11 +80,16 @@ class RescaleReport:
         return self.superseded or self.key_groups_moved < self.key_groups_planned
 
     def summary(self) -> str:
-        """One line for people: protocol, operator, parallelism, duration, groups and bytes
-        moved (and the protocol asked for when another one ran). A cut-short rescale says so, with "moved X of Y planned key groups" (or that
-        the plan's size is unknown when ``key_groups_planned`` was not filled)."""
+        """One line for people: protocol, operator, parallelism (and the forward partners
+        rescaled with it), duration, groups and bytes moved (and the protocol asked for
+        when another one ran). A cut-short rescale says so, with "moved X of Y planned key
+        groups" (or that the plan's size is unknown when ``key_groups_planned`` was not
+        filled)."""
         head = (f"{self.protocol} rescale of {self.operator!r} "
                 f"{self.old_parallelism} -> {self.new_parallelism}")
+        if self.with_partners:
+            head += (f" with its forward partner{'s' if len(self.with_partners) > 1 else ''} "
+                     f"{', '.join(repr(p) for p in self.with_partners)}")
         predicted = ("" if self.predicted_bytes is None else
                      f"; {self.assignment} assignment predicted {self.predicted_bytes} bytes")
         if self.requested_protocol and self.requested_protocol != self.protocol:

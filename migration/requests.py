@@ -2,14 +2,18 @@
 
 Why here: what makes a request valid (an operator that heads its task, a parallelism the
 key groups allow, an assignment that gives every group one task, a protocol that exists,
-forward edges kept) depends only on the plan and the request, so it is a function that
+forward edges kept: forward partners that can rescale with it) depends only on the plan
+and the request, so it is a function that
 unit tests call directly; the JobMaster's ``Rescaler.validate`` adds only what depends on
 the running job (its state, the end of its input) and calls ``validate_request``.
 
 Guarantees: ``validate_request`` returns a ``RescaleRequest`` with the protocol parsed,
 or raises ``RescaleRefused`` whose message says what to change; it never changes the
 protocol asked for (what a request runs as is ``migration.protocols.protocol_used``) and
-never lets a forward edge join unequal parallelisms (``PhysicalPlan.check_rescale``).
+never lets a forward edge join unequal parallelisms: a request for an operator with forward
+partners passes only when they can rescale with it, as one rescale
+(``PhysicalPlan.check_rescale``: the coordinator takes them along), and is refused naming
+the edge otherwise.
 """
 
 from __future__ import annotations
@@ -45,12 +49,14 @@ def vertex_to_rescale(plan: PhysicalPlan, operator: str) -> Vertex:
     return v
 
 
-def check_forward_edges(plan: PhysicalPlan, operator: str, parallelism: int) -> None:
-    """``RescaleRefused`` naming the edge when ``parallelism`` tasks for vertex ``operator``
-    would join unequal parallelisms across one of its forward edges (whatever the protocol:
-    the edge would have to become a rebalance edge, which changes what the job computes).
-    At the current parallelism (a rebalance) every request passes."""
-    plan.check_rescale(operator, parallelism)
+def check_forward_edges(plan: PhysicalPlan, operator: str, parallelism: int,
+                        live: bool = True) -> tuple[str, ...]:
+    """The forward partners that rescale with vertex ``operator`` to ``parallelism`` tasks
+    (empty at its current parallelism, a rebalance, or without any), or ``RescaleRefused``
+    naming the edge when its forward group cannot rescale as one (a source in it, a keyed
+    vertex other than ``operator``, ...: ``PhysicalPlan.check_rescale``; ``live``: the
+    protocol is a live one). A forward edge never becomes a rebalance edge."""
+    return plan.check_rescale(operator, parallelism, live=live)
 
 
 def validate_request(plan: PhysicalPlan, operator: str, parallelism: int | None,
@@ -80,7 +86,7 @@ def validate_request(plan: PhysicalPlan, operator: str, parallelism: int | None,
             raise RescaleRefused(f"operator {operator!r} is a source: it has partitions, not "
                                  "key groups; rescale it without an assignment, strategy or "
                                  "planning")
-        check_forward_edges(plan, v.name, parallelism)
+        check_forward_edges(plan, v.name, parallelism, PROTOCOLS[proto].live)
         return RescaleRequest(v.name, parallelism, proto, None, None, reason)
     nkg = plan.num_key_groups
     if v.keyed and parallelism > nkg:
@@ -109,7 +115,7 @@ def validate_request(plan: PhysicalPlan, operator: str, parallelism: int | None,
     if planning is not None and not isinstance(planning, Planning):
         raise RescaleRefused(f"planning must be a migration.planning.Planning, not "
                              f"{type(planning).__name__}")
-    check_forward_edges(plan, v.name, parallelism)
+    check_forward_edges(plan, v.name, parallelism, PROTOCOLS[proto].live)
     # a live protocol for an operator without key groups runs as 'stateless'
     # (migration.coordinator.coordinator_for); the request keeps what was asked
     return RescaleRequest(v.name, parallelism, proto,

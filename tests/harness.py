@@ -188,8 +188,8 @@ class Checkpoints:
         JobMaster deploys a job (``engine.runtime.recovery.Recovery.deploy``)."""
         net = self.net
         plan = checkpoint_layout(net.dep.plan, meta)
-        for vertex, p in (parallelism or {}).items():
-            plan = plan.rescaled(vertex, p)
+        if parallelism:  # at once: forward partners change with their operator
+            plan = plan.with_parallelism(dict(parallelism))
         rp = plan_restore(meta, plan, "j", net.dep.generation + 1, allow_non_restored_state,
                           assignments, net.dep.partitions)
         forget = getattr(net, "forget_in_flight", None)
@@ -243,7 +243,7 @@ class InProcessExecutor:
             if isinstance(cmd, AwaitReports):
                 queue.extend(self._await(coord))
                 continue
-            if self.before_change is not None and self.changes.starts(cmd):
+            if self.before_change is not None and self.changes.gates(cmd):
                 self._settle(coord)  # where the runtime waits for a checkpoint
                 self.before_change()
             self.changes.on_command(cmd)
@@ -299,8 +299,8 @@ class InProcessExecutor:
                 for n in names:
                     self._seen.pop(n, None)
                     del net.cores[n]
-            case UpdateVertex(vertex=vertex, tasks=tasks, assignment=a, generation=gen):
-                net.dep = net.dep.with_vertex(vertex, tasks, a, gen)
+            case UpdateVertex():
+                net.dep = cmd.apply(net.dep)
             case SubscaleCompleted():
                 self.executed.completed.append(cmd)
             case Sleep() | ReleaseReplicas() | EnableReplication():

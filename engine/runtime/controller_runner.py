@@ -312,7 +312,8 @@ class ControllerRunner:
                 tuple(dep.assignments.get(v.name, ())),
                 tuple(m.nodes.get(t, "") for t in tasks),
                 tuple(sorted({e.dst if e.src == v.name else e.src
-                              for e in plan.forward_edges_of(v.name)})))
+                              for e in plan.forward_edges_of(v.name)})),
+                plan.forward_root(v.name))
         loads: dict[str, tuple[float, ...]] = {}
         sizes: dict[str, tuple[int, ...]] = {}
         if group_stats:

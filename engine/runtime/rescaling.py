@@ -18,6 +18,8 @@ supersedes the running one (which finishes its running subscales and starts no m
 live rescales of different operators may run at once unless they exchange records (one
 feeds the other: each coordinator wires its new tasks to the deployment it started from,
 so a neighbour's new or removed tasks would be missed; the later request is refused); a
+rescale that takes forward partners along (``PhysicalPlan.check_rescale``) occupies them
+too (their neighbours count, their locks are taken, ``running_operators`` names them); a
 stop-restart, and a rescale of a source (its partitions handed over), exclude all others.
 """
 
@@ -145,8 +147,9 @@ class Rescaler:
             raise JobFailedError(m.error or f"job {m.job_id} is {m.state}")
 
     def busy_neighbour(self, vertex: str) -> str | None:
-        """A vertex that exchanges records with ``vertex`` (an input or output edge) and
-        has a rescale running, else None."""
+        """A vertex that exchanges records with ``vertex`` or its forward partners (an
+        input or output edge, through stateless operators: ``PhysicalPlan.neighbours``)
+        and has a rescale running, else None."""
         near = self.m.dep.plan.neighbours(vertex)
         return next((v for v in sorted(near) if v in self._coordinators), None)
 
@@ -160,8 +163,10 @@ class Rescaler:
 
     @property
     def running_operators(self) -> frozenset[str]:
-        """The vertices with a rescale running now."""
-        return frozenset(self._coordinators)
+        """The vertices with a rescale running now, the forward partners a running rescale
+        takes along included."""
+        return frozenset(v for vertex, coord in self._coordinators.items()
+                         for v in (vertex, *coord.partners))
 
     def on_report(self, msg: Any) -> None:
         """Every running coordinator sees every task report."""
@@ -232,7 +237,7 @@ class Rescaler:
             running = self._coordinators.get(req.operator)
             if running is not None:
                 running.supersede()
-            async with m.vertex_lock(req.operator):
+            async with self._group_locks(req.operator):
                 if self._alone_running:
                     raise RescaleRefused("a stop-restart or source rescale is running; try "
                                          "again after it")
@@ -260,6 +265,16 @@ class Rescaler:
                 self._alone_kind = None
                 m.refill_standby_later()
                 await m.maybe_finish()
+
+    @contextlib.asynccontextmanager
+    async def _group_locks(self, vertex: str) -> Any:
+        """The locks of ``vertex`` and its forward partners (a rescale may take them along;
+        no change of logic or replica refresh runs on them meanwhile), in one order, as
+        the change of logic takes them, so no two deadlock."""
+        async with contextlib.AsyncExitStack() as stack:
+            for v in sorted(self.m.dep.plan.forward_group(vertex)):
+                await stack.enter_async_context(self.m.vertex_lock(v))
+            yield
 
     @contextlib.asynccontextmanager
     async def excluding_stop_restart(self) -> Any:
@@ -305,12 +320,9 @@ class Rescaler:
                                  operator=operator)
         index = check_count(f"placement of {operator!r}: task_index", task_index, 0,
                             error=RescaleRefused)
-        try:  # the replacement runs beside the task it replaces until its groups moved
-            m.dep.plan.check_rescale(req.operator, p + 1)
-        except RescaleRefused as exc:
-            raise RescaleRefused(f"placement of task {index} of {operator!r} runs one more "
-                                 f"task while its key groups move, and {exc}",
-                                 operator=operator) from None
+        # the replacement runs beside the task it replaces until its groups moved: refused
+        # when forward partners would need one more task too
+        m.dep.plan.check_placement(req.operator)
         if index >= p:
             raise RescaleRefused(f"operator {operator!r} has no task {index}; its tasks are "
                                  f"0..{p - 1}", operator=operator)
@@ -363,7 +375,7 @@ class Rescaler:
                 if isinstance(cmd, AwaitReports):
                     await self._await_reports(coord, cmd)
                     continue
-                if changes.starts(cmd):  # not while a checkpoint is pending or due
+                if changes.gates(cmd):  # not while a checkpoint is pending or due
                     self._gated.add(vertex)
                     try:
                         await m.checkpointing.gate(lambda: self._still(vertex))
@@ -448,8 +460,8 @@ class Rescaler:
                     if h is not None:
                         ray.kill(h)
                     m.forget_task(n)
-            case UpdateVertex(vertex=vertex, tasks=tasks, assignment=a, generation=gen):
-                m.dep = m.dep.with_vertex(vertex, tasks, a, gen)
+            case UpdateVertex():
+                m.dep = cmd.apply(m.dep)
                 m.plan = m.dep.plan
             case Sleep(seconds=s):
                 await asyncio.sleep(s)

@@ -223,8 +223,9 @@ def with_forward(view, operator: str, neighbours: tuple[str, ...]):
 
 
 def test_an_operator_on_a_forward_edge_is_not_rescaled_and_the_reason_says_why():
-    """reflow refuses to change a parallelism across a forward edge; DS2 proposes no such
-    rescale (it would be refused), says why, and still rescales the others."""
+    """An operator joined by a forward edge whose group has no root it may rescale
+    (``OperatorView.forward_root`` empty): DS2 proposes no such rescale (it would be
+    refused), says why, and still rescales the others."""
     job = Pipeline([Stage("parse", 1_000, keyed=False), Stage("agg", 500, 0.1, parallelism=2),
                     Stage("sink", 2_000, 0.0, keyed=False)], 3_000)
     ds2 = DS2()
@@ -243,3 +244,21 @@ def test_only_forward_bound_operators_out_of_the_band_give_a_no_change():
     assert not scales(out), out
     assert any("agg stays at 2" in d.reason for d in out)
     assert any("within the utilisation band" in d.reason for d in out)
+
+
+def test_a_keyed_root_of_a_forward_group_is_rescaled_and_its_partner_follows():
+    """A forward group that rescales as one (``OperatorView.forward_root``): DS2 decides
+    for the keyed root, whose rescale takes the partner along, and leaves the partner."""
+    import dataclasses
+
+    job = Pipeline([Stage("parse", 1_000, keyed=False), Stage("agg", 500, 0.1, parallelism=2),
+                    Stage("sink", 100, 1.0, keyed=False, parallelism=2)], 3_000)
+    plain = scales(DS2().decide(job.window(), job.view()))
+    assert {"agg", "sink"} <= set(plain), plain
+    view = with_forward(with_forward(job.view(), "agg", ("sink",)), "sink", ("agg",))
+    ops = {n: dataclasses.replace(o, forward_root="agg") if n in ("agg", "sink") else o
+           for n, o in view.operators.items()}
+    out = DS2().decide(job.window(), dataclasses.replace(view, operators=ops))
+    assert scales(out)["agg"] == plain["agg"] and "sink" not in scales(out), out
+    assert any("'sink' is a forward partner of 'agg' and rescales with it" in d.reason
+               for d in out if isinstance(d, NoChange)), out

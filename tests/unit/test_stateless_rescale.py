@@ -8,8 +8,9 @@ out-of-order timestamps, bounded-out-of-orderness watermarks and tumbling window
 oracle: per key the outputs of the run without rescaling, no record lost or twice, no
 record late; and the rescales ran (task counts changed; an example without one fails).
 
-Forward edges: ``PhysicalPlan.check_rescale``/``rescaled`` and ``validate_request`` refuse
-any change of parallelism across a forward edge, naming the edge.
+Forward edges: a forward partner of a keyed operator is refused (rescale the keyed root;
+it follows), and ``PhysicalPlan.rescaled``/``Deployment.with_vertex`` never change one side
+alone; rescales of forward groups are tested in test_forward_group_rescale.py.
 """
 
 from __future__ import annotations
@@ -449,20 +450,23 @@ def forward_job() -> StreamJob:
     return j
 
 
-def test_a_rescale_across_a_forward_edge_is_refused_naming_it():
+def test_a_rescale_across_a_forward_edge_takes_the_partner_or_names_the_root():
+    """stock_exchange's shape: ``match`` rescales with ``trades``; ``trades`` asked alone
+    is refused naming the edge and the keyed root to rescale instead."""
     plan = plan_physical(forward_job().graph())
     edge = next(e for e in plan.edges if e.src == "match" and e.dst == "trades")
     assert edge.partitioning == FORWARD
-    for vertex in ("match", "trades"):
-        for p in (1, 3):
+    for p in (1, 3):
+        assert check_forward_edges(plan, "match", p) == ("trades",)
+        for protocol in ("drrs", "stop-restart", "fluid"):
+            assert validate_request(plan, "match", p, protocol).parallelism == p
             with pytest.raises(RescaleRefused, match="'match' -> 'trades' is a forward edge") \
                     as exc:
-                check_forward_edges(plan, vertex, p)
-            assert "different parallelisms" in str(exc.value) and "chain" in str(exc.value)
-            for protocol in ("drrs", "stop-restart", "fluid"):
-                with pytest.raises(RescaleRefused, match="is a forward edge"):
-                    validate_request(plan, vertex, p, protocol)
-        check_forward_edges(plan, vertex, 2)  # a rebalance at the same parallelism is fine
+                validate_request(plan, "trades", p, protocol)
+            assert "rescale 'match'; its forward partner 'trades' rescales with it" in str(
+                exc.value)
+    for vertex in ("match", "trades"):  # a rebalance at the same parallelism is fine
+        assert check_forward_edges(plan, vertex, 2) == ()
     req = validate_request(plan, "match", None, "drrs", tuple([1] * N))
     assert req.parallelism == 2 and req.assignment == tuple([1] * N)
     assert validate_request(plan, "bars", 3, "drrs").parallelism == 3  # a keyed edge: fine

@@ -14,11 +14,15 @@ meets ``GroupArrived`` on a channel reads nothing more from that channel until i
 the matching ``GroupLeft`` (on another channel); if that came first, it goes on at once.
 
 Guarantees: a receiver processes every output of g that the old owner sent it before any
-the new owner sent it, whatever the interleaving. Markers are counted per (subscale, key
-group): one pair per path, so stateless tasks with one input (a forward edge's partner)
-relay them and the pairs still match; a task with several inputs drops them (records of
-one key reach it along several paths there, whose order no run fixes). A ``GroupLeft``
-waits at most ``MAX_UNMATCHED`` tokens for its ``GroupArrived`` (the oldest forgotten).
+the new owner sent it, whatever the interleaving. Every receiver applies the markers (a
+sink or a stateless task too, so its own output keeps the order), except a task whose
+inputs are forward edges: it reads one upstream task, so it relays them to its receivers,
+behind its outputs, and the old owner's partner relays only the ``GroupLeft``, the new
+owner's only the ``GroupArrived``. Markers are counted per (subscale, key group), one pair
+per path. The choice is fixed per task (``TaskSpec.forward_input``), never by how many
+channels are open at the moment: a task that changed its mind as a removed task's channel
+ended would relay an arrival whose departure it had kept. A ``GroupLeft`` waits at most
+``MAX_UNMATCHED`` tokens for its ``GroupArrived`` (the oldest forgotten).
 A channel waits only for a ``GroupLeft`` its sender's old-owner counterpart sends it: a
 receiver created while the markers were on their way could wait forever, so operators
 that exchange records, directly or through stateless operators, never rescale at once

@@ -102,6 +102,7 @@ from engine.operators import (
     UnknownKeyGroupError,
     describe,
 )
+from engine.physical import FORWARD
 from engine.sources import PartitionedReader
 from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.time import MAX_WATERMARK, MIN_WATERMARK, WatermarkTracker
@@ -149,6 +150,8 @@ class TaskSpec:
     config: JobConfig
     key_fns: dict[int, Callable[[Any], Any]] = field(default_factory=dict)
     key_groups: tuple[int, ...] = ()
+    #: every input edge is a forward edge (the task reads one upstream task, its partner)
+    forward_input: bool = False
 
     def __post_init__(self) -> None:
         where = f"task spec {self.task_name!r}"
@@ -169,8 +172,11 @@ class TaskSpec:
         v = dep.plan.vertex(vertex)
         key_fns = {e.edge_id: e.key_fn for e in dep.plan.outputs_of(v.name)
                    if e.key_fn is not None}
+        inputs = dep.plan.inputs_of(v.name)
+        forward = bool(inputs) and all(e.partitioning == FORWARD for e in inputs)
         return cls(dep.job_id, v.name, name, index, v.parallelism, v.operators,
-                   dep.plan.num_key_groups, config, key_fns, dep.key_groups_of(v.name, index))
+                   dep.plan.num_key_groups, config, key_fns, dep.key_groups_of(v.name, index),
+                   forward)
 
 
 def estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
@@ -601,15 +607,15 @@ class TaskCore:
                 else:
                     self._on_watermark(self.tracker.release(token))
             case GroupLeft(subscale=sid, key_group=kg):
-                if self.keyed is None:
-                    self._relay_order_marker(event)
+                if self.spec.forward_input:  # one path: the receivers keep the order
+                    self.router.broadcast(event)
                 else:
                     waiting = self.group_order.on_left((sid, kg))
                     if waiting is not None:
                         self.unblock_channels(("order", sid, kg, waiting))
             case GroupArrived(subscale=sid, key_group=kg):
-                if self.keyed is None:
-                    self._relay_order_marker(event)
+                if self.spec.forward_input:
+                    self.router.broadcast(event)
                 elif self.group_order.on_arrived((sid, kg), ch.channel_id):
                     self.block_channel(ch.channel_id, ("order", sid, kg, ch.channel_id))
             case CheckpointBarrier(checkpoint_id=cid):
@@ -631,14 +637,6 @@ class TaskCore:
                     self._on_watermark(advanced)
             case _:
                 self.migration.on_event(ch, event)
-
-    def _relay_order_marker(self, event: Any) -> None:
-        """A task without keyed state passes ``GroupLeft``/``GroupArrived`` on when it has
-        one input (a forward edge's partner: one path per key, kept); with several, records
-        of one key reach it along several paths, whose order no run fixes, and relaying
-        could make a receiver wait on a channel for a marker behind that very wait."""
-        if len(self._live_inputs()) == 1:
-            self.router.broadcast(event)
 
     def _handover_ended(self, channel_id: int) -> None:
         """An old channel of a source rescale ended: the new channels waiting for it (and

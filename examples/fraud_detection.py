@@ -48,7 +48,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -247,7 +247,8 @@ def build(transactions: list[tuple], sink: Sink, parallelism: int = 2, *,
           config: JobConfig | None = None, bound_ms: int = DISORDER_MS,
           source_parallelism: int = 1, rate_window_ms: int = HOUR_MS,
           watermark_interval_ms: float = 50.0, late_sink: Sink | None = None,
-          sink_parallelism: int = 1, gate: SourceGate | None = None) -> StreamJob:
+          sink_parallelism: int = 1,
+          gate: SourceGate | Sequence[SourceGate] | None = None) -> StreamJob:
     """The fraud job. Its outputs do not depend on ``source_parallelism`` as long as
     ``bound_ms`` covers the transactions' disorder. ``gate``: holds the source at a record
     (tests act there)."""

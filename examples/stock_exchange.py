@@ -40,7 +40,7 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import JobConfig, KeyedProcessFunction, StreamJob  # noqa: E402
 from engine.sinks import Sink  # noqa: E402
-from engine.testing import TestingSink, TestingSource  # noqa: E402
+from engine.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
 from engine.time import WatermarkStrategy, tumbling_event_time  # noqa: E402
 from engine.windows import AggregateFunction  # noqa: E402
 
@@ -155,13 +155,16 @@ def bar_result(symbol: str, w: Any, acc: list) -> list[tuple]:
 def build(quotes: list[tuple], sink: Sink, parallelism: int = 2, *, rate: float | None = None,
           key_groups: int = 128, config: JobConfig | None = None, bound_ms: int = 0,
           max_depth: int = MAX_DEPTH, bar_ms: int = BAR_MS, watermark_interval_ms: float = 50.0,
-          late_sink: Sink | None = None, sink_parallelism: int = 1) -> StreamJob:
+          late_sink: Sink | None = None, sink_parallelism: int = 1,
+          gate: SourceGate | Sequence[SourceGate] | None = None) -> StreamJob:
     """The exchange over ``quotes`` (one source task: per-symbol arrival order is the list
-    order); match outputs and bars go to ``sink``."""
+    order); match outputs and bars go to ``sink``. ``gate``: holds the source at a record
+    (tests rescale there)."""
     job = StreamJob("stock-exchange", num_key_groups=key_groups, parallelism=parallelism,
                     config=config or JobConfig())
     matched = (
-        job.source(TestingSource(quotes, rate=rate, timestamp_fn=quote_ts), name="quotes",
+        job.source(TestingSource(quotes, rate=rate, timestamp_fn=quote_ts, gate=gate),
+                   name="quotes",
                    parallelism=1, watermarks=WatermarkStrategy(bound_ms, watermark_interval_ms))
         .filter(is_valid, name="valid")
         .key_by(symbol_of)

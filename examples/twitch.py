@@ -4,8 +4,8 @@
     python examples/twitch.py --csv 100k_a.csv --events 500000  # the public Twitch dataset
     ray job submit --working-dir . -- python examples/twitch.py --events 50000
 
-The pipeline (eight operators; parse and valid run in the source's task, segments in
-sessionise's)::
+The pipeline (eight operators; parse and valid run in the source's task; segments is
+sessionise's forward partner, so a rescale of sessionise rescales it too)::
 
     lines -> parse -> valid -> sessionise(viewer) -+-> segments -+-> engagement(streamer) -----+
                                                    |             +-> loyalty(viewer,streamer) -+-> sink
@@ -45,14 +45,14 @@ import os
 import random
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import JobConfig, KeyedProcessFunction, StreamJob  # noqa: E402
 from engine.sinks import Sink  # noqa: E402
-from engine.testing import TestingSink, TestingSource  # noqa: E402
+from engine.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
 from engine.time import WatermarkStrategy, tumbling_event_time  # noqa: E402
 from engine.windows import AggregateFunction  # noqa: E402
 
@@ -232,15 +232,18 @@ def build(lines: list[str], sink: Sink, parallelism: int = 2, *, rate: float | N
           bound_ms: int = DISORDER_UNITS * UNIT_MS, gap_ms: int = GAP_MS,
           engagement_window_ms: int = HOUR_MS, watch_window_ms: int = DAY_MS,
           watermark_interval_ms: float = 50.0, late_sink: Sink | None = None,
-          sink_parallelism: int = 1) -> StreamJob:
+          sink_parallelism: int = 1,
+          gate: SourceGate | Sequence[SourceGate] | None = None) -> StreamJob:
     """The Twitch job over raw ``lines`` (one source task, so per-viewer order is the line
-    order); every output goes to ``sink`` tagged ``engagement``/``watch``/``loyalty``."""
+    order); every output goes to ``sink`` tagged ``engagement``/``watch``/``loyalty``.
+    ``gate``: holds the source at a record (tests rescale there)."""
     if bound_ms >= gap_ms:
         raise ValueError("the watermark bound must be below the session gap")
     job = StreamJob("twitch", num_key_groups=key_groups, parallelism=parallelism,
                     config=config or JobConfig())
     events = (
-        job.source(TestingSource(lines, rate=rate, timestamp_fn=event_time), name="lines",
+        job.source(TestingSource(lines, rate=rate, timestamp_fn=event_time, gate=gate),
+                   name="lines",
                    parallelism=1, watermarks=WatermarkStrategy(bound_ms, watermark_interval_ms))
         .map(parse, name="parse")
         .filter(is_valid, name="valid")

@@ -17,9 +17,10 @@ new files until Ctrl-C (or ``--duration`` seconds), then drains and stops cleanl
 
 Prints records, distinct words, throughput and end-to-end latency percentiles (from the
 moment Spark handed a line to reflow). With ``--rescale-to N`` the count operator is
-rescaled live (drrs: words whose key groups do not move keep flowing) once half the lines
-are in, and the rescale report is printed; it says "cut short" with the key groups moved of
-those planned when the input ended (or another request came) before the rescale finished.
+rescaled live (``--rescale-protocol``, default drrs: words whose key groups do not move keep
+flowing) once half the lines are in, and the rescale report is printed; it says "cut short"
+with the key groups moved of those planned when the input ended (or another request came)
+before the rescale finished.
 ``--spark-master`` (or ``REFLOW_SPARK_MASTER``) and ``--ray-address`` select other clusters.
 """
 
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--rescale-to", type=int, default=None)
+    ap.add_argument("--rescale-protocol", default="drrs",
+                    help="the live protocol of --rescale-to (default drrs)")
     ap.add_argument("--work-dir", default=None,
                     help="checkpoints, output log and dead letters (default: temp)")
     ap.add_argument("--spark-master", default=None, help="default: local[*]")
@@ -154,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
             if st.state not in ("running", "created"):
                 break
             if not rescaled and source.stats()["rows_taken"] >= total_lines // 2:
-                report = handle.rescale("count", args.rescale_to, protocol="drrs")
+                report = handle.rescale("count", args.rescale_to,
+                                        protocol=args.rescale_protocol)
                 rescaled = True
                 print(report)  # says "cut short" when the input ended first
             if stopping["now"] or (not args.once and args.duration is not None

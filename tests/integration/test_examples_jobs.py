@@ -1,18 +1,37 @@
-"""The example jobs (Twitch engagement, stock exchange, fraud detection) on a real local Ray
-cluster: exact equality with their plain-Python references on seeded inputs, plus the
-generators' shapes and the CSV readers on tiny files."""
+"""The example jobs (Twitch engagement, stock exchange, fraud detection, word count) on a real
+local Ray cluster: exact equality with their plain-Python references on seeded inputs, also
+with an operator rescaled live mid-run (every operator with every live protocol in the slow
+variant, one case per example a day in the default suite), plus the generators' shapes and
+the CSV readers on tiny files."""
 
 from __future__ import annotations
 
+import datetime
+import functools
+import os
+import random
+import re
+import subprocess
+import sys
+import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from engine import JobConfig
-from engine.testing import SourceGate, TestingSink
+from engine.errors import RescaleRefused
+from engine.physical import FORWARD, plan_physical
+from engine.sinks import LatencySink
+from engine.testing import SourceGate, TestingSink, TestingSource
 from examples import fraud_detection as fd
 from examples import stock_exchange as se
 from examples import twitch as tw
+from examples import wordcount as wc
+from migration.protocols import LIVE
+from tests.jobs import Moment, check_reports
 
 pytestmark = pytest.mark.ray
 
@@ -238,3 +257,312 @@ def test_transactions_csv_reader(tmp_path):
          "fraud_Rippin", 0),
         ("1f76529f8574734946361c461b024d99", 630423337322, 1_546_300_844_000, 10723,
          "fraud_Heller", 1)]
+
+
+# ============================================================================ live rescales
+#
+# Each example rescales an operator live, mid-run, and must still give its own verdict: the
+# reference comparison exactly as above (the examples' "result: OK") and no late record.
+# The rescale happens on an event, never after a sleep: the source holds after record
+# RESCALE_AT (``tests.jobs.Moment``), then records flow during the rescale (at RESCALE_RATE,
+# up to RESCALE_AT + RESCALE_MARGIN: 5 s, longer than most rescales take here, so watermarks
+# advance while key groups move) and the source holds there until the rescale returned, so
+# the input never ends first. A keyed operator's rescale that moved no key group fails.
+#
+# Some operators are joined to a neighbour by a forward edge (an operator with two consumers
+# is not chained to them): twitch's sessionise -> segments, stock_exchange's match ->
+# trades, wordcount's count -> out and out1. A rescale must never turn such an edge into a
+# rebalance edge (issue 27: that changed stock_exchange's bars): the request either rescales
+# the forward-connected operators together or is refused naming the edge, changing nothing
+# (then the run rescales the example's first operator without a forward edge instead).
+#
+# The default suite runs one case per example, a different one each day of the year
+# (REFLOW_EXAMPLES_ROTATION=<day> picks another day's); the slow variant runs every case:
+# every operator of EXAMPLES with every live protocol, and the word count example itself,
+# with Spark, rescaled with every live protocol.
+
+LIVE_PROTOCOLS = [str(p.value) for p in LIVE]
+RESCALE_RECORDS = 16_000   # 8 s of input at RESCALE_RATE
+RESCALE_RATE = 2000
+RESCALE_AT = 4000          # past the first windows and sessions
+RESCALE_MARGIN = 10_000
+KEY_GROUPS = 32
+
+
+def _differences(got: dict, expected: dict, limit: int = 3) -> str:
+    """Where two ``{key: value}`` outputs differ, briefly ("" when they are equal)."""
+    if got == expected:
+        return ""
+    bad = sorted((k for k in set(got) | set(expected) if got.get(k) != expected.get(k)),
+                 key=repr)
+    shown = "; ".join(f"{k!r}: got {got.get(k)!r}, want {expected.get(k)!r}"
+                      for k in bad[:limit])
+    return f"{len(bad)} of {len(expected)} keys differ (e.g. {shown})"
+
+
+def _verdict(got: dict, expected: dict, late: list) -> list[str]:
+    """The example's verdict as a list of problems (empty: "result: OK", no late record)."""
+    problems = [f"late records: {len(late)} (e.g. {late[:3]})"] if late else []
+    return problems + [f"{kind}: {d}" for kind in expected
+                       if (d := _differences(got[kind], expected[kind]))]
+
+
+class ExampleRun:
+    """One example job over a seeded input, built with the test's gates; ``verdict()``
+    after the job ended lists what differs from the example's reference (empty: OK)."""
+
+    def __init__(self, job: Any, verdict: Callable[[], list[str]]) -> None:
+        self.job = job
+        self.verdict = verdict
+
+
+@functools.cache
+def _twitch_input() -> tuple[list[str], dict]:
+    lines = tw.generate_lines(RESCALE_RECORDS, seed=11, rows_per_unit=15.0)
+    return lines, tw.reference(lines)
+
+
+def twitch_run(gates: list[SourceGate]) -> ExampleRun:
+    lines, expected = _twitch_input()
+    sink, late = TestingSink(), TestingSink()
+    job = tw.build(lines, sink, parallelism=2, rate=RESCALE_RATE, key_groups=KEY_GROUPS,
+                   config=CFG, watermark_interval_ms=10, late_sink=late, gate=gates)
+    return ExampleRun(job, lambda: _verdict(tw.outputs_by_kind(sink.results()), expected,
+                                            late.results()))
+
+
+@functools.cache
+def _stock_input() -> tuple[list[tuple], dict]:
+    quotes = se.generate_quotes(RESCALE_RECORDS, seed=5, num_symbols=20)
+    return quotes, se.reference(quotes, max_depth=15)
+
+
+def stock_run(gates: list[SourceGate]) -> ExampleRun:
+    quotes, expected = _stock_input()
+    sink, late = TestingSink(), TestingSink()
+    job = se.build(quotes, sink, parallelism=2, rate=RESCALE_RATE, key_groups=KEY_GROUPS,
+                   config=CFG, max_depth=15, watermark_interval_ms=10, late_sink=late,
+                   gate=gates)
+    return ExampleRun(job, lambda: _verdict(se.outputs_by_kind(sink.results()), expected,
+                                            late.results()))
+
+
+@functools.cache
+def _fraud_input() -> tuple[list[tuple], dict]:
+    txs = fd.generate_transactions(RESCALE_RECORDS, seed=3, fraud_rate=0.03, num_cards=150)
+    return txs, fd.reference(txs, RULES_V2)
+
+
+def fraud_run(gates: list[SourceGate]) -> ExampleRun:
+    txs, expected = _fraud_input()
+    sink, late = TestingSink(), TestingSink()
+    # two source tasks, as in test_fraud_detection_matches_reference
+    job = fd.build(txs, sink, parallelism=2, rules=RULES_V2, rate=RESCALE_RATE,
+                   key_groups=KEY_GROUPS, config=CFG, source_parallelism=2,
+                   watermark_interval_ms=10, late_sink=late, gate=gates)
+    return ExampleRun(job, lambda: _verdict(fd.outputs_by_kind(sink.results()), expected,
+                                            late.results()))
+
+
+@functools.cache
+def _wordcount_input() -> tuple[list[str], dict]:
+    lines = wc.make_lines(RESCALE_RECORDS // 4, seed=7, vocabulary=2000)
+    counts: dict[str, int] = {}
+    for line in lines:
+        for w in line.split():
+            counts[w] = counts.get(w, 0) + 1
+    return lines, {"counts": {w: list(range(1, n + 1)) for w, n in counts.items()}}
+
+
+def wordcount_run(gates: list[SourceGate]) -> ExampleRun:
+    """The example's own job (``wordcount.build``: its config, two source tasks, the
+    latency sink beside the output) with the Spark source and the output log replaced by a
+    ``TestingSource`` (RESCALE_RECORDS // 4 lines of 8 words, at RESCALE_RATE / 4 lines/s)
+    and a ``TestingSink``. The example's verdict is "every word's final count equals its
+    occurrences, one output per occurrence"; here as strict as the job allows: every
+    word's counts are 1, 2, ..., n in order. The gates count lines: RESCALE_AT etc. // 4."""
+    lines, expected = _wordcount_input()
+    sink = TestingSink()
+    job = wc.build(TestingSource(lines, rate=RESCALE_RATE / 4, gate=gates), sink,
+                   LatencySink(), parallelism=2)
+
+    def verdict() -> list[str]:
+        seqs: dict[str, list[int]] = {}
+        for w, c in sink.results():
+            seqs.setdefault(w, []).append(c)
+        return _verdict({"counts": seqs}, expected, [])
+    return ExampleRun(job, verdict)
+
+
+@dataclass(frozen=True)
+class Example:
+    run: Callable[[list[SourceGate]], ExampleRun]
+    operators: tuple[str, ...]      # what its cases rescale: every keyed operator, and a
+    #                                 stateless one the issue names (stock's trades)
+    records: int = RESCALE_RECORDS  # what the source's gates count
+
+
+EXAMPLES: dict[str, Example] = {
+    "twitch": Example(twitch_run, ("sessionise", "engagement", "watch_time", "loyalty")),
+    "stock_exchange": Example(stock_run, ("match", "trades", "bars")),
+    "fraud_detection": Example(fraud_run, ("detect", "alert_rate")),
+    "wordcount": Example(wordcount_run, ("count",), RESCALE_RECORDS // 4),
+}
+#: the operators joined to a neighbour by a forward edge (checked against the plan)
+FORWARD_CONNECTED = {"twitch": {"sessionise"}, "stock_exchange": {"match", "trades"},
+                     "fraud_detection": set(), "wordcount": {"count"}}
+#: of those, the ones refused: a stateless forward partner of a keyed operator (its keyed
+#: root is rescaled instead, taking it along); the others rescale with their partners
+REFUSED = {"twitch": set(), "stock_exchange": {"trades"}, "fraud_detection": set(),
+           "wordcount": set()}
+
+
+def _cases(example: str) -> list[tuple[str, str, str, int]]:
+    """(example, operator, protocol, parallelism): every operator of the example with every
+    live protocol, the target parallelism cycling through scale-out and scale-in."""
+    return [(example, op, proto, (4, 1, 3)[i % 3])
+            for i, (op, proto) in enumerate((op, proto) for op in EXAMPLES[example].operators
+                                            for proto in LIVE_PROTOCOLS)]
+
+
+ALL_CASES = [c for ex in EXAMPLES for c in _cases(ex)]
+
+
+def todays_case(example: str, day: int | None = None) -> tuple[str, str, str, int]:
+    """The example's case for ``day`` (default: REFLOW_EXAMPLES_ROTATION, else today's day
+    of the year): consecutive days walk through every case in a fixed shuffled order."""
+    if day is None:
+        env = os.environ.get("REFLOW_EXAMPLES_ROTATION")
+        day = int(env) if env else datetime.date.today().timetuple().tm_yday
+    cases = _cases(example)
+    random.Random(27).shuffle(cases)
+    return cases[day % len(cases)]
+
+
+def forward_component(job: Any, operator: str) -> tuple[set[str], list[tuple[str, str]]]:
+    """The operators joined to ``operator`` by forward edges (transitively, itself
+    included) and those edges, from the job's physical plan."""
+    edges = [(e.src, e.dst) for e in plan_physical(job.graph()).edges
+             if e.partitioning == FORWARD and e.src != e.dst]
+    component, grew = {operator}, True
+    while grew:
+        joined = {v for e in edges if set(e) & component for v in e}
+        grew = not joined <= component
+        component |= joined
+    return component, [e for e in edges if set(e) & component]
+
+
+def tasks_of(handle: Any, operators: set[str]) -> dict[str, int]:
+    counts = {op: 0 for op in operators}
+    for t in handle.metrics().tasks:
+        if t.vertex in counts:
+            counts[t.vertex] += 1
+    return counts
+
+
+def rescale_example(example: str, operator: str, protocol: str, parallelism: int) -> None:
+    """Run ``example`` and, at record RESCALE_AT, rescale ``operator`` 2 -> ``parallelism``
+    with ``protocol``; require the example's verdict (reference and no late record).
+
+    An operator joined to a neighbour by a forward edge may be refused (the refusal names
+    the edge and changes nothing; then the example's first operator without a forward edge,
+    if any, is rescaled instead, so the run still rescales) or rescaled together with its
+    forward-connected neighbours (all at ``parallelism`` afterwards); never alone, which
+    would turn the edge into a rebalance edge. Any other operator must rescale. A keyed
+    operator's rescale must move key groups."""
+    ex = EXAMPLES[example]
+    scale = ex.records / RESCALE_RECORDS
+    what = f"{example}: rescale {operator!r} 2 -> {parallelism} ({protocol})"
+    print(f"\n{what} at record {int(RESCALE_AT * scale)} of {ex.records}")
+    moment = Moment.at(int(RESCALE_AT * scale), int(RESCALE_MARGIN * scale), ex.records)
+    run = ex.run(list(moment.gates))
+    component, edges = forward_component(run.job, operator)
+    assert (len(component) > 1) == (operator in FORWARD_CONNECTED[example]), \
+        f"{example}: {operator!r}'s forward edges are {edges}"
+    fallback = next((op for op in ex.operators if op not in FORWARD_CONNECTED[example]), None)
+    keyed = {op.name for op in run.job.graph().operators if op.keyed}
+    outcome: dict[str, Any] = {}
+    handle = run.job.run()
+    start = time.monotonic()
+
+    def act() -> None:
+        try:
+            outcome["report"] = handle.rescale(operator, parallelism, protocol=protocol)
+        except RescaleRefused as exc:
+            outcome["refused"] = str(exc)
+            outcome["after_refusal"] = tasks_of(handle, component)
+            if fallback is not None:
+                outcome["fallback"] = handle.rescale(fallback, parallelism, protocol=protocol)
+            return
+        outcome["after"] = tasks_of(handle, component)
+
+    try:
+        moment.act(handle, act)
+        handle.wait(180)
+    finally:
+        moment.release()
+        handle.stop()
+    reports = [outcome[k] for k in ("report", "fallback") if k in outcome]
+    print(f"{what}: {[r.summary() for r in reports]}"
+          + (f"; refused: {outcome['refused']}" if "refused" in outcome else "")
+          + f"; job done in {time.monotonic() - start:.1f} s")
+    assert ("refused" in outcome) == (operator in REFUSED[example]), \
+        f"{what}: refused {outcome.get('refused')!r}, expected " \
+        f"{'a refusal' if operator in REFUSED[example] else 'a rescale'}"
+    if "refused" in outcome:
+        msg = outcome["refused"]
+        assert len(component) > 1, f"{what} refused, with no forward edge: {msg}"
+        assert "forward edge" in msg and any(f"{s!r} -> {d!r}" in msg for s, d in edges), \
+            f"{what}: the refusal does not name a forward edge of {edges}: {msg}"
+        assert outcome["after_refusal"] == {op: 2 for op in component}, \
+            f"{what}: the refusal changed the job: {outcome['after_refusal']}"
+        checked = [(fallback, outcome["fallback"])] if fallback is not None else []
+    else:
+        assert outcome["after"] == {op: parallelism for op in component}, \
+            f"{what}: forward-connected operators left at other parallelisms " \
+            f"{outcome['after']} (edges {edges})"
+        checked = [(operator, outcome["report"])]
+    for op, r in checked:
+        assert (r.operator, r.old_parallelism, r.new_parallelism) == (op, 2, parallelism), \
+            f"{what}: {r.summary()}"
+        assert not r.superseded, r.summary()
+        if op in keyed:
+            assert r.key_groups_moved > 0, f"{what} moved nothing: {r.summary()}"
+    check_reports(reports, what)
+    problems = run.verdict()
+    assert not problems, f"{what}: result: MISMATCH\n" + "\n".join(problems)
+
+
+@pytest.mark.parametrize("example", list(EXAMPLES))
+def test_example_rescaled_live_todays_case(ray_cluster, example):
+    """One case per example, another each day (printed; REFLOW_EXAMPLES_ROTATION=<day>)."""
+    rescale_example(*todays_case(example))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("example,operator,protocol,parallelism", ALL_CASES,
+                         ids=["-".join(map(str, c)) for c in ALL_CASES])
+def test_example_rescaled_live(ray_cluster, example, operator, protocol, parallelism):
+    rescale_example(example, operator, protocol, parallelism)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+@pytest.mark.parametrize("protocol", LIVE_PROTOCOLS)
+def test_wordcount_example_with_spark_rescaled_live(tmp_path, protocol):
+    """The word count example itself, Spark at both ends (about 70 s here): ``--rescale-to
+    4`` rescales ``count`` (with its forward partners, the two sinks) once half the lines
+    are in, and the example's own verdict is ``result: OK``."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [sys.executable, "examples/wordcount.py", "--once", "--lines", "20000", "--files", "4",
+         "--rescale-to", "4", "--rescale-protocol", protocol,
+         "--work-dir", str(tmp_path / "work")],
+        cwd=root, env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True,
+        timeout=900)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "result: OK" in proc.stdout, out[-4000:]
+    moved = re.search(rf"^{re.escape(protocol)} rescale of 'count' 2 -> 4 .*moved (\d+) key "
+                      r"groups", proc.stdout, re.M)
+    assert moved and int(moved.group(1)) > 0, proc.stdout

@@ -107,9 +107,16 @@ def test_wordcount_prints_the_report_of_the_protocol_its_docstring_names():
     calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Attribute) and node.func.attr == "rescale"]
     assert len(calls) == 1
-    protocols = [kw.value.value for kw in calls[0].keywords
-                 if kw.arg == "protocol" and isinstance(kw.value, ast.Constant)]
-    assert protocols == ["drrs"]
+    [protocol] = [kw.value for kw in calls[0].keywords if kw.arg == "protocol"]
+    if not isinstance(protocol, ast.Constant):  # --rescale-protocol: its default
+        defaults = [kw.value.value for node in ast.walk(tree) if isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+                    and node.args and isinstance(node.args[0], ast.Constant)
+                    and node.args[0].value == "--rescale-protocol"
+                    for kw in node.keywords if kw.arg == "default"]
+        assert defaults == ["drrs"]
+    else:
+        assert protocol.value == "drrs"
     assert "drrs" in doc and "stop-restart" not in doc
     assert "cut short" in doc
     printed = [node for node in ast.walk(tree) if isinstance(node, ast.Call)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from engine import graph as g
+from engine.checkpoints.store import absolute_location
 from engine.config import JobConfig, check_count
 from engine.errors import JobDefinitionError
 from engine.functions import KeyedProcessFunction, ReduceFunction
@@ -148,15 +149,6 @@ class StreamJob:
         return deploy(graph, self.config, address=address, controllers=tuple(controllers),
                       restore_from=restore_from,
                       allow_non_restored_state=allow_non_restored_state)
-
-
-def absolute_location(location: str) -> str:
-    """A checkpoint or savepoint location as the driver means it: a URI as it is, a
-    relative path made absolute here (the JobMaster and the tasks run in other working
-    directories)."""
-    import os
-
-    return location if "://" in location else os.path.abspath(os.path.expanduser(location))
 
 
 def _or(parallelism: int | None, default: int) -> int:

@@ -434,7 +434,9 @@ def _checkout_script(kind: str, folder: str, name: str, rest: list[str],
               f"installed with the package; run `reflow {kind} {name}` from the root of a "
               f"reflow checkout (git clone, then cd into it)", file=sys.stderr)
         return 2
-    inside = os.path.commonpath([where, path]) == where
+    parts = name.split("/")
+    inside = (os.path.commonpath([where, path]) == where and ".." not in parts
+              and not os.path.isabs(name) and "" not in parts)
     if not inside or not os.path.isfile(path):
         found = sorted(os.path.relpath(os.path.join(d, f), where)[:-3].replace(os.sep, "/")
                        for d, _, files in os.walk(where) for f in files

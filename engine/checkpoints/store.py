@@ -37,6 +37,13 @@ def default_root() -> str:
     return os.path.join(tempfile.gettempdir(), "reflow-checkpoints")
 
 
+def absolute_location(location: str) -> str:
+    """A checkpoint or savepoint location as the driver means it: a URI as it is, a
+    relative path made absolute here (the JobMaster and the tasks run in other working
+    directories)."""
+    return location if "://" in location else os.path.abspath(os.path.expanduser(location))
+
+
 def join(location: str, *names: str) -> str:
     """``location`` (a path or URI) with ``names`` below it. A URI's query string (an
     S3-compatible store's ``?endpoint_override=...&scheme=http``) stays at the end, where

@@ -405,7 +405,7 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
 def _location(location: Any, call: str) -> str:
     """A savepoint location from the user: a non-empty path or URI, a relative path made
     absolute here (the JobMaster writes it from another working directory)."""
-    from engine.api import absolute_location
+    from engine.checkpoints.store import absolute_location
     from engine.errors import ConfigError
 
     if not isinstance(location, str) or not location.strip():

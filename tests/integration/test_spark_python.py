@@ -11,7 +11,6 @@ virtualenv without reflow's packages, so without ``local_spark``'s choice of
 from __future__ import annotations
 
 import os
-import site
 import subprocess
 import sys
 import venv

@@ -399,7 +399,7 @@ def test_a_job_without_a_sink_or_with_an_empty_restore_from_is_refused_before_de
 
 
 def test_relative_savepoint_locations_are_made_absolute_on_the_driver(tmp_path, monkeypatch):
-    from engine.api import absolute_location
+    from engine.checkpoints.store import absolute_location
     from engine.errors import ConfigError
     from engine.runtime.handle import _location
 

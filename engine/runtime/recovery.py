@@ -41,10 +41,11 @@ from engine.checkpoints.restore import (
 )
 from engine.checkpoints.store import read_metadata, resolve
 from engine.deployment import connect_messages, source_partitions, start_message
-from engine.errors import JobFailedError
+from engine.errors import JobFailedError, RestoreError
 from engine.messages import RestoreState
 from engine.names import JobState
 from engine.restart import RestartStrategy
+from engine.runtime.failures import reflow_error_in
 from engine.task import TaskSpec
 
 if TYPE_CHECKING:
@@ -123,10 +124,7 @@ class Recovery:
             await self.deploy(fresh_deployment(m.graph_plan, m.job_id, m.next_generation(),
                                                m.dep.partitions), {})
         else:
-            plan = plan_restore(latest, checkpoint_layout(m.graph_plan, latest), m.job_id,
-                                m.next_generation(), allow_non_restored_state=True,
-                                partitions=m.dep.partitions)
-            await self.deploy(plan.deployment, plan.tasks)
+            await self._deploy_newest_readable(latest)
         failed = m.take_deferred_failure()
         if failed is not None:  # a task of the new deployment failed while it was deployed
             raise JobFailedError(f"task {failed.task} of operator {failed.operator!r} failed "
@@ -137,6 +135,39 @@ class Recovery:
         self.restarting = False
         m.state = JobState.RUNNING
         m.notify()
+
+    async def _deploy_newest_readable(self, latest: CheckpointMetadata) -> None:
+        """Restore from ``latest``; when its files do not read back whole (missing, short,
+        corrupt: ``RestoreError``), from the newest older retained checkpoint that does,
+        saying so in the job's ``last_failure`` and in the checkpoint stats. Raises the
+        last ``RestoreError`` when none reads back."""
+        m = self.m
+        coord = m.checkpointing.coord
+        candidates = [latest, *(c for c in reversed(coord.retained)
+                                if c.checkpoint_id < latest.checkpoint_id)]
+        skipped: list[str] = []
+        for i, meta in enumerate(candidates):
+            plan = plan_restore(meta, checkpoint_layout(m.graph_plan, meta), m.job_id,
+                                m.next_generation(), allow_non_restored_state=True,
+                                partitions=m.dep.partitions)
+            try:
+                await self.deploy(plan.deployment, plan.tasks)
+            except Exception as exc:  # noqa: BLE001 - only an unreadable checkpoint falls back
+                err = reflow_error_in(exc)
+                if not isinstance(err, RestoreError) or i == len(candidates) - 1:
+                    raise
+                skipped.append(f"checkpoint {meta.checkpoint_id} ({err})")
+                m.kill_tasks()
+                continue
+            if skipped:
+                coord.latest = meta  # the one a next failure goes back to
+                coord.retained = [c for c in coord.retained
+                                  if c.checkpoint_id <= meta.checkpoint_id]
+                note = (f"restored from checkpoint {meta.checkpoint_id}: "
+                        + "; ".join(skipped) + " did not read back whole")
+                coord.last_failure = note
+                self.last_failure = f"{self.last_failure}; {note}" if self.last_failure else note
+            return
 
     async def wait_running(self, epoch: int) -> None:
         """Until the job runs again after the restart that ended ``epoch`` (or raise the

@@ -249,3 +249,117 @@ def _check(protocol, kind, start_p, actions, data_seed, hypothesis_seed):
     for k in want_k:
         assert got_k[k] == want_k[k], f"key {k}: outputs differ"
     assert {k: v[-1] for k, v in got_k.items()} == {k: v[-1] for k, v in want_k.items()}
+
+
+# ------------------------------------------------- multi-stage jobs rescaled live on Ray
+#
+# Issue 27 item 4: the multi-stage jobs of the in-process oracle (tests/unit/
+# test_oracle_jobs.py: ``Case``, ``cases``, ``build``) run on Ray, A or B rescaled live while
+# records flow, against the same case run without rescale in the seeded harness
+# (``run_reference``). Its sinks are TestingSinks (``build(exactly_once_dir=...)``; the job
+# does not checkpoint, so every write is visible at once). Not drawn here: definitely-late
+# records (their ``LateGate`` needs the harness's view of every task's watermark; with
+# ``late=0`` the late sinks must be empty in both runs, so no record may turn late through
+# the rescale), sources or ``mid`` as the target, swaps. Not compared: the operators'
+# ``late_records`` counts and final keyed state (the harness's view; on Ray the sinks are
+# what is observed). Every example prints its Case; ``_check_multi_stage(Case(...))`` replays
+# its data (Ray's scheduling is not replayable).
+
+MS_MARGIN = 20  # records a source may emit while the rescale runs
+
+
+def _multi_stage_cases():
+    from migration.protocols import LIVE
+    from tests.unit.test_oracle_jobs import cases
+
+    others = sorted(str(p.value) for p in LIVE if str(p.value) != "drrs")
+    protocol = st.one_of(st.just("drrs"), st.sampled_from(others))
+    return protocol.flatmap(lambda p: cases(protocol=p, targets=("A", "B"), late=False)
+                            ).filter(lambda c: c.target in ("A", "B")
+                                     and c.change in ("out", "in"))
+
+
+def _check_multi_stage(case) -> None:
+    import tempfile
+
+    from engine.config import JobConfig
+    from tests.jobs import Moment
+    from tests.unit import test_oracle_jobs as oj
+
+    where = f"{case}"
+    print(f"oracle-live multi-stage: {where}")
+    note(where)
+    want = oj.run_reference(case)
+    cfg = JobConfig(batch_size=case.batch, linger_ms=0, metrics_port=None,
+                    drrs_set_aside_cap=case.cap, drrs_subscale_size=case.size,
+                    batched_step_size=case.size, drrs_max_subscales_per_task=case.limit,
+                    drrs_subscale_bytes=case.subscale_bytes)
+    with tempfile.TemporaryDirectory(prefix="reflow-oracle-live-") as root:
+        built = oj.build(case, exactly_once_dir=root, config=cfg)
+        # every source holds at the case's share of its input until the rescale is asked,
+        # then emits up to MS_MARGIN more records and holds until the rescale returned
+        sources = [op.fn for op in built.job.graph().operators if op.name in case.sources]
+        assert len(sources) == len(case.sources), where
+        plan = []
+        for src in sources:
+            n = len(src.records)
+            moment = Moment.at(max(1, int(n * case.at)), MS_MARGIN, n)
+            src.gates = (*src.gates, *moment.gates)
+            plan.append(moment)
+        old_p = {"A": case.a_p, "B": case.b_p}[case.target]
+        new_p = old_p + 1 if case.change == "out" else old_p - 1
+        protocol = str(getattr(case.protocol, "value", case.protocol))
+        reports: list[Any] = []
+        refused: list[str] = []
+        handle = built.job.run()
+        try:
+            for m in plan:
+                m.wait(handle)
+            for m in plan:
+                m.start.open()
+            try:
+                reports.append(handle.rescale(case.target, new_p, protocol=protocol))
+            except RescaleRefused as exc:
+                refused.append(f"rescale of {case.target} to {new_p}: {exc}")
+            for m in plan:
+                m.end.open()
+            handle.wait(240)
+        finally:
+            for m in plan:
+                m.release()
+            handle.stop()
+        got = {name: s.results() for name, s in built.sinks.items()}
+    assert not refused, f"rescale refused with input left: {refused}; {where}"
+    assert reports and reports[0].key_groups_moved > 0, (
+        f"the rescale moved no key group: {reports}; {where}")
+    assert reports[0].new_parallelism == new_p, f"{reports[0]}; {where}"
+    check_reports(reports, where)
+    ms = oj.modes(case)
+    for name, want_r in want.results.items():
+        g, w = oj.per_key(got[name], ms[name]), oj.per_key(want_r, ms[name])
+        assert set(g) == set(w), (
+            f"{name}: keys differ: extra {sorted(set(g) - set(w), key=repr)[:5]}, "
+            f"missing {sorted(set(w) - set(g), key=repr)[:5]}; {where}")
+        bad = [k for k in w if g[k] != w[k]]
+        assert not bad, (f"{name}: {len(bad)} of {len(w)} keys differ ({ms[name]}), e.g. "
+                         f"{bad[0]}: {oj._first_difference(g[bad[0]], w[bad[0]])}; {where}")
+    for name in ("lateA", "lateB"):  # no record turned late through the rescale
+        if name in built.sinks:
+            assert not got[name], f"{name}: late records {got[name][:5]}; {where}"
+
+
+def _multi_stage_oracle(examples: int, hypothesis_seed: int):
+    @seed(hypothesis_seed)
+    @settings(max_examples=examples, deadline=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=_multi_stage_cases())
+    def test(ray_cluster, case):
+        _check_multi_stage(case)
+
+    return test
+
+
+test_multi_stage_jobs_rescaled_live_on_ray_equal_the_reference = _multi_stage_oracle(
+    2, 20261128)
+test_multi_stage_jobs_rescaled_live_on_ray_equal_the_reference_many = pytest.mark.slow(
+    _multi_stage_oracle(max(EXAMPLES, 15), 20261129))

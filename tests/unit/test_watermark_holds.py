@@ -74,6 +74,24 @@ def windows_reference(records, size=50) -> list[tuple[int, int, int]]:
     return sorted((k, start, total) for (k, start), total in out.items())
 
 
+def disordered(rng: random.Random, n: int) -> list[tuple[int, int, int]]:
+    """(key, value, timestamp): time moves 0-7 ms a record, records out of order by <= 3."""
+    records, t = [], 0
+    for _ in range(n):
+        t += rng.randrange(0, 8)
+        records.append((rng.randrange(20), rng.randrange(10), max(0, t - rng.randrange(0, 4))))
+    return records
+
+
+def emit_watermark(src: Any, records: list[tuple[int, int, int]]) -> None:
+    """The source's watermark for what it read (out of order by at most 3: no record read
+    later is at or below it), sent when it advanced."""
+    hi = max((r[2] for r in records[:len(records) - _left(src)]), default=MIN_WATERMARK)
+    if hi - 4 > src.watermark:
+        src.watermark = hi - 4
+        src.router.broadcast(Watermark(hi - 4))
+
+
 # ---------------------------------------------------------------- the tracker
 
 
@@ -206,10 +224,7 @@ def test_windows_downstream_of_a_live_rescale_equal_the_reference(clock, tmp_pat
     record and its sums equal the run without rescaling."""
     rng = random.Random(f"wm-{protocol}-{change}-{seed}")
     print(f"windows downstream: protocol={protocol} change={change} seed={seed}")
-    records, t = [], 0
-    for _ in range(240):
-        t += rng.randrange(0, 8)
-        records.append((rng.randrange(20), rng.randrange(10), max(0, t - rng.randrange(0, 4))))
+    records = disordered(rng, 240)
     sink = TestingSink(str(tmp_path / "out"))
     cfg = JobConfig(batch_size=rng.choice([2, 4]), linger_ms=0, metrics_port=None,
                     drrs_set_aside_cap=rng.choice([1, 3, 200]))
@@ -218,18 +233,11 @@ def test_windows_downstream_of_a_live_rescale_equal_the_reference(clock, tmp_pat
                             config=cfg, size=10), clock)
     src = net["src/0"]
 
-    def emit_watermark() -> None:
-        # out of order by at most 3: no record read later is at or below this watermark
-        hi = max((r[2] for r in records[:len(records) - _left(src)]), default=MIN_WATERMARK)
-        if hi - 4 > src.watermark:
-            src.watermark = hi - 4
-            src.router.broadcast(Watermark(hi - 4))
-
     slow = net.name("sum/0")  # an old owner whose input lags: the new owners run ahead
 
     def round_(rng_: random.Random, keep_back: int) -> None:
         if rng.random() < 0.8:
-            emit_watermark()
+            emit_watermark(src, records)
         net.collect()
         lagging = [f for f in net.frames if f.target == slow]
         net.frames = [f for f in net.frames if f.target != slow]
@@ -248,7 +256,7 @@ def test_windows_downstream_of_a_live_rescale_equal_the_reference(clock, tmp_pat
     assert plan.moved and reports, "the rescale moved nothing"
     while src.status == "running":
         src.poll_source(3)
-        emit_watermark()
+        emit_watermark(src, records)
         net.pump()
     net.pump()
     assert late(net) == 0
@@ -292,25 +300,16 @@ def test_stateless_tasks_relay_holds_across_a_forward_edge(clock, tmp_path, prot
     record."""
     rng = random.Random(f"fork-{protocol}-{seed}")
     print(f"relay: protocol={protocol} seed={seed}")
-    records, t = [], 0
-    for _ in range(160):
-        t += rng.randrange(0, 8)
-        records.append((rng.randrange(20), rng.randrange(10), max(0, t - rng.randrange(0, 4))))
+    records = disordered(rng, 160)
     sink = TestingSink(str(tmp_path / "out"))
     net = DNet(forked_job(records, sink), clock)
     plan_ = net.plan
     assert [e.partitioning for e in plan_.edges if e.dst == "tag"] == ["forward"]
     src = net["src/0"]
 
-    def emit_watermark() -> None:
-        hi = max((r[2] for r in records[:len(records) - _left(src)]), default=MIN_WATERMARK)
-        if hi - 4 > src.watermark:
-            src.watermark = hi - 4
-            src.router.broadcast(Watermark(hi - 4))
-
     def round_(rng_: random.Random, keep_back: int) -> None:
         if rng.random() < 0.8:
-            emit_watermark()
+            emit_watermark(src, records)
         DNet._random_round(net, rng_, keep_back)
 
     net._random_round = round_  # type: ignore[method-assign]
@@ -323,12 +322,12 @@ def test_stateless_tasks_relay_holds_across_a_forward_edge(clock, tmp_path, prot
     assert plan.moved and reports
     for _ in range(3):  # the window is not stuck behind a hold after the rescale
         src.poll_source(3)
-        emit_watermark()
+        emit_watermark(src, records)
         net.pump()
     assert not net["win/0"].tracker.holds
     while src.status == "running":
         src.poll_source(3)
-        emit_watermark()
+        emit_watermark(src, records)
         net.pump()
     assert late(net) == 0
     assert sorted(sink.results()) == windows_reference(records, size=10)

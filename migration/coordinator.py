@@ -515,6 +515,22 @@ class RescaleCoordinator:
     def _tasks(self, vertex: str | None = None) -> tuple[str, ...]:
         return self.dep.tasks[vertex or self.vertex]
 
+    def _hold_group(self) -> Generator[Command, Any, None]:
+        """Hold: the tasks of the operator and its partners do not finish while groups move
+        and tasks come and go; ``RescaleRefused`` (the hold released, nothing changed) when
+        the operator's input has ended."""
+        vertex = self.vertex
+        self._held = self._group_tasks()
+        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True))
+                                                    for t in self._held))
+        ended = [st.task for st in states if st.input_ended]
+        if ended or self.input_ended:
+            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
+            who = ended[0] if ended else sorted(self.finished_tasks)[0]
+            raise RescaleRefused(
+                f"the input of operator {vertex!r} has ended (task {who}): it processes "
+                "nothing more, so there is nothing to rescale", operator=vertex)
+
     def _group_tasks(self) -> tuple[str, ...]:
         """The tasks of the operator and of its forward partners."""
         return tuple(t for v in (self.vertex, *self.partners) for t in self.dep.tasks[v])
@@ -690,16 +706,7 @@ class LiveRescale(RescaleCoordinator):
         # 1. hold: the operator's tasks (and its forward partners') do not finish while
         # groups move and tasks come and go
         tasks = self._tasks()
-        self._held = self._group_tasks()
-        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True))
-                                                    for t in self._held))
-        ended = [st.task for st in states if st.input_ended]
-        if ended or self.input_ended:
-            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
-            who = ended[0] if ended else sorted(self.finished_tasks)[0]
-            raise RescaleRefused(
-                f"the input of operator {vertex!r} has ended (task {who}): it processes "
-                "nothing more, so there is nothing to rescale")
+        yield from self._hold_group()
         # 2. plan (per-group load and size asked from the tasks when the planning or the
         # assignment strategy needs them)
         old = self.dep.assignments[vertex]
@@ -1246,16 +1253,7 @@ class StatelessRescale(RescaleCoordinator):
         old_p, new_p = len(tasks), self.request.parallelism
         # 1. hold: no task of the operator (or of its partners) finishes while their
         # number changes
-        self._held = self._group_tasks()
-        states = yield from self._send(Phase.HOLD, (Call(t, HoldFinish(True))
-                                                    for t in self._held))
-        ended = [st.task for st in states if st.input_ended]
-        if ended or self.input_ended:
-            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
-            who = ended[0] if ended else sorted(self.finished_tasks)[0]
-            raise RescaleRefused(
-                f"the input of operator {vertex!r} has ended (task {who}): it processes "
-                "nothing more, so there is nothing to rescale", operator=vertex)
+        yield from self._hold_group()
         timer.mark(Phase.HOLD)
         self.committed = True
         names = tuple(tasks)

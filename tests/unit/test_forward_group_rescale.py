@@ -39,7 +39,6 @@ from engine.api import StreamJob
 from engine.clock import ManualClock
 from engine.config import JobConfig
 from engine.errors import RescaleRefused
-from engine.messages import RemoveOutputChannels, StopTask
 from engine.physical import FORWARD, plan_physical
 from engine.testing import TestingSink, TestingSource
 from engine.time import WatermarkStrategy, tumbling_event_time
@@ -48,7 +47,6 @@ from migration.coordinator import (
     LiveRescale,
     RescaleContext,
     RescaleRequest,
-    SendControl,
     StatelessRescale,
     StopRestartRescale,
     SubscaleIds,
@@ -59,20 +57,23 @@ from migration.protocols import LIVE
 from migration.requests import validate_request
 from tests import harness
 from tests.unit.test_drrs_core import DNet, per_key
-from tests.unit.test_stateless_rescale import BOUND, WINDOW, check_counts, progress, timestamp
+from tests.unit.test_stateless_rescale import (
+    BOUND,
+    MAX_ROUNDS,
+    WINDOW,
+    check_counts,
+    finish,
+    progress,
+    records,
+    settle,
+    timestamp,
+)
 
 N = 16
 CFG = JobConfig(batch_size=4, linger_ms=0, metrics_port=None)
-MAX_ROUNDS = 20_000
 
 
 # ---------------------------------------------------------------------- jobs and references
-
-
-def records(n: int, seed: int) -> list[tuple[int, int, int]]:
-    """Record i is ``(key, 1, i)``, keys 0..6."""
-    rng = random.Random(seed)
-    return [(rng.randrange(7), 1, i) for i in range(n)]
 
 
 def count(a: tuple, b: tuple) -> tuple:
@@ -153,40 +154,6 @@ def check_windows(results: list[Any], recs: list[Any], net: DNet, where: str) ->
 # ---------------------------------------------------------------------- driving
 
 
-def settle(net: DNet, cmd: SendControl) -> None:
-    """What the task actor's shell does after a control call: the frames the call made
-    leave at once; a call that removed channels, or stopped a task, answers once the
-    receivers took every frame sent on them (``_settle_in_flight``). Meanwhile the rest of
-    the net goes on (cores step, other frames arrive)."""
-    net.collect()
-    chans = {cid for c in cmd.calls if isinstance(c.message, RemoveOutputChannels)
-             for cid in c.message.channel_ids}
-    for c in cmd.calls:
-        if isinstance(c.message, StopTask):
-            chans |= net.cores[c.task].router.channel_ids()
-    if not chans:
-        return
-    for _ in range(MAX_ROUNDS):
-        net.collect()
-        mine = [f for f in net.frames if f.channel_id in chans]
-        net.frames = [f for f in net.frames if f.channel_id not in chans]
-        for f in mine:
-            net.cores[f.target].receive(f.channel_id, f.seq, f.payload)
-        waiting = False
-        for core in net.cores.values():
-            ins = chans & set(core.inputs)
-            while any(core.inputs[c].queue for c in ins) and core.step():
-                pass
-            waiting = waiting or any(core.inputs[c].queue or core.inputs[c].pending
-                                     for c in ins)
-        net.collect()
-        if not waiting and not any(f.channel_id in chans for f in net.frames):
-            return
-        net.deliver_prio()
-        net.deliver()
-    raise AssertionError(f"channels {sorted(chans)} never settled")
-
-
 def rescale(net: DNet, operator: str, p: int, protocol: str, rng: random.Random,
             windowed: bool, before_change: Any = None) -> Any:
     """``operator`` to ``p`` tasks by the engine's coordinator, interleaved at random."""
@@ -201,16 +168,6 @@ def rescale(net: DNet, operator: str, p: int, protocol: str, rng: random.Random,
     net.auto_pull = True
     net.executed = done.commands  # type: ignore[attr-defined]
     return coord, report
-
-
-def finish(net: DNet, windowed: bool) -> None:
-    while any(c.status == "running" for c in net.sources()):
-        for c in net.sources():
-            c.poll_source(7)
-            if windowed:
-                c.emit_watermark()
-        net.pump()
-    net.pump()
 
 
 def run(seed: int, steps: list[int], protocol: str, *, seen_p: int = 1,

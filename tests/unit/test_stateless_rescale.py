@@ -55,6 +55,7 @@ from tests.unit.test_drrs_core import DNet, per_key
 
 N = 16
 CFG = JobConfig(batch_size=4, linger_ms=0, metrics_port=None)
+MAX_ROUNDS = 20_000
 WINDOW = 50
 BOUND = 50  # watermark = max timestamp - BOUND - 1; timestamps jitter by less than that
 
@@ -141,23 +142,36 @@ def progress(net: DNet, rng: random.Random, watermarks: bool, keep_back: int = 1
 
 def settle(net: DNet, cmd: SendControl) -> None:
     """What the task actor's shell does after a control call: the frames the call made
-    leave at once; a predecessor that removed channels answers once everything it sent on
-    them was taken by the receiver (``_settle_in_flight``): those frames are delivered and
-    the receivers (the tasks being removed) step until they took them."""
+    leave at once; a call that removed channels, or stopped a task, answers once the
+    receivers took every frame sent on them (``_settle_in_flight``). Meanwhile the rest of
+    the net goes on (cores step, other frames arrive)."""
     net.collect()
-    removed = {cid for c in cmd.calls if isinstance(c.message, RemoveOutputChannels)
-               for cid in c.message.channel_ids}
-    if not removed:
+    chans = {cid for c in cmd.calls if isinstance(c.message, RemoveOutputChannels)
+             for cid in c.message.channel_ids}
+    for c in cmd.calls:
+        if isinstance(c.message, StopTask):
+            chans |= net.cores[c.task].router.channel_ids()
+    if not chans:
         return
-    mine = [f for f in net.frames if f.channel_id in removed]
-    net.frames = [f for f in net.frames if f.channel_id not in removed]
-    for f in mine:
-        net.cores[f.target].receive(f.channel_id, f.seq, f.payload)
-    for core in net.cores.values():  # consumed, not only received: acknowledged
-        if removed & set(core.inputs):
-            while any(core.inputs[c].queue for c in removed & set(core.inputs)) and core.step():
+    for _ in range(MAX_ROUNDS):
+        net.collect()
+        mine = [f for f in net.frames if f.channel_id in chans]
+        net.frames = [f for f in net.frames if f.channel_id not in chans]
+        for f in mine:
+            net.cores[f.target].receive(f.channel_id, f.seq, f.payload)
+        waiting = False
+        for core in net.cores.values():
+            ins = chans & set(core.inputs)
+            while any(core.inputs[c].queue for c in ins) and core.step():
                 pass
-    net.collect()
+            waiting = waiting or any(core.inputs[c].queue or core.inputs[c].pending
+                                     for c in ins)
+        net.collect()
+        if not waiting and not any(f.channel_id in chans for f in net.frames):
+            return
+        net.deliver_prio()
+        net.deliver()
+    raise AssertionError(f"channels {sorted(chans)} never settled")
 
 
 def rescale_map(net: DNet, p: int, rng: random.Random, watermarks: bool,

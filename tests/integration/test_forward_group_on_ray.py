@@ -21,22 +21,13 @@ from typing import Any
 
 import pytest
 
-from engine import JobConfig, StreamJob
+from engine import StreamJob
 from engine.testing import TestingSink, TestingSource
 from engine.time import WatermarkStrategy, tumbling_event_time
+from tests.integration.test_stateless_rescale_on_ray import CFG, RECORDS, WINDOW, timestamp
 from tests.jobs import gates_of, moments, task_actors
 
 pytestmark = pytest.mark.ray
-
-RECORDS = 6000  # at 3,000 records/s: a 2 s job
-WINDOW = 100
-CFG = JobConfig(batch_size=50, linger_ms=2, metrics_port=None)
-
-
-def timestamp(r: tuple[int, int, int]) -> int:
-    """Out of order by up to 40 ms (never late against a 50 ms bound)."""
-    return r[2] + (r[2] * 7919) % 41
-
 
 def count(a: tuple, b: tuple) -> tuple:
     return (a[0], a[1] + b[1], b[2])

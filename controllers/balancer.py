@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 from controllers.base import Controller, JobView, MetricsWindow, NoChange, Rebalance, rescalable
 from controllers.cost_aware import Assignment, balanced_target
+from engine.control.reconfiguration import Decision
+from engine.dataflow.keygroups import moved_key_groups
 from engine.errors import ControllerError
-from engine.keygroups import moved_key_groups
-from engine.reconfiguration import Decision
 from migration.assignment import imbalance
 
 

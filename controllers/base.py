@@ -48,8 +48,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 
-from engine.rates import MetricsWindow, OperatorRates, TaskRates
-from engine.reconfiguration import (
+from engine.control.reconfiguration import (
     ChangeLogic,
     Decision,
     DecisionKind,
@@ -63,6 +62,7 @@ from engine.reconfiguration import (
     RescaleRecord,
     Scale,
 )
+from engine.observability.rates import MetricsWindow, OperatorRates, TaskRates
 
 
 class Controller(abc.ABC):

@@ -51,9 +51,9 @@ from dataclasses import dataclass
 
 from controllers.base import JobView, MetricsWindow, NoChange, Scale
 from controllers.ds2 import DS2, Estimate
+from engine.control.reconfiguration import Decision, OperatorView, RescaleRecord
+from engine.dataflow.keygroups import moved_key_groups
 from engine.errors import ControllerError
-from engine.keygroups import moved_key_groups
-from engine.reconfiguration import Decision, OperatorView, RescaleRecord
 from migration.assignment import (
     AssignmentError,
     GroupWorkload,

@@ -45,9 +45,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controllers.base import Controller, JobView, MetricsWindow, NoChange, Scale, rescalable
+from engine.control.reconfiguration import Decision, OperatorView
 from engine.errors import ControllerError
-from engine.rates import OperatorRates
-from engine.reconfiguration import Decision, OperatorView
+from engine.observability.rates import OperatorRates
 
 _MIN_SOURCE_SHARE = 0.05  # a source backpressured 95% of the time counts as 20x its rate
 

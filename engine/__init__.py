@@ -1,7 +1,7 @@
 """reflow's public API: build a ``StreamJob``, ``run()`` it on Ray, rescale it live."""
 
 from engine.api import KeyedStream, Stream, StreamJob
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import (
     ChangeLogicRefused,
     CheckpointFailed,
@@ -26,8 +26,8 @@ from engine.errors import (
     UserFunctionError,
     WaitTimeout,
 )
-from engine.functions import Context, KeyedProcessFunction, RuntimeContext
-from engine.state import ListState, MapState, ReducingState, ValueState
+from engine.operators.functions import Context, KeyedProcessFunction, RuntimeContext
+from engine.state.keyed import ListState, MapState, ReducingState, ValueState
 
 __all__ = [
     "ChangeLogicRefused",

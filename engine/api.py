@@ -2,7 +2,7 @@
 
 Every builder call validates at once, so an invalid job fails where it is written, with the
 operator named. Counts (parallelism, num_key_groups, lateness) go through
-``engine.config.check_count``: a bool is never a count. A name given is used as given: an
+``engine.dataflow.config.check_count``: a bool is never a count. A name given is used as given: an
 empty one is refused, never replaced by a generated one (only ``name=None`` generates).
 """
 
@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from engine import graph as g
 from engine.checkpoints.store import absolute_location
-from engine.config import JobConfig, check_count
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig, check_count
+from engine.dataflow.keygroups import DEFAULT_NUM_KEY_GROUPS
 from engine.errors import JobDefinitionError
-from engine.functions import KeyedProcessFunction, ReduceFunction
-from engine.keygroups import DEFAULT_NUM_KEY_GROUPS
-from engine.sinks import Sink
-from engine.sources import Source
-from engine.time import WatermarkStrategy, Window, WindowAssigner
-from engine.windows import AggregateFunction, WindowJoin, WindowOperator
+from engine.io.sinks import Sink
+from engine.io.sources import Source
+from engine.operators.functions import KeyedProcessFunction, ReduceFunction
+from engine.operators.windows import AggregateFunction, WindowJoin, WindowOperator
+from engine.time.event_time import WatermarkStrategy, Window, WindowAssigner
 
 if TYPE_CHECKING:
     from engine.runtime import JobHandle
@@ -49,7 +49,7 @@ class StreamJob:
                                   error=JobDefinitionError)
         if config is not None and not isinstance(config, JobConfig):
             raise JobDefinitionError(
-                f"job {name!r}: config must be an engine.config.JobConfig instance; got "
+                f"job {name!r}: config must be an engine.dataflow.config.JobConfig instance; got "
                 f"{config!r}"
             )
         self.name = name
@@ -67,7 +67,7 @@ class StreamJob:
         """A source; with ``watermarks`` its tasks emit event-time watermarks."""
         if not isinstance(source, Source):
             raise JobDefinitionError(
-                f"source {name or '?'!r}: {type(source).__name__} is not an engine.sources.Source"
+                f"source {name or '?'!r}: {type(source).__name__} is not an engine.io.sources.Source"
             )
         if watermarks is not None and not isinstance(watermarks, WatermarkStrategy):
             raise JobDefinitionError(f"source {name or '?'!r}: watermarks must be a WatermarkStrategy")
@@ -137,7 +137,7 @@ class StreamJob:
         if not any(op.kind == g.SINK for op in graph.operators):
             raise JobDefinitionError(
                 f"job {self.name!r} has no sink, so nothing it computes would be kept: end "
-                "each branch with .sink(...) (engine.sinks, engine.testing.TestingSink)")
+                "each branch with .sink(...) (engine.io.sinks, engine.io.testing.TestingSink)")
         if restore_from is not None:
             if not isinstance(restore_from, str) or not restore_from.strip():
                 raise JobDefinitionError(
@@ -204,12 +204,12 @@ class Stream:
         """``fn`` over whole batches (Ray Data's ``map_batches``): it gets a
         ``pyarrow.Table`` (``batch_format="pyarrow"``), a dict of numpy arrays ("numpy") or
         a pandas DataFrame ("pandas", needs pandas) and returns one of those; its output is
-        a columnar stream (``engine.columnar``; per-record operators after it see dict
+        a columnar stream (``engine.columnar.batches``; per-record operators after it see dict
         rows). Records that are not column batches reach it as batches of their dict rows.
         Output rows keep their input's timestamps when ``fn`` returns as many rows, else
         take the batch's latest. A batch whose call raises goes whole to ``dead_letter``
         (each record with the error) or fails the job."""
-        from engine.vectorised import MapBatches
+        from engine.columnar.vectorised import MapBatches
 
         _check_callable(fn, "map_batches", name)
         try:
@@ -222,13 +222,13 @@ class Stream:
         """Partition by ``key_fn(record)``, or by a column (``key_by("user")``: a column of
         a columnar stream, or the field of a dict row): records with equal keys go to the
         same task and share keyed state. A column's key groups are computed a batch at a
-        time, with exactly the hash of the per-record path (``engine.columnar``).
+        time, with exactly the hash of the per-record path (``engine.columnar.batches``).
 
         A key is a str, bytes, int, float, bool, None or a tuple of them; keys equal in Python
         (``1``, ``1.0``, ``True``) are one key. A NaN key (a float or numpy float, alone or
         inside a tuple) is refused: NaN never equals itself, so every NaN record would be a key
         of its own and nothing would group. The check runs in the sending task where the key
-        is hashed to its key group (``engine.keygroups``), which happens only when a key is not
+        is hashed to its key group (``engine.dataflow.keygroups``), which happens only when a key is not
         in the per-task key-group cache, and NaN never enters it: it costs nothing for str,
         bytes and int keys and one comparison per uncached float. A refused key (NaN, or a type
         with no stable hash) fails the job as a key_by error naming the operator before the
@@ -236,7 +236,7 @@ class Stream:
         key (e.g. None) or filter such records out before ``key_by``.
         """
         if isinstance(key_fn, str):
-            from engine.columnar import ColumnKey
+            from engine.columnar.batches import ColumnKey
 
             if not key_fn:
                 raise JobDefinitionError("key_by(''): a key column needs a name")
@@ -261,7 +261,7 @@ class Stream:
         operator, the task and the batch's first record."""
         if not isinstance(sink, Sink):
             raise JobDefinitionError(
-                f"sink {name or '?'!r}: {type(sink).__name__} is not an engine.sinks.Sink"
+                f"sink {name or '?'!r}: {type(sink).__name__} is not an engine.io.sinks.Sink"
             )
         p = _or(parallelism, self._job._parallelism_of(self._heads))
         self._job._add(g.SINK, name, sink, p, self._inputs(), dead_letter)
@@ -287,12 +287,12 @@ class KeyedStream:
 
     def window(self, assigner: WindowAssigner, allowed_lateness_ms: int = 0,
                late_sink: Sink | None = None) -> WindowedStream:
-        """Group each key's records into windows (``engine.time.tumbling_event_time`` etc.).
+        """Group each key's records into windows (``engine.time.event_time.tumbling_event_time`` etc.).
 
         Records later than ``allowed_lateness_ms`` after their windows fired are counted and
         go to ``late_sink`` when given."""
         if not isinstance(assigner, WindowAssigner):
-            raise JobDefinitionError("window() takes a WindowAssigner from engine.time")
+            raise JobDefinitionError("window() takes a WindowAssigner from engine.time.event_time")
         allowed_lateness_ms = check_count("window(): allowed_lateness_ms", allowed_lateness_ms,
                                           minimum=0, error=JobDefinitionError)
         return WindowedStream(self, assigner, allowed_lateness_ms, late_sink)
@@ -335,13 +335,13 @@ class KeyedStream:
 
     def aggregate(self, *aggregations: Any, name: str | None = None,
                   parallelism: int | None = None) -> Stream:
-        """Running aggregations per key, vectorised (``engine.vectorised``): ``Count()``,
+        """Running aggregations per key, vectorised (``engine.columnar.vectorised``): ``Count()``,
         ``Sum(col)``, ``Min(col)``, ``Max(col)``, ``Mean(col)``. For every input record it
         emits a dict row with the key (column named as the key column, or ``key``) and each
         aggregation's value for that key after the record (``count()``, ``sum(col)``, ...),
         as a column batch. Their state is keyed state: every rescale protocol moves it."""
-        from engine.columnar import ColumnarError
-        from engine.vectorised import ColumnAggregate, key_name_of
+        from engine.columnar.batches import ColumnarError
+        from engine.columnar.vectorised import ColumnAggregate, key_name_of
 
         try:
             fn = ColumnAggregate(tuple(aggregations), key_name_of(self._key_fn))
@@ -379,12 +379,12 @@ class WindowedStream:
         ``aggregate(AggregateFunction, window_fn=None)``: per record; emits
         ``window_fn(key, window, result)`` (or the result) when the window fires.
 
-        ``aggregate(Count(), Sum("v"), ...)`` (``engine.vectorised``'s aggregations, on
-        event-time windows): vectorised a batch at a time (``engine.window_aggregates``),
+        ``aggregate(Count(), Sum("v"), ...)`` (``engine.columnar.vectorised``'s aggregations, on
+        event-time windows): vectorised a batch at a time (``engine.operators.window_aggregates``),
         with the same windows, firing and lateness rule; emits per (key, window) a row
         ``{key column, "window_start", "window_end", "count()", "sum(v)", ...}`` as a
         column batch."""
-        from engine.vectorised import Aggregation
+        from engine.columnar.vectorised import Aggregation
 
         if isinstance(agg, Aggregation):
             return self._vectorised((agg, *more), window_fn, name, parallelism)
@@ -398,9 +398,9 @@ class WindowedStream:
 
     def _vectorised(self, aggregations: tuple[Any, ...], window_fn: Any, name: str | None,
                     parallelism: int | None) -> Stream:
-        from engine.columnar import ColumnarError
-        from engine.vectorised import key_name_of
-        from engine.window_aggregates import ColumnWindowAggregate
+        from engine.columnar.batches import ColumnarError
+        from engine.columnar.vectorised import key_name_of
+        from engine.operators.window_aggregates import ColumnWindowAggregate
 
         if window_fn is not None:
             raise JobDefinitionError(f"aggregate {name or ''!r}: vectorised aggregations emit "

@@ -361,8 +361,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _plot(args: argparse.Namespace) -> int:
     if args.prometheus:
-        from engine.dashboards import dashboard
-        from engine.promplot import PrometheusError, render
+        from engine.observability.dashboards import dashboard
+        from engine.observability.promplot import PrometheusError, render
 
         try:
             d = dashboard(args.dashboard)

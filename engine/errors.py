@@ -111,7 +111,7 @@ class UnhashableKeyError(InvalidKeyError, TypeError):
 class ColumnarError(ReflowError, ValueError):
     """Records cannot be put in columns (not dict rows, or fields that do not fit one
     schema), or a columnar operator got a column it cannot use (missing, with nulls, not
-    numeric); the message names the column and what to do (``engine.columnar``)."""
+    numeric); the message names the column and what to do (``engine.columnar.batches``)."""
 
 
 class CodecError(ReflowError):
@@ -302,7 +302,7 @@ class SinkCommitError(ReflowError):
 
 
 class DataChannelError(ReflowError):
-    """A direct data connection between two tasks failed (``engine.transport``)."""
+    """A direct data connection between two tasks failed (``engine.wire.transport``)."""
 
 
 class ConnectionLost(DataChannelError):

@@ -51,8 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.dataflow.keygroups import uniform_assignment
 from engine.errors import ReflowError, RescaleRefused
-from engine.keygroups import uniform_assignment
 from engine.names import AssignmentStrategy
 
 DEFAULT_BALANCE = 0.2

@@ -20,7 +20,7 @@ rescale and leaves the job untouched: ``release_commands()`` undoes the hold).
 
 Guarantees. Commands are frozen values; no I/O, no clock but the injected one, no Ray.
 Every wait has the config's ``rescale_timeout_s``. Control messages are the wire messages
-of ``engine.messages``.
+of ``engine.wire.messages``.
 """
 
 from __future__ import annotations
@@ -30,19 +30,22 @@ from collections.abc import Callable, Collection, Generator, Iterable, Mapping, 
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.channel import REROUTE_PORT
-from engine.clock import Clock
-from engine.config import JobConfig, check_count
-from engine.deployment import (
+from engine.dataflow.config import JobConfig, check_count
+from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
     connect_messages,
     start_message,
     task_name,
 )
+from engine.dataflow.keygroups import moved_key_groups
+from engine.dataflow.physical import FORWARD
 from engine.errors import RescaleRefused, RescaleTimeout
-from engine.keygroups import moved_key_groups
-from engine.messages import (
+from engine.names import NameEnum, SubscaleRole
+from engine.observability.metrics import RescaleProgress
+from engine.task.channel import REROUTE_PORT
+from engine.time.clock import Clock
+from engine.wire.messages import (
     AddInputs,
     AddOutputChannels,
     AdoptTransactions,
@@ -61,9 +64,6 @@ from engine.messages import (
     SubscaleDone,
     TaskFinished,
 )
-from engine.metrics import RescaleProgress
-from engine.names import NameEnum, SubscaleRole
-from engine.physical import FORWARD
 from migration.assignment import (
     AssignmentError,
     AssignmentPlan,

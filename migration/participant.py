@@ -2,10 +2,10 @@
 
 Why apart from the task core: every live protocol (drrs, pause-resume, fluid, batched,
 non-disruptive) runs the same per-task state machine, switched by the flags of its
-``ExpectOutgoing``/``InjectSubscale`` messages; the core (``engine.task``) only stores,
+``ExpectOutgoing``/``InjectSubscale`` messages; the core (``engine.task.core``) only stores,
 schedules and processes. As in Flink's ``BarrierHandlerState`` + ``Controller``, the two sides
 meet at two narrow interfaces: the core calls the participant only through
-``engine.task.MigrationHooks``, and the participant acts on its task only through
+``engine.task.core.MigrationHooks``, and the participant acts on its task only through
 ``TaskHost`` below. So a participant can be stepped against a small fake host, and nothing
 in the engine imports ``migration``.
 
@@ -36,11 +36,11 @@ Guarantees:
   group left it.
 * Receivers take a group's outputs from the old owner before those from the new one: the
   old owner puts ``GroupLeft`` behind its last outputs of a group it gives away, the new
-  owner ``GroupArrived`` ahead of its first (``engine.group_order``).
+  owner ``GroupArrived`` ahead of its first (``engine.task.group_order``).
 * No watermark passes a record still on its way: the old owner puts ``WatermarkHold`` on its
   output channels when a subscale's groups freeze (at its watermark then), the new owner
   ``WatermarkRelease`` once the subscale is done there, behind the outputs of its records
-  and timers; receivers stay at or below the hold in between (``engine.time``).
+  and timers; receivers stay at or below the hold in between (``engine.time.event_time``).
 * A group's state is shipped once: on the first trigger or pull (drrs), or once every
   confirm is in (aligned protocols); to a holder of a replica at the group's last replicated
   version only the changes since.
@@ -52,11 +52,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.channel import REROUTE_PORT, InputChannel, OutputRouter
-from engine.clock import Clock
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import ConfigError, ReflowError
-from engine.messages import (
+from engine.names import SubscaleRole
+from engine.state.keyed import KeyedStateBackend
+from engine.task.channel import REROUTE_PORT, InputChannel, OutputRouter
+from engine.task.core import (
+    PartialFrame,
+    Record,
+    TaskControlError,
+    TaskCore,
+    TaskSpec,
+    estimated_group_bytes,
+)
+from engine.time.clock import Clock
+from engine.wire.messages import (
     Ack,
     ConfirmBarrier,
     DropReplicas,
@@ -80,16 +90,6 @@ from engine.messages import (
     WatermarkHold,
     WatermarkRelease,
 )
-from engine.names import SubscaleRole
-from engine.state import KeyedStateBackend
-from engine.task import (
-    PartialFrame,
-    Record,
-    TaskControlError,
-    TaskCore,
-    TaskSpec,
-    estimated_group_bytes,
-)
 from migration.replication import (
     ReplicaStore,
     ReplicationStats,
@@ -105,7 +105,7 @@ class UnknownSubscaleError(ReflowError, KeyError):
 
 
 class TaskHost(Protocol):
-    """What a participant may use of its task, and all it may (``engine.task.TaskCore`` is
+    """What a participant may use of its task, and all it may (``engine.task.core.TaskCore`` is
     one). Everything the participant sends leaves through ``router`` (data channels, the
     re-route path), ``send_priority`` or ``report``."""
 
@@ -443,7 +443,7 @@ class NewOwnerRole:
 
 
 class MigrationParticipant:
-    """One task's migration behaviour: the ``engine.task.MigrationHooks`` of its core, acting
+    """One task's migration behaviour: the ``engine.task.core.MigrationHooks`` of its core, acting
     on it only through ``TaskHost``. ``old_role``/``new_role`` hold the subscales this task
     gives away / takes; ``replicas`` the replicas it holds for other owners;
     ``replication_stats`` the cost of replicating its own groups."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from engine.keygroups import moved_key_groups
+from engine.dataflow.keygroups import moved_key_groups
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.keygroups import moved_key_groups
+from engine.dataflow.keygroups import moved_key_groups
 from migration.plan import MigrationPlan, steps_from_chunks
 
 PRIORITISATIONS = ("random", "hot-first", "arrival-order", "smallest-state-first")

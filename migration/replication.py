@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from engine.errors import ConfigError, ReflowError
-from engine.state import KeyedStateBackend, apply_delta, delta_base_version
+from engine.state.keyed import KeyedStateBackend, apply_delta, delta_base_version
 
 POLICIES = ("none", "hot", "all")
 PayloadKind = Literal["delta", "full"]

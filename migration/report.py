@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.messages import wire
+from engine.wire.messages import wire
 
 
 @wire

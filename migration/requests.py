@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.config import check_count
+from engine.dataflow.config import check_count
+from engine.dataflow.keygroups import validate_assignment
+from engine.dataflow.physical import PhysicalPlan, Vertex
 from engine.errors import RescaleRefused
-from engine.keygroups import validate_assignment
-from engine.physical import PhysicalPlan, Vertex
 from migration.assignment import AssignmentError, AssignmentSpec
 from migration.coordinator import RescaleRequest
 from migration.planning import Planning

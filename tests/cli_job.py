@@ -3,7 +3,7 @@
     python tests/cli_job.py [--records N] [--gate DIR] [--name NAME]
 
 Running sums per key over a ``TestingSource``; with ``--gate DIR`` the source holds after a
-quarter of its records until the gate in DIR is opened (``engine.testing.SourceGate``
+quarter of its records until the gate in DIR is opened (``engine.io.testing.SourceGate``
 works across processes), so a test can act on the running job from another process. Prints
 the job id, then ``result: OK`` when every key's final sum equals the plain-Python one, and
 exits 1 otherwise.
@@ -18,8 +18,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from engine import JobConfig, StreamJob  # noqa: E402
+from engine.io.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
 from engine.spark.jobs import key_of, sum_second  # noqa: E402
-from engine.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
 
 
 def main() -> int:

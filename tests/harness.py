@@ -31,10 +31,11 @@ from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
 from engine.checkpoints.restore import RestorePlan, checkpoint_layout, plan_restore
 from engine.checkpoints.snapshot import persist, restore_messages
 from engine.checkpoints.store import discard, write_metadata
-from engine.clock import Clock
-from engine.config import JobConfig
-from engine.deployment import ChannelIds, Deployment, connect_messages, start_message
-from engine.messages import (
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import ChannelIds, Deployment, connect_messages, start_message
+from engine.task.core import TaskCore, TaskSpec
+from engine.time.clock import Clock
+from engine.wire.messages import (
     CheckpointAborted,
     CheckpointComplete,
     RestoreState,
@@ -43,7 +44,6 @@ from engine.messages import (
     decode_message,
     encode_message,
 )
-from engine.task import TaskCore, TaskSpec
 from migration.coordinator import (
     AwaitReports,
     Command,
@@ -76,7 +76,7 @@ def make_spec(dep: Deployment, vertex: str, index: int, name: str,
 
 def records_left(core: TaskCore) -> int:
     """Records a ``TestingSource`` task has not emitted yet, over the partitions it reads."""
-    from engine.sources import parse_indexed
+    from engine.io.sources import parse_indexed
 
     assert core.reader is not None, f"{core.name} is not a started source task"
     records = core.spec.operators[0].fn.records

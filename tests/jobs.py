@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine import KeyedProcessFunction, StreamJob
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
+from engine.io.sinks import Sink
+from engine.io.sources import Source, SourceBatch, SourceReader
+from engine.io.testing import SourceGate, TestingSink, TestingSource
 from engine.names import JobState
-from engine.sinks import Sink
-from engine.sources import Source, SourceBatch, SourceReader
-from engine.testing import SourceGate, TestingSink, TestingSource
 
 SMALL = JobConfig(batch_size=50, linger_ms=2, metrics_port=None)
 TIMEOUT_S = 180.0  # generous: the suite must pass on a machine at load 20-30
@@ -257,8 +257,8 @@ def columnar_agg_job(records: list[tuple[int, int]], parallelism: int, sink: Tes
                      config: JobConfig = SMALL) -> StreamJob:
     """The columnar path: dict rows as column batches -> ``map_batches`` -> ``key_by`` a
     column -> the vectorised Count, Sum, Min, Max and Mean (operator ``agg``)."""
-    from engine.columnar import ColumnarSource
-    from engine.vectorised import Count, Max, Mean, Min, Sum
+    from engine.columnar.batches import ColumnarSource
+    from engine.columnar.vectorised import Count, Max, Mean, Min, Sum
 
     rows = [{"k": k, "v": v} for k, v in records]
     job = StreamJob("columnar", num_key_groups=32, parallelism=parallelism, config=config)
@@ -300,7 +300,7 @@ def windowed_sum_job(records: list[tuple[int, int, int]], parallelism: int, sink
                      rate: float | None = None, bound_ms: int = 40,
                      gates: Gates = None) -> StreamJob:
     """Event-time sliding windows (400 ms, slide 100 ms) summing values per key."""
-    from engine.time import WatermarkStrategy, sliding_event_time
+    from engine.time.event_time import WatermarkStrategy, sliding_event_time
 
     job = StreamJob("windowed", num_key_groups=32, parallelism=parallelism, config=SMALL)
     (job.source(TestingSource(records, rate=rate, timestamp_fn=lambda r: r[2], gate=gates),
@@ -321,9 +321,9 @@ def columnar_window_job(records: list[tuple[int, int, int]], parallelism: int,
     ``key_by("k")`` -> sliding event-time windows (400 ms, slide 100 ms, allowed lateness
     300 ms, so fired windows stay in state) with Count, Sum, Min, Max, Mean (operator
     ``cwin``)."""
-    from engine.columnar import ColumnarSource
-    from engine.time import WatermarkStrategy, sliding_event_time
-    from engine.vectorised import Count, Max, Mean, Min, Sum
+    from engine.columnar.batches import ColumnarSource
+    from engine.columnar.vectorised import Count, Max, Mean, Min, Sum
+    from engine.time.event_time import WatermarkStrategy, sliding_event_time
 
     rows = [{"k": k, "v": v, "ts": t} for k, v, t in records]
     job = StreamJob("cwindowed", num_key_groups=32, parallelism=parallelism, config=config)
@@ -390,7 +390,7 @@ def disordered(n: int, seed: int, keys: int = 30, bound_ms: int = 40,
 def processing_window_job(records: list[tuple[int, int]], parallelism: int, sink: TestingSink,
                           rate: float | None = None, gates: Gates = None) -> StreamJob:
     """Processing-time tumbling windows counting records per key."""
-    from engine.time import tumbling_processing_time
+    from engine.time.event_time import tumbling_processing_time
 
     job = StreamJob("ptwin", num_key_groups=32, parallelism=parallelism, config=SMALL)
     (job.source(TestingSource(records, rate=rate, gate=gates), name="src", parallelism=1)
@@ -406,7 +406,7 @@ class CountAgg:
 
 
 def _count_agg():
-    from engine.windows import AggregateFunction
+    from engine.operators.windows import AggregateFunction
 
     class _Count(AggregateFunction):
         def create_accumulator(self):

@@ -26,7 +26,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from controllers.base import Controller, NoChange, Place  # noqa: E402
-from engine.testing import TestingSink  # noqa: E402
+from engine.io.testing import TestingSink  # noqa: E402
 from tests.jobs import (  # noqa: E402
     SMALL,
     Moment,

@@ -19,7 +19,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from engine import JobConfig  # noqa: E402
-from engine.testing import TestingSink  # noqa: E402
+from engine.io.testing import TestingSink  # noqa: E402
 from tests.jobs import (  # noqa: E402
     Moment,
     per_key,

@@ -39,20 +39,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.api import StreamJob
-from engine.channel import OutFrame
-from engine.clock import Clock, ManualClock
-from engine.deployment import (
+from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
     connect_messages,
     initial_deployment,
     start_messages,
 )
-from engine.messages import Ack, ReleaseSource, RemoveOutputChannels, StopTask
-from engine.physical import plan_physical
-from engine.sinks import Sink, SinkWriter
-from engine.task import TaskCore
-from engine.testing import SourceGate
+from engine.dataflow.physical import plan_physical
+from engine.io.sinks import Sink, SinkWriter
+from engine.io.testing import SourceGate
+from engine.task.channel import OutFrame
+from engine.task.core import TaskCore
+from engine.time.clock import Clock, ManualClock
+from engine.wire.messages import Ack, ReleaseSource, RemoveOutputChannels, StopTask
 from migration.coordinator import SendControl
 from migration.participant import new_task_core
 from tests.harness import make_spec, records_left, wire

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from engine.config import TLS
+from engine.dataflow.config import TLS
 
 
 def self_signed(directory: Path, name: str = "reflow-test") -> TLS:

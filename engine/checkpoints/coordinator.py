@@ -35,10 +35,10 @@ from engine.checkpoints.metadata import (
     VertexState,
 )
 from engine.checkpoints.store import join
-from engine.clock import Clock
-from engine.config import JobConfig
-from engine.deployment import Deployment
-from engine.messages import CheckpointAck, CheckpointDeclined, CheckpointStats
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import Deployment
+from engine.time.clock import Clock
+from engine.wire.messages import CheckpointAck, CheckpointDeclined, CheckpointStats
 
 # ---------------------------------------------------------------------- commands
 

@@ -5,7 +5,7 @@ recovery only once every part is written. The JobMaster writes ``_metadata`` las
 directory without it (a task died halfway, the store failed) is never read as a checkpoint.
 
 Format of ``_metadata``: ``MAGIC`` (8 bytes), the format version (``!H``), the CRC-32 of
-the body (``!I``), then the body: the exact msgpack encoding (``engine.codec``) of
+the body (``!I``), then the body: the exact msgpack encoding (``engine.wire.codec``) of
 ``CheckpointMetadata.to_wire()``. A task's key groups are in one file of the checkpoint
 directory, concatenated, each located by ``(key_group, offset, length, crc32)``: a restore
 at another parallelism reads each group where it is, and checks it.
@@ -22,9 +22,9 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from engine.codec import pack_exact, unpack_exact
 from engine.errors import CodecError, RestoreError
 from engine.names import NameEnum
+from engine.wire.codec import pack_exact, unpack_exact
 
 MAGIC = b"RFLWCHK\x00"
 FORMAT_VERSION = 2  # 2: a source vertex records its partition list; task states by partition

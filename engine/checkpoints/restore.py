@@ -24,13 +24,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from engine.chain import writer_names
 from engine.checkpoints.metadata import CheckpointMetadata, VertexState
 from engine.checkpoints.store import join
-from engine.deployment import Deployment, task_name
+from engine.dataflow.deployment import Deployment, task_name
+from engine.dataflow.keygroups import uniform_assignment
+from engine.dataflow.physical import PhysicalPlan
 from engine.errors import RestoreError
-from engine.keygroups import uniform_assignment
-from engine.physical import PhysicalPlan
+from engine.operators.chain import writer_names
 
 # (key group, file URI, offset, length, crc32): where one key group is, for RestoreState
 GroupRef = tuple[int, str, int, int, int]

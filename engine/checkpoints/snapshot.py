@@ -1,6 +1,6 @@
 """A task's part of a checkpoint, between its core and the store (the shell's I/O, pure of Ray).
 
-Why apart from the task core: the core (``engine.task``) takes the snapshot synchronously
+Why apart from the task core: the core (``engine.task.core``) takes the snapshot synchronously
 at the barrier (state is encoded while nothing else runs: that is the consistent cut) and
 hands it over as a ``TaskSnapshot``; writing it is I/O, which the task actor does in a
 thread while the task goes on processing (Flink's asynchronous part), and the unit harness
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.checkpoints.store import part_file_name, read_groups, write_task_part
-from engine.clock import Clock
-from engine.messages import (
+from engine.time.clock import Clock
+from engine.wire.messages import (
     CheckpointAck,
     CheckpointDeclined,
     CommitTransactions,

@@ -2,7 +2,7 @@
 connections in ``connections``), the JobMaster (``job_master``, with rescales in
 ``rescaling``, replication in ``replicas`` and the watch over its actors in ``watch``),
 the driver's handle (``handle``) and the Spark bridge actor (``spark_bridge``). Logic
-lives in pure classes (``engine.task.TaskCore``, ``migration.participant``,
+lives in pure classes (``engine.task.core.TaskCore``, ``migration.participant``,
 ``migration.coordinator``; here ``health``: task health and the standby pool, ``deadlines``:
 every control deadline, ``failures``: Ray's errors as reflow's); the shells move bytes,
 apply commands and wait."""

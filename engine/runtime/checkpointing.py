@@ -46,14 +46,14 @@ from engine.checkpoints.coordinator import (
 from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
 from engine.checkpoints.store import default_root, discard, join, write_metadata
 from engine.errors import CheckpointFailed
-from engine.messages import (
+from engine.names import JobState
+from engine.wire.messages import (
     CheckpointAborted,
     CheckpointAck,
     CheckpointComplete,
     CheckpointDeclined,
     TriggerCheckpoint,
 )
-from engine.names import JobState
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster

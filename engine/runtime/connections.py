@@ -21,8 +21,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from engine.task import TaskCore
-from engine.transport import DataClient, DataServer, ServerConnection
+from engine.task.core import TaskCore
+from engine.wire.transport import DataClient, DataServer, ServerConnection
 
 _ACTIVE = ("created", "running")
 

@@ -8,7 +8,7 @@ like an operator's function. The policy is the controller's (sans-IO: metrics an
 in, decisions out); this module only feeds it and executes what it returns.
 
 What it keeps: a bounded history of the tasks' metrics snapshots (one per metrics poll,
-``engine.rates.MetricsHistory``) from which each controller gets its window; the measured
+``engine.observability.rates.MetricsHistory``) from which each controller gets its window; the measured
 cost of every finished rescale, whoever asked for it (``RescaleRecord``, measured
 ``settle`` seconds after the rescale ended, from the same history); and the decisions
 (``DecisionLog``: the latest 1000, folded, counted for Prometheus).
@@ -33,11 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import ControllerError, JobFailedError, ReflowError, RescaleRefused
-from engine.messages import GroupStatsRequest
-from engine.names import JobState
-from engine.rates import MetricsHistory, MetricsWindow
-from engine.reconfiguration import (
+from engine.control.reconfiguration import (
     DECISION_TYPES,
     ChangeLogic,
     DecisionLog,
@@ -55,10 +51,14 @@ from engine.reconfiguration import (
     measure_rescale,
     record_of,
 )
+from engine.errors import ControllerError, JobFailedError, ReflowError, RescaleRefused
+from engine.names import JobState
+from engine.observability.rates import MetricsHistory, MetricsWindow
+from engine.wire.messages import GroupStatsRequest
 from migration.assignment import requested_strategy
 
 if TYPE_CHECKING:
-    from engine.physical import PhysicalPlan
+    from engine.dataflow.physical import PhysicalPlan
     from engine.runtime.job_master import JobMaster
 
 log = logging.getLogger("reflow.controllers")

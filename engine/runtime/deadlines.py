@@ -37,7 +37,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import ConfigError
 
 MIN_DEPLOY_S = 60.0

@@ -21,7 +21,7 @@ from typing import Any
 
 from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 
-from engine import graph as g
+from engine.dataflow import graph as g
 from engine.errors import (
     ControlPlaneError,
     ControlTimeout,

@@ -1,7 +1,7 @@
 """The driver's side: ``deploy`` starts a job's JobMaster; ``JobHandle`` talks to it.
 
 Why separate: this is the code that runs in the user's process. Every call goes to the
-JobMaster actor and comes back as msgpack wire values (``engine.messages``).
+JobMaster actor and comes back as msgpack wire values (``engine.wire.messages``).
 
 Guarantees: every call has a deadline (``engine.runtime.deadlines``: ``control_timeout_s``
 for status and metrics, windows derived from ``rescale_timeout_s`` for rescales); no call
@@ -24,8 +24,10 @@ import ray
 from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engine import graph as g
-from engine.config import JobConfig, check_count
+from engine.control.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig, check_count
+from engine.dataflow.guarantees import at_least_once_warnings, sink_guarantees
 from engine.errors import (
     ChangeLogicRefused,
     ControlTimeout,
@@ -35,14 +37,12 @@ from engine.errors import (
     UserFunctionError,
     WaitTimeout,
 )
-from engine.guarantees import at_least_once_warnings, sink_guarantees
-from engine.messages import JobStatus, decode_message
-from engine.metrics import JobMetrics
-from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
+from engine.observability.metrics import JobMetrics
 from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
+from engine.wire.messages import JobStatus, decode_message
 from migration.assignment import AssignmentSpec, requested_strategy
 from migration.report import RescaleReport
 
@@ -150,7 +150,7 @@ class JobHandle:
     def metrics(self) -> JobMetrics:
         """Every live task's latest snapshot, the rescales' progress and the tasks that did
         not answer (with seconds since they last did); within ``control_timeout_s``."""
-        from engine.codec import unpack_exact
+        from engine.wire.codec import unpack_exact
 
         state, tasks, rescales, url, silent, taken_at = unpack_exact(self._get(
             self._master.metrics.remote(), "metrics", self.deadlines.control_s))
@@ -291,7 +291,7 @@ class JobHandle:
         return self._add_controller(controller, self.deadlines.control_s)
 
     def _add_controller(self, controller: Any, seconds: float) -> str:
-        from engine.reconfiguration import check_controller
+        from engine.control.reconfiguration import check_controller
 
         check_controller(controller)
         return str(self._get(self._master.add_controller.remote(controller), "add_controller",
@@ -306,7 +306,7 @@ class JobHandle:
         """Every recent decision of the job's controllers (or of ``controller``), executed
         or not, oldest first: the latest 1000, identical consecutive no-change decisions
         folded (``repeats``). Within ``control_timeout_s``."""
-        from engine.codec import unpack_exact
+        from engine.wire.codec import unpack_exact
 
         raw = unpack_exact(self._get(self._master.decisions.remote(controller), "decisions",
                                      self.deadlines.control_s))
@@ -316,7 +316,7 @@ class JobHandle:
         """The job's recent finished rescales (whoever asked) with what each cost, measured
         a few metrics polls after it ended: backlog built, peak latency, seconds of input
         held up (``RescaleRecord``). Within ``control_timeout_s``."""
-        from engine.codec import unpack_exact
+        from engine.wire.codec import unpack_exact
 
         raw = unpack_exact(self._get(self._master.rescale_history.remote(), "rescale_history",
                                      self.deadlines.control_s))
@@ -360,7 +360,7 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     ``ControllerError`` (before anything is deployed) when one of ``controllers`` is no
     controller or two share a name. ``RayUnavailable`` when no Ray is connected and none
     could be started or reached."""
-    from engine.reconfiguration import check_controller
+    from engine.control.reconfiguration import check_controller
 
     names: list[str] = []
     for c in controllers:

@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from engine.clock import Clock
+from engine.time.clock import Clock
 
 
 class TaskHealth:

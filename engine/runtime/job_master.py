@@ -29,12 +29,10 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engine import graph as g
 from engine.checkpoints.metadata import CheckpointKind
-from engine.clock import SystemClock
-from engine.codec import pack_exact
-from engine.config import JobConfig
-from engine.deployment import (
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
     connect_messages,
@@ -42,6 +40,8 @@ from engine.deployment import (
     source_partitions,
     start_messages,
 )
+from engine.dataflow.guarantees import sink_guarantees
+from engine.dataflow.physical import PhysicalPlan, plan_physical
 from engine.errors import (
     CheckpointFailed,
     FailurePhase,
@@ -50,19 +50,8 @@ from engine.errors import (
     RescaleRefused,
     RestoreError,
 )
-from engine.guarantees import sink_guarantees
-from engine.messages import (
-    JobStatus,
-    Resume,
-    StopTask,
-    TaskFailed,
-    TaskFinished,
-    decode_message,
-    encode_message,
-)
-from engine.metrics import JobCollector, MetricsEndpoint
 from engine.names import JobState
-from engine.physical import PhysicalPlan, plan_physical
+from engine.observability.metrics import JobCollector, MetricsEndpoint
 from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
@@ -74,7 +63,18 @@ from engine.runtime.replicas import ReplicaKeeper
 from engine.runtime.rescaling import Rescaler
 from engine.runtime.task_actor import RemoteTask
 from engine.runtime.watch import Watch
-from engine.task import TaskSpec
+from engine.task.core import TaskSpec
+from engine.time.clock import SystemClock
+from engine.wire.codec import pack_exact
+from engine.wire.messages import (
+    JobStatus,
+    Resume,
+    StopTask,
+    TaskFailed,
+    TaskFinished,
+    decode_message,
+    encode_message,
+)
 from migration.coordinator import SubscaleIds
 
 NAMESPACE = "reflow"

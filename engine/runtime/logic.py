@@ -4,13 +4,13 @@ user function in every task of its vertex at a barrier aligned over the vertex's
 Why a barrier: the switch must be one consistent point in the stream. Every predecessor
 task sends ``LogicBarrier(version)`` on its channels to the vertex's tasks, behind every
 record it sent before; a task switches once each of its live inputs delivered the barrier
-(``engine.alignment.BarrierAligner``: an input that delivered it is not read meanwhile).
+(``engine.task.alignment.BarrierAligner``: an input that delivered it is not read meanwhile).
 So every record before the barrier on its channel saw the old function and every record
 after it the new one, and the keyed state stays where it is. A source's chain (no inputs)
 switches between two reads.
 
 Steps: (1) validation (the operator exists and may change; the function fits its kind:
-``engine.operators.with_function``; the job is not finishing); (2) staging: the function
+``engine.operators.builtin.with_function``; the job is not finishing); (2) staging: the function
 goes to every task of the vertex (a Ray call argument: the task deserialises it, and opens a
 keyed function on its state); one task that cannot refuses the whole change and every
 staged copy is discarded, before any task switched; (3) the barriers; (4) every task
@@ -30,18 +30,18 @@ import contextlib
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from engine import graph as g
+from engine.control.reconfiguration import LogicChangeReport
+from engine.dataflow import graph as g
+from engine.dataflow.physical import PhysicalPlan
 from engine.errors import ChangeLogicRefused, JobDefinitionError, JobFailedError
-from engine.messages import (
+from engine.names import JobState
+from engine.operators.builtin import with_function
+from engine.wire.messages import (
     DiscardLogic,
     InjectLogicBarrier,
     LogicChanged,
     SwitchLogic,
 )
-from engine.names import JobState
-from engine.operators import with_function
-from engine.physical import PhysicalPlan
-from engine.reconfiguration import LogicChangeReport
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster

@@ -8,7 +8,7 @@ stop-restart rescale all do the same thing: plan which task gets which state
 them, start them with their sources' partitions at their positions. Only the plan's
 inputs differ.
 
-Recovery (Flink's full restart): the restart strategy (``engine.restart``) decides; if it
+Recovery (Flink's full restart): the restart strategy (``engine.dataflow.restart``) decides; if it
 restarts, the job is ``restarting``: the pending checkpoint is aborted, every task actor is
 killed (a task stuck or half-dead must not write on), running rescales learn it
 (``JobRestarted``: they try again once the job runs), and after the strategy's delay the
@@ -40,13 +40,13 @@ from engine.checkpoints.restore import (
     plan_restore,
 )
 from engine.checkpoints.store import read_metadata, resolve
-from engine.deployment import connect_messages, source_partitions, start_message
+from engine.dataflow.deployment import connect_messages, source_partitions, start_message
+from engine.dataflow.restart import RestartStrategy
 from engine.errors import JobFailedError, RestoreError
-from engine.messages import RestoreState
 from engine.names import JobState
-from engine.restart import RestartStrategy
 from engine.runtime.failures import reflow_error_in
-from engine.task import TaskSpec
+from engine.task.core import TaskSpec
+from engine.wire.messages import RestoreState
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster

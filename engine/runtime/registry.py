@@ -33,7 +33,7 @@ from typing import Any
 
 import ray
 
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import JobNotFound, RayUnavailable
 from engine.runtime import local_ray
 from engine.runtime.job_master import NAMESPACE

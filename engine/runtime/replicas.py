@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import RescaleRefused
-from engine.messages import DropReplicas, GroupStatsRequest, RefreshReplicas
+from engine.wire.messages import DropReplicas, GroupStatsRequest, RefreshReplicas
 from migration.planning import profiles_from_metrics
 from migration.replication import choose_replicated_groups, place_replicas
 

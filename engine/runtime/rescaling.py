@@ -36,7 +36,7 @@ import ray
 
 from engine.checkpoints.metadata import CheckpointKind
 from engine.checkpoints.restore import plan_restore
-from engine.config import check_count
+from engine.dataflow.config import check_count
 from engine.errors import (
     CheckpointFailed,
     JobFailedError,
@@ -44,16 +44,16 @@ from engine.errors import (
     RescaleRefused,
     RescaleTimeout,
 )
-from engine.messages import (
+from engine.names import JobState
+from engine.runtime.failures import reflow_error_in, unwrap
+from engine.runtime.headroom import CpuHeadroom
+from engine.runtime.recovery import JobRestarted
+from engine.wire.messages import (
     DescribeTask,
     TaskState,
     decode_message,
     encode_message,
 )
-from engine.names import JobState
-from engine.runtime.failures import reflow_error_in, unwrap
-from engine.runtime.headroom import CpuHeadroom
-from engine.runtime.recovery import JobRestarted
 from migration.assignment import AssignmentSpec
 from migration.coordinator import (
     AwaitReports,

@@ -1,10 +1,10 @@
 """The task actor: the Ray shell around one ``TaskCore``.
 
-Why a shell: the task's logic (``engine.task.TaskCore`` with its migration participant) is
+Why a shell: the task's logic (``engine.task.core.TaskCore`` with its migration participant) is
 pure and stepped by tests by hand; this class only moves bytes and waits. It receives data
-frames (``engine.transport``: a direct socket per pair of tasks; ``JobConfig(transport=
+frames (``engine.wire.transport``: a direct socket per pair of tasks; ``JobConfig(transport=
 "ray")``: actor-call arguments) and control messages (msgpack wire dataclasses of
-``engine.messages``, as actor calls), runs the core's loop, and sends what the core
+``engine.wire.messages``, as actor calls), runs the core's loop, and sends what the core
 produced: frames within their channel's credits, priority messages as control calls,
 reports to the JobMaster.
 
@@ -29,9 +29,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from engine.channel import CreditGate
 from engine.checkpoints.snapshot import TaskSnapshot, persist, restore_messages
-from engine.clock import SystemClock
 from engine.errors import (
     DataChannelError,
     FailurePhase,
@@ -39,7 +37,12 @@ from engine.errors import (
     OutputCodecError,
     ReflowError,
 )
-from engine.messages import (
+from engine.runtime.connections import DataConnections, DownstreamDied
+from engine.runtime.failures import open_failure
+from engine.task.channel import CreditGate
+from engine.task.core import FAILED, RUNNING, TaskCore, TaskSpec
+from engine.time.clock import SystemClock
+from engine.wire.messages import (
     Ack,
     PriorityBatch,
     RefreshReplicas,
@@ -55,10 +58,7 @@ from engine.messages import (
     decode_message,
     encode_message,
 )
-from engine.runtime.connections import DataConnections, DownstreamDied
-from engine.runtime.failures import open_failure
-from engine.task import FAILED, RUNNING, TaskCore, TaskSpec
-from engine.transport import DataClient, DataServer, ServerConnection, tls_contexts
+from engine.wire.transport import DataClient, DataServer, ServerConnection, tls_contexts
 
 _ACTIVE = ("created", "running")
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import RayActorError
 
-from engine.messages import decode_message
-from engine.metrics import TaskMetrics
 from engine.names import JobState
+from engine.observability.metrics import TaskMetrics
 from engine.runtime.health import TaskHealth
+from engine.wire.messages import decode_message
 
 if TYPE_CHECKING:
     from engine.runtime.job_master import JobMaster

@@ -45,7 +45,7 @@ partitions):
   skip them.
 
 Everything crossing the actor boundary is bytes, ints and strings; values are msgpack
-(``engine.codec``) and row data Arrow IPC. Nothing is unpickled from user-supplied bytes.
+(``engine.wire.codec``) and row data Arrow IPC. Nothing is unpickled from user-supplied bytes.
 """
 
 from __future__ import annotations
@@ -61,9 +61,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from engine.clock import Clock
-from engine.codec import pack_exact, unpack_exact
-from engine.sources import (
+from engine.io.sources import (
     Source,
     SourceBatch,
     SourceReader,
@@ -72,6 +70,8 @@ from engine.sources import (
 )
 from engine.spark.schema import ColumnSchema, parse_schema
 from engine.spark.spool import ChunkSpool
+from engine.time.clock import Clock
+from engine.wire.codec import pack_exact, unpack_exact
 
 NAMESPACE = "reflow"
 log = logging.getLogger(__name__)
@@ -582,7 +582,7 @@ class SparkSource(Source):
       source a ``name`` that stays the same across restarts. A fresh (not restored) start
       clears it.
     * ``columnar=True``: the Arrow batches Spark handed over go on as column batches
-      (``engine.columnar``; no per-row conversion), timestamps as int64 ms and dates as
+      (``engine.columnar.batches``; no per-row conversion), timestamps as int64 ms and dates as
       int32 days as on the rows path; per-record operators after it get dict rows
       ``{column: value}`` instead of tuples.
 
@@ -834,7 +834,7 @@ class _BridgeReader(SourceReader):
         if self._columnar:
             import numpy as np
 
-            from engine.columnar import ColumnBatch
+            from engine.columnar.batches import ColumnBatch
             from engine.spark.schema import plain_columns
 
             return ColumnBatch.of(plain_columns(table)), np.asarray(stamps, dtype=np.int64)

@@ -7,7 +7,7 @@ incarnation, id ``<open time ns>-t<task>-<uuid8>``) appends **segments**
 (a background thread, so an idle job still publishes its last rows), and on ``flush()``
 (drain, rescale, end of stream). Segments appear atomically (temp name, then rename).
 
-**Exactly-once** in a job that checkpoints (two-phase commit, ``engine.sinks``): segments
+**Exactly-once** in a job that checkpoints (two-phase commit, ``engine.io.sinks``): segments
 are written to ``.pending/`` and renamed into the log when the checkpoint that covers them
 completes, in segment order, so Spark's reader, which lists only the log's own segments,
 sees committed segments only. Without checkpointing a segment is visible once written.
@@ -38,9 +38,9 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from engine.clock import Clock
-from engine.sinks import PendingFiles, Sink, SinkWriter, _atomic_write
+from engine.io.sinks import PendingFiles, Sink, SinkWriter, _atomic_write
 from engine.spark.schema import ColumnSchema, parse_schema
+from engine.time.clock import Clock
 
 SCHEMA_FILE = "_schema.json"
 SEALED_FILE = "_SEALED"

@@ -250,7 +250,7 @@ def write_dead_letters(directory: str, file_name: str, source: str, stream: str,
 
     import pyarrow.parquet as pq
 
-    from engine.sinks import _atomic_write
+    from engine.io.sinks import _atomic_write
 
     os.makedirs(directory, exist_ok=True)
     table = pa.table({

@@ -25,7 +25,7 @@ import os
 import shutil
 from typing import Any
 
-from engine.codec import pack_exact, unpack_exact
+from engine.wire.codec import pack_exact, unpack_exact
 
 SUFFIX = ".chunk"
 

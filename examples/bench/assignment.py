@@ -50,7 +50,7 @@ if ROOT not in sys.path:
 
 import numpy as np
 
-from engine.keygroups import key_group_of
+from engine.dataflow.keygroups import key_group_of
 from examples.bench.harness import cli, jobs, provenance, render
 from examples.bench.harness.render import fmt, md_table
 from migration.assignment import (

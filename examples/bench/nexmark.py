@@ -58,10 +58,10 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import JobConfig, StreamJob
-from engine.clock import SystemClock
-from engine.latency import LatencyHistogram
+from engine.io.sinks import LatencySink
 from engine.names import JobState
-from engine.sinks import LatencySink
+from engine.observability.latency import LatencyHistogram
+from engine.time.clock import SystemClock
 from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
 from examples.bench.harness import analysis as an
 from examples.nexmark import queries

@@ -119,8 +119,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import JobConfig, StreamJob
+from engine.io.sinks import LatencySink
 from engine.names import JobState
-from engine.sinks import LatencySink
 from examples.bench.harness import analysis as an
 from examples.bench.harness import balance, cli, jobs, provenance, render, run
 from examples.bench.harness.render import fmt, md_table

@@ -51,8 +51,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import JobConfig, StreamJob
-from engine.sinks import LatencySink, Sink, SinkWriter
-from engine.sources import GeneratorSource
+from engine.io.sinks import LatencySink, Sink, SinkWriter
+from engine.io.sources import GeneratorSource
 from engine.spark import OutputLogSink, SparkSource, local_spark
 from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
 from examples.bench.harness import analysis as an

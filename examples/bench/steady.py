@@ -62,13 +62,13 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import JobConfig, StreamJob
-from engine.clock import SystemClock
-from engine.keygroups import DEFAULT_NUM_KEY_GROUPS, KeyGroupCache
-from engine.messages import Frame, decode_frame, encode_frame
+from engine.columnar.vectorised import Count
+from engine.dataflow.keygroups import DEFAULT_NUM_KEY_GROUPS, KeyGroupCache
+from engine.io.sinks import LatencySink, Sink
+from engine.io.sources import GeneratorSource
 from engine.names import JobState
-from engine.sinks import LatencySink, Sink
-from engine.sources import GeneratorSource
-from engine.vectorised import Count
+from engine.time.clock import SystemClock
+from engine.wire.messages import Frame, decode_frame, encode_frame
 from examples.bench.harness import BenchRunError, cli, jobs, procs, profile, provenance, render, run
 from examples.bench.harness import analysis as an
 

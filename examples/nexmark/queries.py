@@ -57,9 +57,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from engine import KeyedProcessFunction, StreamJob
-from engine.sinks import Sink
-from engine.time import WatermarkStrategy, Window, sliding_event_time, tumbling_event_time
-from engine.windows import AggregateFunction
+from engine.io.sinks import Sink
+from engine.operators.windows import AggregateFunction
+from engine.time.event_time import (
+    WatermarkStrategy,
+    Window,
+    sliding_event_time,
+    tumbling_event_time,
+)
 from examples.nexmark.reference import (
     DEFAULT_WINDOW_MS,
     DOLLAR_TO_EURO,

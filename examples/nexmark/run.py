@@ -19,12 +19,12 @@ Queries: q1, q2, q5, q7, q8 (``examples/nexmark/queries.py``). The source is a b
   -> sink, queueing only) are printed.
 * Windows: Q5 ``--size-ms`` (10,000) / ``--slide-ms`` (2,000); Q7 and Q8 tumbling
   ``--size-ms`` windows, sliding with ``--sliding`` (slide ``--slide-ms``, default 2,000).
-* ``--check``: collect every output (``engine.testing.TestingSink``, files on this machine)
+* ``--check``: collect every output (``engine.io.testing.TestingSink``, files on this machine)
   and compare with ``reference.py`` (sorted where the reference sorts; Q1/Q2 as multisets at
   parallelism > 1); prints ``result: OK`` or ``result: MISMATCH`` and exits 1 on a mismatch.
 
 Prints records in/out, throughput (events / time from deployment to the end of the job) and
-latency percentiles (``engine.sinks.LatencySink``, plus the marker latency from the job
+latency percentiles (``engine.io.sinks.LatencySink``, plus the marker latency from the job
 metrics).
 """
 
@@ -41,8 +41,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from engine import JobConfig, StreamJob  # noqa: E402
-from engine.sinks import LatencySink  # noqa: E402
-from engine.testing import TestingSink  # noqa: E402
+from engine.io.sinks import LatencySink  # noqa: E402
+from engine.io.testing import TestingSink  # noqa: E402
 from examples.nexmark import queries  # noqa: E402
 from examples.nexmark.generator import NexmarkConfig  # noqa: E402
 from examples.nexmark.source import NexmarkSource  # noqa: E402
@@ -125,7 +125,7 @@ class MetricsPoller(threading.Thread):
 
 
 def marker_latency(tasks) -> dict[str, float] | None:
-    from engine.latency import LatencyHistogram
+    from engine.observability.latency import LatencyHistogram
 
     h = LatencyHistogram()
     for t in tasks:

@@ -37,7 +37,7 @@ Timestamps (explicit, ``event_time`` has no default):
   the job with a ``WatermarkStrategy``; events of a task are in timestamp order, so
   ``max_out_of_orderness_ms=0`` is exact).
 * ``event_time=False``: the scheduled emission time (open loop, like
-  ``engine.sources.GeneratorSource``, so waiting for a slow engine counts as latency), or the
+  ``engine.io.sources.GeneratorSource``, so waiting for a slow engine counts as latency), or the
   poll time at full speed.
 
 Pacing: ``rate`` (events/s over all tasks, counting every event number, including the kinds
@@ -62,8 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.clock import Clock, now_ms
-from engine.sources import (
+from engine.io.sources import (
     Source,
     SourceBatch,
     SourceReader,
@@ -71,6 +70,7 @@ from engine.sources import (
     parse_indexed,
     scheduled_resume,
 )
+from engine.time.clock import Clock, now_ms
 from examples.nexmark.generator import (
     AUCTION,
     AUCTION_FIELDS,

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from engine.keygroups import moved_key_groups
+from engine.dataflow.keygroups import moved_key_groups
 from migration.plan import MigrationPlan, subscales_by_pair
 from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 

@@ -7,7 +7,7 @@ matching, steps in which every task sends and receives at most one group."""
 
 from __future__ import annotations
 
-from engine.keygroups import moved_key_groups
+from engine.dataflow.keygroups import moved_key_groups
 from migration.plan import MigrationPlan, steps_from_chunks
 from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 

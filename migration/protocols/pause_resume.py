@@ -6,7 +6,7 @@ pause; everything moves in one step."""
 
 from __future__ import annotations
 
-from engine.keygroups import moved_key_groups
+from engine.dataflow.keygroups import moved_key_groups
 from migration.plan import MigrationPlan, subscales_by_pair
 from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 

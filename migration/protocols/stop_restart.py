@@ -9,7 +9,7 @@ group is restored since every task restarts); the coordinator runs the ``PHASES`
 
 from __future__ import annotations
 
-from engine.keygroups import moved_key_groups
+from engine.dataflow.keygroups import moved_key_groups
 from engine.names import NameEnum
 from migration.assignment import rescale_target
 from migration.plan import MigrationPlan, subscales_by_pair

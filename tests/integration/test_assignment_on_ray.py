@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, currently_in_test_context, given, note, seed
 from hypothesis import strategies as st
 
 from engine.errors import RescaleRefused
-from engine.testing import TestingSink
+from engine.io.testing import TestingSink
 from migration.assignment import GroupWorkload
 from migration.sequences import PmcModel, ProjectedCosts, TransitionMatrix
 from tests.jobs import (

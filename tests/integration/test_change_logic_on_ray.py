@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from controllers.base import ChangeLogic, Controller, NoChange
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import ChangeLogicRefused
-from engine.testing import TestingSink
+from engine.io.testing import TestingSink
 from tests.jobs import Tag, Unloadable, gates_of, moments, per_key, tag_job, wait_until
 
 pytestmark = pytest.mark.ray

@@ -3,7 +3,7 @@
 The oracle with faults (docs/architecture.md): hypothesis draws a job, a live protocol and a
 sequence of actions at moments of the input (``tests.jobs.Moment``): rescales, kills of a
 random task actor, kills in the middle of a running rescale (its subscales). After every
-recovery the exactly-once sink's committed output (``engine.testing.TestingSink``) equals
+recovery the exactly-once sink's committed output (``engine.io.testing.TestingSink``) equals
 the run without failure per key: nothing lost, nothing twice. An example in which no task
 was killed fails. Around it: savepoints restored at another parallelism, torn and foreign
 checkpoints, an unwritable store, a bounded source beside an unbounded one (FLIP-147), and
@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from engine import JobConfig, StreamJob
 from engine.errors import CheckpointFailed, JobFailedError, RestoreError
-from engine.sinks import Sink, SinkWriter
-from engine.testing import SourceGate, TestingSink, TestingSource
+from engine.io.sinks import Sink, SinkWriter
+from engine.io.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import (
     Moment,
     columnar_agg_job,
@@ -241,7 +241,7 @@ def test_stop_with_savepoint_then_restore_into_another_parquet_directory(ray_clu
 
     import pyarrow.parquet as pq
 
-    from engine.sinks import ParquetSink
+    from engine.io.sinks import ParquetSink
 
     records = [(i % 50, i % 7 + 1) for i in range(6000)]
     first_out, second_out = str(tmp_path / "first"), str(tmp_path / "second")
@@ -341,7 +341,7 @@ def test_an_at_least_once_sink_is_named_at_run_and_in_the_status(ray_cluster, tm
     ``status().sinks`` gives every sink's guarantee (the exactly-once one too)."""
     import logging
 
-    from engine.sinks import LatencySink
+    from engine.io.sinks import LatencySink
 
     job = StreamJob("guarantees", config=checkpointed(str(tmp_path / "chk")))
     (job.source(TestingSource(list(range(50))), name="src")
@@ -369,7 +369,7 @@ def test_a_parquet_sink_writes_every_output_once_across_a_killed_task(ray_cluste
     running sum once."""
     import pyarrow.parquet as pq
 
-    from engine.sinks import ParquetSink
+    from engine.io.sinks import ParquetSink
 
     records = [(i % 40, i % 7 + 1) for i in range(RECORDS)]
     out = str(tmp_path / "parquet")

@@ -38,7 +38,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from engine.testing import SourceGate
+from engine.io.testing import SourceGate
 from tests.jobs import wait_until
 
 pytestmark = pytest.mark.ray

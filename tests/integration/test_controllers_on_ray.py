@@ -19,9 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from controllers.base import Controller, NoChange, Scale
 from controllers.cost_aware import CostAwareDS2
 from controllers.ds2 import DS2
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import ControllerError
-from engine.testing import SourceGate, TestingSink
+from engine.io.testing import SourceGate, TestingSink
 from tests.jobs import (
     SteppedSource,
     per_key,

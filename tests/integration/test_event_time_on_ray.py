@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from engine import KeyedProcessFunction, StreamJob
-from engine.config import JobConfig
-from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, tumbling_event_time
+from engine.dataflow.config import JobConfig
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.event_time import WatermarkStrategy, tumbling_event_time
 from tests import jobs
 
 pytestmark = pytest.mark.ray

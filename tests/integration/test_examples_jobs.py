@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 
 from engine import JobConfig
+from engine.dataflow.physical import FORWARD, plan_physical
 from engine.errors import RescaleRefused
-from engine.physical import FORWARD, plan_physical
-from engine.sinks import LatencySink
-from engine.testing import SourceGate, TestingSink, TestingSource
+from engine.io.sinks import LatencySink
+from engine.io.testing import SourceGate, TestingSink, TestingSource
 from examples import fraud_detection as fd
 from examples import stock_exchange as se
 from examples import twitch as tw

@@ -25,17 +25,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from ray.exceptions import RayActorError, RayError
 
 from engine import JobConfig, KeyedProcessFunction, StreamJob
-from engine.deployment import task_name
+from engine.dataflow.deployment import task_name
 from engine.errors import (
     ControlTimeout,
     JobMasterLost,
     RescaleRefused,
     UserFunctionError,
 )
+from engine.io.sinks import Sink
+from engine.io.sources import Source
+from engine.io.testing import SourceGate, TestingSink, TestingSource
 from engine.runtime.deadlines import Deadlines
-from engine.sinks import Sink
-from engine.sources import Source
-from engine.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import per_key, running_sum_reference
 
 pytestmark = pytest.mark.ray

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from engine import StreamJob
-from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, tumbling_event_time
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.event_time import WatermarkStrategy, tumbling_event_time
 from tests.integration.test_stateless_rescale_on_ray import CFG, RECORDS, WINDOW, timestamp
 from tests.jobs import gates_of, moments, task_actors
 

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from engine import JobConfig, KeyedProcessFunction, StreamJob
 from engine.errors import JobDefinitionError, RescaleRefused, UserFunctionError
-from engine.sinks import Sink, SinkWriter
-from engine.testing import SourceGate, TestingSink, TestingSource
+from engine.io.sinks import Sink, SinkWriter
+from engine.io.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import (
     SMALL,
     Moment,

@@ -8,7 +8,7 @@ import threading
 import time
 import urllib.request
 
-from engine.metrics import MetricsEndpoint, _BoundedServer, _QuietHandler
+from engine.observability.metrics import MetricsEndpoint, _BoundedServer, _QuietHandler
 
 
 class _Nothing:

@@ -14,9 +14,9 @@ from collections import Counter
 import pytest
 
 from engine import JobConfig, StreamJob
-from engine.clock import ManualClock
-from engine.graph import SOURCE
-from engine.testing import TestingSink
+from engine.dataflow.graph import SOURCE
+from engine.io.testing import TestingSink
+from engine.time.clock import ManualClock
 from examples.nexmark import queries
 from examples.nexmark.generator import NexmarkConfig, NexmarkGenerator
 from examples.nexmark.source import NexmarkSource, kind_of_record

@@ -5,7 +5,7 @@ A real Prometheus (Debian's ``prometheus``; ``.ci/run`` installs it) runs on a f
 intervals shortened, and a file_sd target for the job's endpoint). A job with event time,
 keyed state, periodic checkpoints, a controller and a live drrs rescale runs on real Ray;
 its checkpoint store then goes away, so checkpoints fail while the job runs on. The test
-asserts that every query of every dashboard panel and annotation (``engine.dashboards``,
+asserts that every query of every dashboard panel and annotation (``engine.observability.dashboards``,
 what ``deploy/grafana/dashboards`` is generated from) returns numbers through Prometheus's
 HTTP API, that every alert rule evaluates without error and ``ReflowCheckpointsFailing``
 fires for the job, and that ``reflow plot --prometheus`` draws every panel into a PNG.
@@ -28,10 +28,10 @@ import yaml
 
 from controllers.base import Controller, NoChange
 from engine import JobConfig, StreamJob, cli
-from engine.dashboards import DASHBOARDS, expand
-from engine.promplot import api
-from engine.testing import SourceGate, TestingSink, TestingSource
-from engine.time import WatermarkStrategy
+from engine.io.testing import SourceGate, TestingSink, TestingSource
+from engine.observability.dashboards import DASHBOARDS, expand
+from engine.observability.promplot import api
+from engine.time.event_time import WatermarkStrategy
 from tests.jobs import Moment, check_reports, wait_until
 from tests.system import require
 

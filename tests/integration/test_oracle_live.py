@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, assume, example, given, note, seed, settings
 from hypothesis import strategies as st
 
 from engine.errors import RescaleRefused
-from engine.testing import TestingSink
+from engine.io.testing import TestingSink
 from tests.jobs import (
     check_reports,
     columnar_agg_job,
@@ -282,7 +282,7 @@ def _multi_stage_cases():
 def _check_multi_stage(case) -> None:
     import tempfile
 
-    from engine.config import JobConfig
+    from engine.dataflow.config import JobConfig
     from tests.jobs import Moment
     from tests.unit import test_oracle_jobs as oj
 

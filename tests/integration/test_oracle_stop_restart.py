@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, note, seed, settings
 from hypothesis import strategies as st
 
-from engine.testing import TestingSink
+from engine.io.testing import TestingSink
 from tests.jobs import (
     check_reports,
     columnar_agg_job,

@@ -11,9 +11,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import JobConfig
+from engine.dataflow.keygroups import key_group_of, uniform_assignment
 from engine.errors import RescaleRefused
-from engine.keygroups import key_group_of, uniform_assignment
-from engine.testing import TestingSink
+from engine.io.testing import TestingSink
 from migration.coordinator import Phase
 from migration.protocols.drrs import plan_subscales
 from tests.jobs import (

@@ -22,8 +22,8 @@ from hypothesis.control import currently_in_test_context
 
 from engine import JobConfig, StreamJob
 from engine.errors import RescaleRefused
-from engine.testing import SourceGate, TestingSink, TestingSource
-from engine.time import WatermarkStrategy, sliding_event_time
+from engine.io.testing import SourceGate, TestingSink, TestingSource
+from engine.time.event_time import WatermarkStrategy, sliding_event_time
 from migration.coordinator import HANDOVER
 from tests.jobs import (
     SMALL,

@@ -24,11 +24,11 @@ import pytest
 
 from engine import JobConfig, StreamJob
 from engine.errors import JobFailedError
+from engine.io.testing import TestingSink, TestingSource
 from engine.spark import OutputLogSink, SparkLink, SparkSource, local_spark, parse_schema
 from engine.spark.jobs import RaiseOn, SpoilAt, build_wordcount, key_of, sum_second
 from engine.spark.outlog import latest_offset, segment_name
 from engine.spark.schema import SchemaError, conform, rechunk, records_to_table, to_records
-from engine.testing import TestingSink, TestingSource
 
 pytestmark = [pytest.mark.ray, pytest.mark.spark]
 
@@ -304,7 +304,7 @@ def test_the_output_logs_reader_sees_committed_segments_only(spark, tmp_path):
     """Two-phase commit of the output log (what a checkpointing job does with it): what a
     writer pre-committed is durable but Spark's reader does not see it; a commit shows it,
     once; data of a writer that died before pre-committing is never seen."""
-    from engine.clock import ManualClock
+    from engine.time.clock import ManualClock
 
     log_dir, out_dir, ckpt = (str(tmp_path / n) for n in ("log", "out", "ckpt"))
     sink = OutputLogSink(log_dir, WC_SCHEMA, rows_per_segment=50, linger_s=3600.0)
@@ -486,7 +486,7 @@ def test_columnar_source_hands_arrow_batches_to_vectorised_aggregations(spark, r
                                                                         tmp_path):
     """SparkSource(columnar=True): Spark's Arrow batches go on as column batches (no rows
     made) into key_by a column and the vectorised Count and Sum."""
-    from engine.vectorised import Count, Sum
+    from engine.columnar.vectorised import Count, Sum
 
     inp = str(tmp_path / "in")
     os.makedirs(inp)

@@ -22,8 +22,8 @@ import pytest
 
 from engine import JobConfig, StreamJob
 from engine.errors import RescaleRefused
-from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, tumbling_event_time
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.event_time import WatermarkStrategy, tumbling_event_time
 from migration.coordinator import STATELESS
 from tests.jobs import Moment, gates_of, moments, per_key, task_actors
 

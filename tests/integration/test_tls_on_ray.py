@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from engine.config import TLS
+from engine.dataflow.config import TLS
 from engine.errors import JobFailedError
-from engine.testing import TestingSink
+from engine.io.testing import TestingSink
 from tests.jobs import (
     SMALL,
     Moment,

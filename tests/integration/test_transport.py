@@ -1,4 +1,4 @@
-"""The direct TCP data channel (engine.transport) on real loopback sockets, no Ray: order,
+"""The direct TCP data channel (engine.wire.transport) on real loopback sockets, no Ray: order,
 acknowledgements, refusals, the maximum frame length, and TLS with pairs the tests make."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import ssl
 
 import pytest
 
-from engine.config import TLS, JobConfig
+from engine.dataflow.config import TLS, JobConfig
 from engine.errors import ConfigError, ConnectionLost, FrameRefused, FrameTooLarge
-from engine.transport import _FRAME, DataClient, DataServer, ServerConnection, tls_contexts
+from engine.wire.transport import _FRAME, DataClient, DataServer, ServerConnection, tls_contexts
 from tests.tls import self_signed
 
 
@@ -276,7 +276,7 @@ def test_idle_unauthenticated_connections_are_capped_and_timed_out(monkeypatch) 
     """Issue 32 item 11: a connection that never presents its token is closed after
     TOKEN_TIMEOUT_S, and at most MAX_UNAUTHENTICATED wait at once (more are closed at
     once); a client with the token still gets through afterwards."""
-    import engine.transport as tr
+    import engine.wire.transport as tr
 
     monkeypatch.setattr(tr, "TOKEN_TIMEOUT_S", 0.5)
     monkeypatch.setattr(tr, "MAX_UNAUTHENTICATED", 4)

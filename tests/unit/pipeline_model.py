@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.keygroups import uniform_assignment
-from engine.latency import LatencyHistogram
-from engine.rates import MetricsWindow, OperatorRates, TaskRates
-from engine.reconfiguration import JobView, OperatorView, RescaleRecord
+from engine.control.reconfiguration import JobView, OperatorView, RescaleRecord
+from engine.dataflow.keygroups import uniform_assignment
+from engine.observability.latency import LatencyHistogram
+from engine.observability.rates import MetricsWindow, OperatorRates, TaskRates
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Pipeline:
     def apply(self, decisions: Sequence[object]) -> None:
         """Carry out the Scale decisions (the new tasks share the input evenly) and mark a
         rescale that ended now."""
-        from engine.reconfiguration import Scale
+        from engine.control.reconfiguration import Scale
 
         for d in decisions:
             if isinstance(d, Scale):

@@ -1,4 +1,4 @@
-"""``engine.alignment.BarrierAligner`` stepped by hand, and under random interleavings of
+"""``engine.task.alignment.BarrierAligner`` stepped by hand, and under random interleavings of
 channels delivering barriers and ending (hypothesis, seeds printed on failure)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.alignment import Aligned, BarrierAligner
-from engine.clock import ManualClock
+from engine.task.alignment import Aligned, BarrierAligner
+from engine.time.clock import ManualClock
 
 
 def aligner(*channels: int, clock: ManualClock | None = None) -> BarrierAligner:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from controllers.balancer import SkewBalancer
-from engine.reconfiguration import NoChange, Rebalance
+from engine.control.reconfiguration import NoChange, Rebalance
 from migration.assignment import imbalance
 from tests.unit.pipeline_model import Pipeline, Stage
 

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from engine.keygroups import key_group_of, uniform_assignment
+from engine.dataflow.keygroups import key_group_of, uniform_assignment
 from examples.bench import planning as pb
 from examples.bench.harness import BenchError, balance, jobs
 from examples.bench.harness import analysis as tl

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.latency import LatencyHistogram
+from engine.observability.latency import LatencyHistogram
+from engine.time.clock import ManualClock
 from examples.bench import rescale
 from examples.bench.harness import BenchError, balance, cli, jobs, provenance, render, run
 from examples.bench.harness import analysis as tl

@@ -17,11 +17,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from engine.clock import ManualClock
-from engine.codec import pack_exact, unpack_exact
-from engine.sources import PartitionedReader
+from engine.io.sources import PartitionedReader
 from engine.spark.bridge import BridgeActor, SparkQueryFailed, SparkSource
 from engine.spark.schema import to_ipc
+from engine.time.clock import ManualClock
+from engine.wire.codec import pack_exact, unpack_exact
 
 ROWS = 10  # rows per chunk
 

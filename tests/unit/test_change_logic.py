@@ -10,16 +10,16 @@ from typing import Any
 
 import pytest
 
-from engine import graph as g
-from engine.clock import ManualClock
-from engine.config import JobConfig
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig
 from engine.errors import JobDefinitionError
-from engine.functions import ReduceFunction
-from engine.messages import Ack, DiscardLogic, InjectLogicBarrier, LogicChanged, SwitchLogic
-from engine.operators import with_function
-from engine.testing import TestingSink
-from engine.time import tumbling_event_time
-from engine.windows import AggregateFunction, WindowOperator
+from engine.io.testing import TestingSink
+from engine.operators.builtin import with_function
+from engine.operators.functions import ReduceFunction
+from engine.operators.windows import AggregateFunction, WindowOperator
+from engine.time.clock import ManualClock
+from engine.time.event_time import tumbling_event_time
+from engine.wire.messages import Ack, DiscardLogic, InjectLogicBarrier, LogicChanged, SwitchLogic
 from tests.harness import wire
 from tests.jobs import Tag
 from tests.unit.test_drrs_core import DNet, drrs_job

@@ -1,4 +1,4 @@
-"""Unit tests for engine.channel: InputChannel reordering, CreditGate accounting and
+"""Unit tests for engine.task.channel: InputChannel reordering, CreditGate accounting and
 OutputRouter partitioning, batching, linger, events and reconnects (pure, no Ray)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from engine.channel import CreditGate, InputChannel, KeyFunctionError, OutputRouter
-from engine.keygroups import key_group_of
-from engine.messages import (
+from engine.dataflow.keygroups import key_group_of
+from engine.task.channel import CreditGate, InputChannel, KeyFunctionError, OutputRouter
+from engine.wire.messages import (
     CheckpointBarrier,
     EndOfStream,
     Frame,
@@ -416,7 +416,7 @@ def test_a_frame_further_ahead_than_credits_allow_is_refused_not_kept():
     expected is refused and nothing is kept."""
     import pytest
 
-    from engine.channel import InputChannel
+    from engine.task.channel import InputChannel
 
     ch = InputChannel(3, max_ahead=8)
     assert ch.offer(7, b"a") == 0 and len(ch) == 1

@@ -26,21 +26,21 @@ from engine.checkpoints.store import (
     write_metadata,
     write_task_part,
 )
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.deployment import initial_deployment
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import initial_deployment
+from engine.dataflow.keygroups import uniform_assignment
+from engine.dataflow.physical import plan_physical
+from engine.dataflow.restart import RestartStrategy
 from engine.errors import RestoreError
-from engine.keygroups import uniform_assignment
-from engine.messages import (
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.wire.messages import (
     CheckpointAck,
     CheckpointDeclined,
     CommitTransactions,
     InstallKeyGroups,
     RestoreState,
 )
-from engine.physical import plan_physical
-from engine.restart import RestartStrategy
-from engine.testing import TestingSink, TestingSource
 
 N = 8
 CFG = JobConfig(metrics_port=None, checkpoint_interval_s=10.0, checkpoints_retained=2,
@@ -402,11 +402,11 @@ def test_keyed_state_no_codec_encodes_fails_the_task_for_good_naming_state_and_o
     import random
 
     from engine.api import StreamJob
-    from engine.clock import ManualClock
-    from engine.config import JobConfig
-    from engine.functions import KeyedProcessFunction
-    from engine.messages import TaskFailed, TriggerCheckpoint
-    from engine.testing import TestingSink, TestingSource
+    from engine.dataflow.config import JobConfig
+    from engine.io.testing import TestingSink, TestingSource
+    from engine.operators.functions import KeyedProcessFunction
+    from engine.time.clock import ManualClock
+    from engine.wire.messages import TaskFailed, TriggerCheckpoint
     from tests.harness import wire
     from tests.unit.test_drrs_core import DNet
 

@@ -1,4 +1,4 @@
-"""Unit tests for engine.codec: exact (state/control) and fast (data frame) msgpack flavours."""
+"""Unit tests for engine.wire.codec: exact (state/control) and fast (data frame) msgpack flavours."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.codec import (
+from engine.errors import CodecError, ReflowError
+from engine.wire.codec import (
     pack_exact,
     pack_fast,
     register_codec,
@@ -18,7 +19,6 @@ from engine.codec import (
     unpack_exact,
     unpack_fast,
 )
-from engine.errors import CodecError, ReflowError
 
 # Extension codes 120..127 are reserved for this test module (codes are process-global).
 

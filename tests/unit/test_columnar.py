@@ -1,4 +1,4 @@
-"""The columnar data path (engine.columnar, engine.vectorised): the vectorised key groups
+"""The columnar data path (engine.columnar.batches, engine.columnar.vectorised): the vectorised key groups
 equal the per-record hash, columnar frames round-trip, the router keeps order and routing
 across rows and column batches, the vectorised aggregations equal a per-record fold
 however the records are cut into batches, and map_batches."""
@@ -14,21 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import graph as g
-from engine.clock import ManualClock
-from engine.columnar import (
+from engine.columnar.batches import (
     ColumnarSource,
     ColumnBatch,
     ColumnKey,
     column_key_groups,
 )
-from engine.errors import ColumnarError, InvalidKeyError, UserFunctionError
-from engine.keygroups import key_group_of
-from engine.messages import EndOfStream, Frame, OutputEdge, decode_frame, encode_frame
-from engine.operators import ErrorPolicy
-from engine.state import KeyedStateBackend
-from engine.testing import TestingSink, TestingSource
-from engine.vectorised import (
+from engine.columnar.vectorised import (
     AggregateRunner,
     ColumnAggregate,
     Count,
@@ -40,6 +32,14 @@ from engine.vectorised import (
     Sum,
     state_tables,
 )
+from engine.dataflow import graph as g
+from engine.dataflow.keygroups import key_group_of
+from engine.errors import ColumnarError, InvalidKeyError, UserFunctionError
+from engine.io.testing import TestingSink, TestingSource
+from engine.operators.builtin import ErrorPolicy
+from engine.state.keyed import KeyedStateBackend
+from engine.time.clock import ManualClock
+from engine.wire.messages import EndOfStream, Frame, OutputEdge, decode_frame, encode_frame
 from tests.unit.test_channel import FakeNow, chan, drain
 
 N = 16
@@ -100,7 +100,7 @@ def test_columnar_frame_round_trip_with_keys_groups_and_event() -> None:
 
 
 def keyed_router(n_channels: int, batch_size: int = 1000):
-    from engine.channel import OutputRouter
+    from engine.task.channel import OutputRouter
 
     routing = tuple(kg % n_channels for kg in range(N))
     edge = OutputEdge(0, "keyed", tuple(chan(i) for i in range(n_channels)), routing)
@@ -129,7 +129,7 @@ def test_router_routes_a_column_batch_as_it_routes_rows() -> None:
 
 
 def test_router_keeps_order_when_rows_and_batches_alternate() -> None:
-    from engine.channel import OutputRouter
+    from engine.task.channel import OutputRouter
 
     edge = OutputEdge(0, "forward", (chan(0),))
     r = OutputRouter(100, 0.005, N, {}, FakeNow())

@@ -15,12 +15,14 @@ from engine.api import StreamJob
 from engine.checkpoints.coordinator import vertices_of
 from engine.checkpoints.metadata import CheckpointMetadata
 from engine.checkpoints.metadata import TaskState as PartState
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.deployment import ChannelIds, initial_deployment
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import ChannelIds, initial_deployment
+from engine.dataflow.keygroups import moved_key_groups, uniform_assignment
+from engine.dataflow.physical import plan_physical
 from engine.errors import RescaleRefused, RescaleTimeout
-from engine.keygroups import moved_key_groups, uniform_assignment
-from engine.messages import (
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.wire.messages import (
     Ack,
     ExpectIncoming,
     ExpectOutgoing,
@@ -34,8 +36,6 @@ from engine.messages import (
     TaskFinished,
     TaskState,
 )
-from engine.physical import plan_physical
-from engine.testing import TestingSink, TestingSource
 from migration.assignment import AssignmentSpec, consistent_hashing
 from migration.coordinator import (
     AwaitReports,

@@ -6,7 +6,7 @@ import pytest
 
 from controllers.cost_aware import CostAwareDS2, fit_cost
 from controllers.ds2 import DS2
-from engine.reconfiguration import NoChange, Scale
+from engine.control.reconfiguration import NoChange, Scale
 from tests.unit.pipeline_model import Pipeline, Stage, record
 
 

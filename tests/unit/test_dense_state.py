@@ -1,4 +1,4 @@
-"""Dense keyed-state tables (engine.dense_state) and the vectorised aggregations on them:
+"""Dense keyed-state tables (engine.state.dense) and the vectorised aggregations on them:
 a group's view behaves as a dict, the backend keeps dense tables in step with install and
 remove, snapshots and replica deltas of a dense group decode equal to the dict form, and
 an aggregate on dense tables emits the same values and keeps the same state as one on
@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import dense_state
-from engine import graph as g
-from engine.clock import ManualClock
-from engine.columnar import ColumnBatch, ColumnKey
-from engine.dense_state import DenseGroupView, DenseTable, int64_keys, value_kind
-from engine.keygroups import key_group_of
-from engine.operators import ErrorPolicy
-from engine.state import KeyedStateBackend, apply_delta, decode_snapshot
-from engine.vectorised import AggregateRunner, ColumnAggregate, Count, Max, Mean, Min, Sum
+from engine.columnar.batches import ColumnBatch, ColumnKey
+from engine.columnar.vectorised import AggregateRunner, ColumnAggregate, Count, Max, Mean, Min, Sum
+from engine.dataflow import graph as g
+from engine.dataflow.keygroups import key_group_of
+from engine.operators.builtin import ErrorPolicy
+from engine.state import dense as dense_state
+from engine.state.dense import DenseGroupView, DenseTable, int64_keys, value_kind
+from engine.state.keyed import KeyedStateBackend, apply_delta, decode_snapshot
+from engine.time.clock import ManualClock
 
 N = 16
 INT64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -313,7 +313,7 @@ def test_a_float_column_after_ints_keeps_the_untouched_keys_ints() -> None:
 
 
 def test_a_record_of_a_group_not_owned_is_refused_on_the_dense_path() -> None:
-    from engine.operators import UnknownKeyGroupError
+    from engine.operators.builtin import UnknownKeyGroupError
 
     r = runner(Count(), dense=True)
     r.backend.remove(key_group_of(3, N))

@@ -1,7 +1,7 @@
 """deploy/: the KubeRay manifests against KubeRay's own CRD schemas (strictly), the plain
 Kubernetes objects with kubernetes-validate, the Prometheus config and alert rules with
 promtool, every dashboard query's PromQL with promtool, and the checked-in Grafana JSON
-against what ``engine.dashboards`` generates. (That every query returns data from a real
+against what ``engine.observability.dashboards`` generates. (That every query returns data from a real
 Prometheus scraping a real job: tests/integration/test_observability.py.)"""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine import dashboards as dash
+from engine.observability import dashboards as dash
 from tests.system import require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -153,10 +153,10 @@ def test_checked_in_dashboards_are_the_generated_ones(tmp_path):
     for path in written:
         name = os.path.basename(path)
         shipped = DEPLOY / "grafana" / "dashboards" / name
-        assert shipped.exists(), f"{shipped} is missing: python -m engine.dashboards"
+        assert shipped.exists(), f"{shipped} is missing: python -m engine.observability.dashboards"
         assert json.loads(shipped.read_text()) == json.loads(Path(path).read_text()), (
             f"{shipped} differs from engine/dashboards.py: regenerate it with "
-            "`python -m engine.dashboards deploy/grafana/dashboards`")
+            "`python -m engine.observability.dashboards deploy/grafana/dashboards`")
     assert sorted(p.name for p in (DEPLOY / "grafana" / "dashboards").glob("*.json")) == \
         sorted(os.path.basename(p) for p in written)
 

@@ -2,9 +2,9 @@
 
 * ``migration.protocols.drrs``: ``plan_subscales``, ``SubscaleScheduler``, ``OldOwnerRole``,
   ``NewOwnerRole``.
-* ``engine.task.TaskCore``: the DRRS control messages, confirm barriers, ``priority_out``,
+* ``engine.task.core.TaskCore``: the DRRS control messages, confirm barriers, ``priority_out``,
   partial frames (``_heads``), the set-aside cap, held timers, the per-group watermark.
-* ``engine.channel.OutputRouter``: redirect, the re-route path, live channel add/remove.
+* ``engine.task.channel.OutputRouter``: redirect, the re-route path, live channel add/remove.
 
 The harness builds TaskCores the way the JobMaster does (as in ``tests/test_task_core.py``)
 and plays the coordinator by hand in the order of ``JobMaster._drrs`` /
@@ -23,11 +23,8 @@ from typing import Any
 import pytest
 
 from engine.api import StreamJob
-from engine.channel import REROUTE_PORT, OutFrame, OutputRouter
-from engine.clock import ManualClock
-from engine.codec import unpack_exact
-from engine.config import JobConfig
-from engine.deployment import (
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
     connect_messages,
@@ -35,9 +32,17 @@ from engine.deployment import (
     start_messages,
     task_name,
 )
-from engine.functions import KeyedProcessFunction
-from engine.keygroups import key_group_of, moved_key_groups, uniform_assignment
-from engine.messages import (
+from engine.dataflow.keygroups import key_group_of, moved_key_groups, uniform_assignment
+from engine.dataflow.physical import plan_physical
+from engine.io.testing import TestingSink, TestingSource
+from engine.operators.functions import KeyedProcessFunction
+from engine.state.keyed import EVENT_TIME
+from engine.task.channel import REROUTE_PORT, OutFrame, OutputRouter
+from engine.task.core import TaskCore
+from engine.time.clock import ManualClock
+from engine.time.event_time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
+from engine.wire.codec import unpack_exact
+from engine.wire.messages import (
     Ack,
     AddInputs,
     AddOutputChannels,
@@ -64,11 +69,6 @@ from engine.messages import (
     Watermark,
     decode_frame,
 )
-from engine.physical import plan_physical
-from engine.state import EVENT_TIME
-from engine.task import TaskCore
-from engine.testing import TestingSink, TestingSource
-from engine.time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
 from migration.coordinator import (
     RescaleRequest,
     add_tasks_steps,

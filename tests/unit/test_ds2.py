@@ -7,8 +7,8 @@ import math
 import pytest
 
 from controllers.ds2 import DS2, even_split
+from engine.control.reconfiguration import NoChange, Scale
 from engine.errors import ControllerError
-from engine.reconfiguration import NoChange, Scale
 from tests.unit.pipeline_model import Pipeline, Stage
 
 

@@ -16,7 +16,6 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskErr
 
 import engine.errors as errors_module
 from engine import JobConfig, KeyedProcessFunction, StreamJob
-from engine.clock import ManualClock
 from engine.errors import (
     ConfigError,
     ControlPlaneError,
@@ -30,15 +29,16 @@ from engine.errors import (
     UserFunctionError,
     WaitTimeout,
 )
-from engine.messages import CodecError, JobStatus, decode_message, encode_message
-from engine.metrics import JobCollector, JobMetrics, TaskMetrics
+from engine.io.sinks import Sink
+from engine.io.sources import Source
+from engine.io.testing import TestingSink, TestingSource
+from engine.observability.metrics import JobCollector, JobMetrics, TaskMetrics
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failures import open_failure, reflow_error_in, translate, unwrap
 from engine.runtime.handle import _raise
 from engine.runtime.health import StandbyPool, TaskHealth
-from engine.sinks import Sink
-from engine.sources import Source
-from engine.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.wire.messages import CodecError, JobStatus, decode_message, encode_message
 
 ERROR_CLASSES = [c for _, c in inspect.getmembers(errors_module, inspect.isclass)
                  if issubclass(c, ReflowError)]

@@ -36,12 +36,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.api import StreamJob
-from engine.clock import ManualClock
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
+from engine.dataflow.physical import FORWARD, plan_physical
 from engine.errors import RescaleRefused
-from engine.physical import FORWARD, plan_physical
-from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, tumbling_event_time
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.time.event_time import WatermarkStrategy, tumbling_event_time
 from migration.coordinator import (
     STATELESS,
     LiveRescale,
@@ -496,13 +496,13 @@ def test_neighbours_include_the_partners_and_theirs():
 
 
 def _dep(plan: Any) -> Any:
-    from engine.deployment import initial_deployment
+    from engine.dataflow.deployment import initial_deployment
 
     return initial_deployment(plan, "j", partitions={"src": ("p0",)})
 
 
 def _ids() -> Any:
-    from engine.deployment import ChannelIds
+    from engine.dataflow.deployment import ChannelIds
 
     return ChannelIds()
 

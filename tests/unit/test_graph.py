@@ -1,4 +1,4 @@
-"""Build-time validation of jobs: engine.api builders, engine.graph, engine.config.
+"""Build-time validation of jobs: engine.api builders, engine.dataflow.graph, engine.config.
 
 Nothing here deploys: ``StreamJob.run()`` is never called.
 """
@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from engine import graph as g
 from engine.api import KeyedStream, Stream, StreamJob
-from engine.config import JobConfig
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig
 from engine.errors import JobDefinitionError, ReflowError
-from engine.functions import KeyedProcessFunction, ReduceFunction
-from engine.testing import TestingSink, TestingSource
+from engine.io.testing import TestingSink, TestingSource
+from engine.operators.functions import KeyedProcessFunction, ReduceFunction
 
 
 class Count(KeyedProcessFunction):
@@ -390,25 +390,25 @@ def test_non_callable_reduce_and_key_fn(src):
     with raises_naming("r", "is not callable"):
         s.key_by(key_fn).reduce("sum", name="r")  # type: ignore[arg-type]
     with pytest.raises(JobDefinitionError, match="key_by.*is not callable"):
-        s.key_by(42)  # a str is a column name (engine.columnar)  # type: ignore[arg-type]
+        s.key_by(42)  # a str is a column name (engine.columnar.batches)  # type: ignore[arg-type]
 
 
 def test_non_source_object(sink):
     job = StreamJob("j")
-    with raises_naming("src", "list is not an engine.sources.Source"):
+    with raises_naming("src", "list is not an engine.io.sources.Source"):
         job.source([1, 2, 3], name="src")  # type: ignore[arg-type]
-    with raises_naming("src", "TestingSink is not an engine.sources.Source"):
+    with raises_naming("src", "TestingSink is not an engine.io.sources.Source"):
         job.source(sink, name="src")  # type: ignore[arg-type]
-    with raises_naming("src", "is not an engine.sources.Source"):
+    with raises_naming("src", "is not an engine.io.sources.Source"):
         job.source(TestingSource, name="src")  # the class, not an instance
 
 
 def test_non_sink_object(src):
     job = StreamJob("j")
     s = job.source(src, name="s")
-    with raises_naming("out", "TestingSource is not an engine.sinks.Sink"):
+    with raises_naming("out", "TestingSource is not an engine.io.sinks.Sink"):
         s.sink(src, name="out")  # type: ignore[arg-type]
-    with raises_naming("out", "is not an engine.sinks.Sink"):
+    with raises_naming("out", "is not an engine.io.sinks.Sink"):
         s.sink(print, name="out")  # type: ignore[arg-type]
 
 

@@ -1,5 +1,5 @@
 """Per-key order across a live migration, at the receivers of the migrating operator
-(``engine.group_order``): the old owner's outputs of a group reach a receiver before the new
+(``engine.task.group_order``): the old owner's outputs of a group reach a receiver before the new
 owner's, whatever the interleaving. Without the ``GroupLeft``/``GroupArrived`` markers the
 seeded rescales below reorder a key's running sums at a keyed operator downstream in about
 one run of ten (fluid, batched, non-disruptive)."""
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from engine.api import StreamJob
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.group_order import GroupOrder
-from engine.keygroups import uniform_assignment
-from engine.testing import TestingSink, TestingSource
+from engine.dataflow.config import JobConfig
+from engine.dataflow.keygroups import uniform_assignment
+from engine.io.testing import TestingSink, TestingSource
+from engine.task.group_order import GroupOrder
+from engine.time.clock import ManualClock
 from migration.protocols import LIVE
 from tests.unit.test_drrs_core import DNet, N, add, per_key, running_sum_reference
 

@@ -1,4 +1,4 @@
-"""The delivery guarantee of each sink (``engine.guarantees``): decided from the sink's
+"""The delivery guarantee of each sink (``engine.dataflow.guarantees``): decided from the sink's
 two-phase commit and the job's checkpoints, restarts and restore; at-least-once sinks
 named in a warning."""
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 
 from engine.api import StreamJob
-from engine.config import JobConfig
-from engine.guarantees import (
+from engine.dataflow.config import JobConfig
+from engine.dataflow.guarantees import (
     DeliveryGuarantee,
     at_least_once_warnings,
     guarantee_of,
     sink_guarantees,
 )
-from engine.sinks import LatencySink, ParquetSink
-from engine.testing import TestingSink, TestingSource
+from engine.io.sinks import LatencySink, ParquetSink
+from engine.io.testing import TestingSink, TestingSource
 
 EO, ALO, NONE = (DeliveryGuarantee.EXACTLY_ONCE, DeliveryGuarantee.AT_LEAST_ONCE,
                  DeliveryGuarantee.NONE)

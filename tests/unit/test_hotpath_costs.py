@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.clock import ManualClock
-from engine.codec import unpack_exact
-from engine.groupstats import GroupLoad
-from engine.latency import LatencyHistogram
-from engine.sinks import LatencySink
-from engine.state import KeyedStateBackend
+from engine.io.sinks import LatencySink
+from engine.observability.groupstats import GroupLoad
+from engine.observability.latency import LatencyHistogram
+from engine.state.keyed import KeyedStateBackend
+from engine.time.clock import ManualClock
+from engine.wire.codec import unpack_exact
 
 
 def test_group_load_every_frame_is_exact() -> None:
@@ -82,7 +82,7 @@ def test_state_size_estimate_follows_growth_and_changed_values() -> None:
 
 
 def test_state_size_estimate_samples_a_bounded_number_of_tables_per_call(monkeypatch) -> None:
-    import engine.state as state_mod
+    import engine.state.keyed as state_mod
 
     b = KeyedStateBackend(128)
     for kg in range(128):

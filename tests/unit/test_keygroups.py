@@ -1,4 +1,4 @@
-"""Unit tests for engine.keygroups: stable hash, key-group math, assignments, cache."""
+"""Unit tests for engine.dataflow.keygroups: stable hash, key-group math, assignments, cache."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.keygroups import (
+from engine.dataflow.keygroups import (
     DEFAULT_NUM_KEY_GROUPS,
     KeyGroupCache,
     key_group_of,
@@ -67,7 +67,7 @@ PINNED = {
 
 _CHILD = r"""
 import json, sys
-from engine.keygroups import stable_hash
+from engine.dataflow.keygroups import stable_hash
 keys = [
     "a", "user-42", "ключ", "", 0, 1, -1, 2**40, -(2**40), b"raw", ("a", 1),
     (1, (2, "x")), ("user", "eu-west", 7), None, True, 1.5,
@@ -297,7 +297,7 @@ def test_key_group_cache_batches_of_new_keys_match_key_group_of(batches, n, max_
 
 
 def test_key_group_cache_many_new_int_keys_take_the_vectorised_path(monkeypatch):
-    import engine.keygroups as kg_mod
+    import engine.dataflow.keygroups as kg_mod
 
     keys = list(range(-500, 500)) + [2**63 - 1, -(2**63)]
     few = [2**64, 5, 3.5, "a"]

@@ -5,7 +5,7 @@ Layers, lowest first; a module may import from its own layer and the layers belo
 1. engine core: every engine module not listed below (``engine.spark.*`` included, except
    the Spark connectors that talk to Ray actors, which belong to the runtime: a module that
    applies Ray, and one that imports such a module)
-2. task core: ``engine.task``
+2. task core: ``engine.task.core``
 3. migration: ``migration.*``
 4. runtime: ``engine.runtime``, ``engine.runtime.*`` (the only place Ray is applied)
 5. controllers: ``controllers.*``
@@ -144,7 +144,7 @@ def layer_of(name: str, modules: dict[str, Module]) -> Layer:
         return Layer.CONTROLLERS
     if name.startswith("migration"):
         return Layer.MIGRATION
-    if name == "engine.task" or name.startswith("engine.task."):
+    if name == "engine.task.core" or name.startswith("engine.task."):
         return Layer.TASK
     if name in _spark_runtime(modules):
         return Layer.RUNTIME
@@ -189,8 +189,8 @@ def test_every_layer_has_modules_so_the_check_is_not_vacuous():
 
 def test_the_layer_rules_themselves():
     modules = _modules()
-    assert layer_of("engine.keygroups", modules) is Layer.CORE
-    assert layer_of("engine.task", modules) is Layer.TASK
+    assert layer_of("engine.dataflow.keygroups", modules) is Layer.CORE
+    assert layer_of("engine.task.core", modules) is Layer.TASK
     assert layer_of("migration.coordinator", modules) is Layer.MIGRATION
     assert layer_of("engine.runtime.handle", modules) is Layer.RUNTIME
     assert layer_of("engine.api", modules) is Layer.ENTRY

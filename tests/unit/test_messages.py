@@ -1,4 +1,4 @@
-"""Unit tests for engine.messages: wire round trips, frames, refusal of undeclared messages."""
+"""Unit tests for engine.wire.messages: wire round trips, frames, refusal of undeclared messages."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from engine import messages as m
-from engine.codec import pack_exact, pack_fast
+from engine.control.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
 from engine.errors import CodecError
-from engine.latency import LatencyHistogram
-from engine.metrics import RescaleProgress, TaskMetrics
-from engine.reconfiguration import DecisionRecord, LogicChangeReport, RescaleRecord
+from engine.observability.latency import LatencyHistogram
+from engine.observability.metrics import RescaleProgress, TaskMetrics
+from engine.wire import messages as m
+from engine.wire.codec import pack_exact, pack_fast
 from migration.report import RescaleReport
 
 _H = LatencyHistogram()

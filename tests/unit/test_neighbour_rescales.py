@@ -9,9 +9,9 @@ of neighbouring operators one after the other (``neighbourhoods``)."""
 from __future__ import annotations
 
 from engine.api import StreamJob
-from engine.physical import plan_physical
+from engine.dataflow.physical import plan_physical
+from engine.io.testing import TestingSink, TestingSource
 from engine.runtime.controller_runner import neighbourhoods
-from engine.testing import TestingSink, TestingSource
 
 
 def two_stage_plan():

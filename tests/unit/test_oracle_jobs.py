@@ -68,17 +68,17 @@ from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from engine.api import StreamJob
-from engine.config import JobConfig
-from engine.functions import KeyedProcessFunction
-from engine.keygroups import uniform_assignment
-from engine.testing import SourceGate, TestingSink, TestingSource
-from engine.time import (
+from engine.dataflow.config import JobConfig
+from engine.dataflow.keygroups import uniform_assignment
+from engine.io.testing import SourceGate, TestingSink, TestingSource
+from engine.operators.functions import KeyedProcessFunction
+from engine.operators.windows import AggregateFunction
+from engine.time.event_time import (
     WindowAssigner,
     bounded_out_of_orderness,
     sliding_event_time,
     tumbling_event_time,
 )
-from engine.windows import AggregateFunction
 from migration.coordinator import RescaleRequest, SourceRescale
 from migration.planning import Planning
 from migration.protocols import LIVE

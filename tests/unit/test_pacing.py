@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.messages import ExpectIncoming
+from engine.dataflow.config import JobConfig
+from engine.time.clock import ManualClock
+from engine.wire.messages import ExpectIncoming
 from migration.coordinator import AwaitReports, LiveRescale, RescaleRequest
 from migration.pacing import HeadroomPacer
 from migration.participant import NewOwnerRole

@@ -16,11 +16,26 @@ from typing import Any
 import pytest
 
 from engine.api import StreamJob
-from engine.channel import REROUTE_PORT, InputChannel, OutputRouter
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.deployment import initial_deployment
-from engine.messages import (
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import initial_deployment
+from engine.dataflow.physical import plan_physical
+from engine.io.testing import TestingSink, TestingSource
+from engine.state.keyed import KeyedStateBackend, delta_base_version
+from engine.task.channel import REROUTE_PORT, InputChannel, OutputRouter
+from engine.task.core import (
+    RUNNING,
+    MigrationHooks,
+    NoMigration,
+    PartialFrame,
+    Record,
+    TaskControlError,
+    TaskCore,
+    TaskSpec,
+    TaskStatus,
+)
+from engine.time.clock import ManualClock
+from engine.time.event_time import MIN_WATERMARK
+from engine.wire.messages import (
     Ack,
     ConfirmBarrier,
     DescribeTask,
@@ -48,21 +63,6 @@ from engine.messages import (
     decode_message,
     encode_message,
 )
-from engine.physical import plan_physical
-from engine.state import KeyedStateBackend, delta_base_version
-from engine.task import (
-    RUNNING,
-    MigrationHooks,
-    NoMigration,
-    PartialFrame,
-    Record,
-    TaskControlError,
-    TaskCore,
-    TaskSpec,
-    TaskStatus,
-)
-from engine.testing import TestingSink, TestingSource
-from engine.time import MIN_WATERMARK
 from migration.participant import (
     MigrationParticipant,
     TaskHost,

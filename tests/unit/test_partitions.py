@@ -22,10 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.clock import ManualClock
-from engine.codec import pack_exact, unpack_exact
 from engine.errors import ConfigError, UserFunctionError
-from engine.sources import (
+from engine.io.sources import (
     GeneratorSource,
     ParquetSource,
     PartitionedReader,
@@ -37,8 +35,10 @@ from engine.sources import (
     parse_indexed,
     partitions_of_task,
 )
-from engine.testing import SourceGate, TestingSource
-from engine.time import MIN_WATERMARK
+from engine.io.testing import SourceGate, TestingSource
+from engine.time.clock import ManualClock
+from engine.time.event_time import MIN_WATERMARK
+from engine.wire.codec import pack_exact, unpack_exact
 from examples.nexmark.generator import NexmarkConfig
 from examples.nexmark.source import NexmarkSource
 
@@ -383,9 +383,9 @@ def test_the_gate_waits_for_every_partition_not_just_one_task():
 
 
 def test_a_source_whose_partitions_raise_fails_naming_it():
-    from engine import graph as g
-    from engine.deployment import source_partitions
-    from engine.physical import plan_physical
+    from engine.dataflow import graph as g
+    from engine.dataflow.deployment import source_partitions
+    from engine.dataflow.physical import plan_physical
 
     class Broken(Steps):
         def partitions(self, parallelism: int) -> list[str]:
@@ -417,7 +417,7 @@ def test_parquet_partition_names_are_the_file_names(parquet_paths):
 
 
 def test_columnar_partitions_come_out_as_one_column_batch():
-    from engine.columnar import ColumnBatch
+    from engine.columnar.batches import ColumnBatch
 
     src = GeneratorSource(None, num_records=300, partitions=3, columnar=True)
     reader = PartitionedReader.for_task(src, 0, 1, ManualClock())

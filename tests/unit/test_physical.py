@@ -1,4 +1,4 @@
-"""Unit tests for engine.physical (chaining, rescaled plans), engine.deployment (task names,
+"""Unit tests for engine.dataflow.physical (chaining, rescaled plans), engine.dataflow.deployment (task names,
 assignments, Connect wiring, stable channel ids) and migration.protocols.stop_restart."""
 
 from __future__ import annotations
@@ -8,18 +8,18 @@ from collections import Counter
 import pytest
 
 from engine.api import StreamJob
-from engine.deployment import (
+from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
     connect_messages,
     initial_deployment,
     task_name,
 )
+from engine.dataflow.keygroups import key_groups_of_task, uniform_assignment
+from engine.dataflow.physical import FORWARD, KEYED, REBALANCE, PhysicalPlan, plan_physical
 from engine.errors import RescaleRefused
-from engine.keygroups import key_groups_of_task, uniform_assignment
-from engine.messages import Connect, decode_message, encode_message
-from engine.physical import FORWARD, KEYED, REBALANCE, PhysicalPlan, plan_physical
-from engine.testing import TestingSink, TestingSource
+from engine.io.testing import TestingSink, TestingSource
+from engine.wire.messages import Connect, decode_message, encode_message
 from migration.protocols.stop_restart import PHASES, plan_stop_restart
 
 SRC = TestingSource([])

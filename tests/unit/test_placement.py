@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from engine.channel import OutputRouter
-from engine.clock import ManualClock
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
+from engine.dataflow.keygroups import uniform_assignment
 from engine.errors import RescaleRefused
-from engine.keygroups import uniform_assignment
-from engine.messages import OutputChannel, OutputEdge, ReplaceOutputChannel, StopTask
+from engine.task.channel import OutputRouter
+from engine.time.clock import ManualClock
+from engine.wire.messages import OutputChannel, OutputEdge, ReplaceOutputChannel, StopTask
 from migration.coordinator import (
     CreateTasks,
     Placement,
@@ -153,7 +153,7 @@ class PNet(DNet):
 def test_running_sums_with_a_placement_in_the_middle_equal_the_reference(protocol, seed):
     import tempfile
 
-    from engine.testing import TestingSink
+    from engine.io.testing import TestingSink
 
     rng = random.Random(f"place-{protocol}-{seed}")
     records = [(rng.randrange(24), rng.randrange(100)) for _ in range(300)]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.keygroups import moved_key_groups, uniform_assignment
+from engine.dataflow.keygroups import moved_key_groups, uniform_assignment
 from migration.plan import MigrationPlan, Subscale
 from migration.planning import (
     AdaptiveThresholds,

@@ -12,7 +12,7 @@ from pathlib import Path
 import engine
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKED = ("engine", "engine.testing", "engine.config")
+CHECKED = ("engine", "engine.io.testing", "engine.dataflow.config")
 _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 _FROM = re.compile(r"^[ \t]*from[ \t]+([\w.]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]+)", re.M)
 
@@ -78,6 +78,6 @@ def test_every_import_in_the_docs_resolves():
 
 
 def test_the_doc_reader_finds_imports_in_blocks_that_do_not_parse():
-    code = "from engine import (StreamJob,\n    JobConfig)\n>>> job = ...\nfrom engine.testing import TestingSink\n"
+    code = "from engine import (StreamJob,\n    JobConfig)\n>>> job = ...\nfrom engine.io.testing import TestingSink\n"
     assert _imports_in(code) == [("engine", "StreamJob"), ("engine", "JobConfig"),
-                                 ("engine.testing", "TestingSink")]
+                                 ("engine.io.testing", "TestingSink")]

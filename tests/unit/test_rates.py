@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.latency import LatencyHistogram
-from engine.metrics import TaskMetrics
-from engine.rates import MetricsHistory, metrics_window
-from engine.reconfiguration import measure_rescale
+from engine.control.reconfiguration import measure_rescale
+from engine.observability.latency import LatencyHistogram
+from engine.observability.metrics import TaskMetrics
+from engine.observability.rates import MetricsHistory, metrics_window
 
 
 def tm(task: str, vertex: str, index: int, rin: int, rout: int, useful: float,

@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 
 from controllers.base import Controller
-from engine.errors import ControllerError
-from engine.messages import decode_message, encode_message
-from engine.reconfiguration import (
+from engine.control.reconfiguration import (
     ChangeLogic,
     DecisionKind,
     DecisionLog,
@@ -20,6 +18,8 @@ from engine.reconfiguration import (
     check_controller,
     record_of,
 )
+from engine.errors import ControllerError
+from engine.wire.messages import decode_message, encode_message
 
 
 def test_decisions_are_validated_values_with_a_reason():

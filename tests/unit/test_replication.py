@@ -1,4 +1,4 @@
-"""Replicas of key groups: change tracking and deltas in engine.state, and the mechanics in
+"""Replicas of key groups: change tracking and deltas in engine.state.keyed, and the mechanics in
 migration.replication (placement, holder store, freshness rule, stats). No Ray."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.state import (
+from engine.state.keyed import (
     EVENT_TIME,
     PROCESSING_TIME,
     KeyedStateBackend,

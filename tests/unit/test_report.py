@@ -14,8 +14,8 @@ import os
 
 import pytest
 
-from engine.codec import pack_exact
-from engine.messages import decode_message, encode_message
+from engine.wire.codec import pack_exact
+from engine.wire.messages import decode_message, encode_message
 from migration.report import RescaleReport
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,12 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.api import StreamJob
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.deployment import start_messages
-from engine.messages import AddInputs, ReleaseSource, SourceReleased
-from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, tumbling_event_time
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import start_messages
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.time.event_time import WatermarkStrategy, tumbling_event_time
+from engine.wire.messages import AddInputs, ReleaseSource, SourceReleased
 from migration.coordinator import HANDOVER, RescaleRequest, SourceRescale
 from tests import harness
 from tests.unit.test_drrs_core import DNet, per_key

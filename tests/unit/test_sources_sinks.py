@@ -1,5 +1,5 @@
 """Unit tests for the built-in sources and sinks (GeneratorSource, ParquetSource,
-ParquetSink, LatencySink), engine.latency.LatencyHistogram, and what a sink's failed batch
+ParquetSink, LatencySink), engine.observability.latency.LatencyHistogram, and what a sink's failed batch
 becomes (never re-written). No Ray: readers and writers are opened directly and driven by a
 ManualClock; task cores are stepped by hand."""
 
@@ -14,18 +14,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine import graph as g
 from engine.api import StreamJob
-from engine.clock import ManualClock
-from engine.codec import pack_exact, unpack_exact
-from engine.config import JobConfig
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig
 from engine.errors import UserFunctionError
-from engine.latency import LatencyHistogram
-from engine.messages import TaskFailed
-from engine.operators import ErrorPolicy, StatelessRunner
-from engine.sinks import LatencySink, ParquetSink, Sink, SinkWriter
-from engine.sources import GeneratorSource, ParquetSource, PartitionedReader, SourceReader
-from engine.testing import TestingSink, TestingSource
+from engine.io.sinks import LatencySink, ParquetSink, Sink, SinkWriter
+from engine.io.sources import GeneratorSource, ParquetSource, PartitionedReader, SourceReader
+from engine.io.testing import TestingSink, TestingSource
+from engine.observability.latency import LatencyHistogram
+from engine.operators.builtin import ErrorPolicy, StatelessRunner
+from engine.time.clock import ManualClock
+from engine.wire.codec import pack_exact, unpack_exact
+from engine.wire.messages import TaskFailed
 
 # -- helpers ---------------------------------------------------------------------------------
 
@@ -697,7 +697,7 @@ def test_pending_files_are_published_where_they_were_written(tmp_path):
     directory, are read against the committing writer's."""
     import os
 
-    from engine.sinks import PendingFiles
+    from engine.io.sinks import PendingFiles
 
     old, new = str(tmp_path / "old"), str(tmp_path / "new")
     os.makedirs(new)

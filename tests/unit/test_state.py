@@ -1,4 +1,4 @@
-"""Unit tests for engine.state (keyed state per key group, timers, snapshots) and the
+"""Unit tests for engine.state.keyed (keyed state per key group, timers, snapshots) and the
 state-facing parts of engine.functions."""
 
 from __future__ import annotations
@@ -7,15 +7,15 @@ import copy
 
 import pytest
 
-from engine.functions import (
+from engine.dataflow.keygroups import key_group_of
+from engine.operators.functions import (
     Context,
     KeyedProcessFunction,
     ReduceFunction,
     RuntimeContext,
     TimerService,
 )
-from engine.keygroups import key_group_of
-from engine.state import (
+from engine.state.keyed import (
     PROCESSING_TIME,
     KeyedStateBackend,
     ListState,

@@ -25,18 +25,18 @@ from hypothesis import strategies as st
 
 from engine.api import StreamJob
 from engine.checkpoints.metadata import CheckpointKind
-from engine.clock import ManualClock
-from engine.config import JobConfig
+from engine.dataflow.config import JobConfig
+from engine.dataflow.physical import FORWARD, REBALANCE, plan_physical
 from engine.errors import RescaleRefused
-from engine.messages import (
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.time.event_time import WatermarkStrategy, tumbling_event_time
+from engine.wire.messages import (
     AddInputs,
     AddOutputChannels,
     RemoveOutputChannels,
     StopTask,
 )
-from engine.physical import FORWARD, REBALANCE, plan_physical
-from engine.testing import TestingSink, TestingSource
-from engine.time import WatermarkStrategy, tumbling_event_time
 from migration.coordinator import (
     STATELESS,
     RescaleContext,
@@ -513,7 +513,7 @@ def test_a_stateless_operator_on_rebalance_edges_passes_validation():
 
 
 def test_a_deployment_never_converts_a_forward_edge():
-    from engine.deployment import initial_deployment
+    from engine.dataflow.deployment import initial_deployment
 
     dep = initial_deployment(plan_physical(forward_job().graph()), "j")
     with pytest.raises(RescaleRefused, match="forward edge"):

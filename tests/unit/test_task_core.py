@@ -1,4 +1,4 @@
-"""Unit tests for engine.task.TaskCore, stepped by hand without Ray.
+"""Unit tests for engine.task.core.TaskCore, stepped by hand without Ray.
 
 Specs are built the way the JobMaster builds them (``plan_physical`` +
 ``initial_deployment`` + ``connect_messages``); frames are moved between cores by hand from
@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 
-from engine import graph as g
 from engine.api import StreamJob
 from engine.checkpoints.metadata import CheckpointKind
-from engine.clock import ManualClock, now_ms
-from engine.config import JobConfig
-from engine.deployment import (
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig
+from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
     connect_messages,
@@ -27,10 +26,24 @@ from engine.deployment import (
     start_messages,
     task_name,
 )
+from engine.dataflow.keygroups import key_group_of, uniform_assignment
+from engine.dataflow.physical import plan_physical
 from engine.errors import UserFunctionError
-from engine.functions import KeyedProcessFunction, ReduceFunction
-from engine.keygroups import key_group_of, uniform_assignment
-from engine.messages import (
+from engine.io.sinks import SinkWriter
+from engine.io.testing import TestingSink, TestingSource
+from engine.operators.builtin import (
+    ErrorPolicy,
+    KeyedRunner,
+    StatelessRunner,
+    UnknownKeyGroupError,
+    describe,
+)
+from engine.operators.functions import KeyedProcessFunction, ReduceFunction
+from engine.state.keyed import KeyedStateBackend, decode_snapshot
+from engine.task.core import TaskCore
+from engine.time.clock import ManualClock, now_ms
+from engine.time.event_time import MAX_WATERMARK, MIN_WATERMARK
+from engine.wire.messages import (
     Ack,
     ChannelIdle,
     CheckpointBarrier,
@@ -49,19 +62,6 @@ from engine.messages import (
     encode_frame,
     encode_message,
 )
-from engine.operators import (
-    ErrorPolicy,
-    KeyedRunner,
-    StatelessRunner,
-    UnknownKeyGroupError,
-    describe,
-)
-from engine.physical import plan_physical
-from engine.sinks import SinkWriter
-from engine.state import KeyedStateBackend, decode_snapshot
-from engine.task import TaskCore
-from engine.testing import TestingSink, TestingSource
-from engine.time import MAX_WATERMARK, MIN_WATERMARK
 from migration.coordinator import RescaleRequest
 from migration.report import RescaleReport
 from tests import harness

@@ -1,4 +1,4 @@
-"""The source gate of ``engine.testing``: a test acts after record k of a source without
+"""The source gate of ``engine.io.testing``: a test acts after record k of a source without
 sleeping. Readers are driven by hand on a ``ManualClock``; the cross-process case runs the
 reader in a plain child Python process (no Ray)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.clock import ManualClock
-from engine.testing import GateError, GateTimeout, SourceGate, TestingSource
+from engine.io.testing import GateError, GateTimeout, SourceGate, TestingSource
+from engine.time.clock import ManualClock
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,7 @@ def test_the_gate_signals_across_processes(tmp_path):
     blob.write_bytes(pickle.dumps(TestingSource(range(10), gate=gate)))
     child = textwrap.dedent(f"""
         import pickle, sys
-        from engine.clock import ManualClock
+        from engine.time.clock import ManualClock
         src = pickle.loads(open({str(blob)!r}, "rb").read())
         reader = src.open_partition("0-of-1", int(sys.argv[1]), ManualClock())
         out = []

@@ -1,11 +1,11 @@
-"""Unit tests for engine.time: window arithmetic, assigners, watermark strategy and tracker."""
+"""Unit tests for engine.time.event_time: window arithmetic, assigners, watermark strategy and tracker."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine.errors import JobDefinitionError
-from engine.time import (
+from engine.time.event_time import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     WatermarkStrategy,

@@ -1,4 +1,4 @@
-"""Exactly-once sinks by two-phase commit (``engine.sinks``): ParquetSink, TestingSink and
+"""Exactly-once sinks by two-phase commit (``engine.io.sinks``): ParquetSink, TestingSink and
 the Spark ``OutputLogSink``, driven by hand (no Ray, no Spark session).
 
 For each: with transactions on, what is written and pre-committed is invisible; a commit
@@ -18,14 +18,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import graph as g
-from engine.chain import OperatorChain
-from engine.clock import ManualClock
-from engine.codec import pack_exact, unpack_exact
+from engine.dataflow import graph as g
 from engine.errors import SinkCommitError
-from engine.sinks import LatencySink, ParquetSink, PendingFiles, Sink, SinkWriter
+from engine.io.sinks import LatencySink, ParquetSink, PendingFiles, Sink, SinkWriter
+from engine.io.testing import TestingSink
+from engine.operators.chain import OperatorChain
 from engine.spark.outlog import OutputLogSink, latest_offset
-from engine.testing import TestingSink
+from engine.time.clock import ManualClock
+from engine.wire.codec import pack_exact, unpack_exact
 
 
 def visible_parquet(directory: str) -> list[Any]:

@@ -1,6 +1,6 @@
 """Validation of what a user gives reflow (issue 19, item 7): counts are integers and never
 booleans, names are never silently replaced, every ``JobConfig`` field is type-checked, and
-NaN keys are refused where a key is hashed (``engine.keygroups``), failing the task with the
+NaN keys are refused where a key is hashed (``engine.dataflow.keygroups``), failing the task with the
 operator and the record named. No Ray: task cores are built and stepped by hand.
 """
 
@@ -13,12 +13,23 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import graph as g
 from engine.api import StreamJob
-from engine.channel import KeyFunctionError, OutputRouter
-from engine.clock import ManualClock
-from engine.config import JobConfig, check_count
-from engine.deployment import ChannelIds, connect_messages, initial_deployment, start_messages
+from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig, check_count
+from engine.dataflow.deployment import (
+    ChannelIds,
+    connect_messages,
+    initial_deployment,
+    start_messages,
+)
+from engine.dataflow.keygroups import (
+    KeyGroupCache,
+    key_group_of,
+    stable_hash,
+    uniform_assignment,
+    validate_assignment,
+)
+from engine.dataflow.physical import plan_physical
 from engine.errors import (
     ConfigError,
     InvalidKeyError,
@@ -27,21 +38,15 @@ from engine.errors import (
     RescaleRefused,
     UnhashableKeyError,
 )
-from engine.functions import KeyedProcessFunction
-from engine.keygroups import (
-    KeyGroupCache,
-    key_group_of,
-    stable_hash,
-    uniform_assignment,
-    validate_assignment,
-)
-from engine.messages import Ack, OutputChannel, OutputEdge, TaskFailed
-from engine.physical import plan_physical
-from engine.sinks import ParquetSink
-from engine.sources import GeneratorSource, ParquetSource
-from engine.task import TaskCore
-from engine.testing import TestingSink, TestingSource
-from engine.time import tumbling_event_time
+from engine.io.sinks import ParquetSink
+from engine.io.sources import GeneratorSource, ParquetSource
+from engine.io.testing import TestingSink, TestingSource
+from engine.operators.functions import KeyedProcessFunction
+from engine.task.channel import KeyFunctionError, OutputRouter
+from engine.task.core import TaskCore
+from engine.time.clock import ManualClock
+from engine.time.event_time import tumbling_event_time
+from engine.wire.messages import Ack, OutputChannel, OutputEdge, TaskFailed
 from tests.harness import make_spec
 from tests.unit.test_graph import KINDS, one_operator_job
 
@@ -118,8 +123,8 @@ def test_bool_parallelism_is_refused_for_every_operator(kind, p, src, sink):
     (dict(parallelism=True), r"job 'j': default parallelism must be an integer >= 1; got True"),
     (dict(num_key_groups=True), r"job 'j': num_key_groups must be an integer >= 1; got True"),
     (dict(num_key_groups=np.float64(8)), r"num_key_groups must be an integer"),
-    (dict(config={"batch_size": 10}), r"config must be an engine.config.JobConfig"),
-    (dict(config=JobConfig), r"config must be an engine.config.JobConfig"),
+    (dict(config={"batch_size": 10}), r"config must be an engine.dataflow.config.JobConfig"),
+    (dict(config=JobConfig), r"config must be an engine.dataflow.config.JobConfig"),
 ])
 def test_stream_job_refuses_bool_counts_and_wrong_config(kwargs, match):
     with pytest.raises(JobDefinitionError, match=match):
@@ -384,7 +389,7 @@ def test_a_job_name_with_a_path_separator_is_refused():
 def test_a_job_without_a_sink_or_with_an_empty_restore_from_is_refused_before_deploying():
     from engine.api import StreamJob
     from engine.errors import JobDefinitionError
-    from engine.testing import TestingSink, TestingSource
+    from engine.io.testing import TestingSink, TestingSource
 
     job = StreamJob("nosink")
     job.source(TestingSource([(1, 1)]), name="src").key_by(lambda r: r[0]).reduce(

@@ -7,7 +7,7 @@ predecessors' watermarks at once) may already have sent a later watermark downst
 old owner puts a *watermark hold* on its output channels when the group freezes
 (``WatermarkHold``, at its watermark then) and the new owner lifts it once everything of the
 subscale has been processed there (``WatermarkRelease``, behind those outputs): the
-receivers' watermark stays at or below the hold in between (``engine.time.WatermarkTracker``).
+receivers' watermark stays at or below the hold in between (``engine.time.event_time.WatermarkTracker``).
 
 Each test here fails without the holds: a window downstream of the rescaled operator
 counted late records and lost them.
@@ -21,18 +21,18 @@ from typing import Any
 import pytest
 
 from engine.api import StreamJob
-from engine.clock import ManualClock
-from engine.config import JobConfig
-from engine.keygroups import uniform_assignment
-from engine.messages import (
+from engine.dataflow.config import JobConfig
+from engine.dataflow.keygroups import uniform_assignment
+from engine.io.testing import TestingSink, TestingSource
+from engine.time.clock import ManualClock
+from engine.time.event_time import MIN_WATERMARK, WatermarkTracker, tumbling_event_time
+from engine.wire.messages import (
     MigrateState,
     Watermark,
     WatermarkHold,
     WatermarkRelease,
     decode_frame,
 )
-from engine.testing import TestingSink, TestingSource
-from engine.time import MIN_WATERMARK, WatermarkTracker, tumbling_event_time
 from migration.protocols import LIVE
 from tests.unit.test_drrs_core import S0, DNet, N, add, key_in
 

@@ -1,11 +1,11 @@
-"""Unit tests (no Ray) for the vectorised window aggregates (``engine.window_aggregates``),
+"""Unit tests (no Ray) for the vectorised window aggregates (``engine.operators.window_aggregates``),
 stepped as ``TaskCore`` steps a keyed runner: batches via ``process``, then
 ``fire_timers(watermark, EVENT_TIME)`` after the task watermark moved.
 
 The property: on random records (keys, int or float values, disordered timestamps),
 tumbling and sliding assigners, allowed lateness, watermark schedules and batch cuts, the
 vectorised operator emits per key exactly what the per-record window operator
-(``engine.windows.WindowOperator`` with an equivalent ``AggregateFunction``) emits, with
+(``engine.operators.windows.WindowOperator`` with an equivalent ``AggregateFunction``) emits, with
 the same timestamps and the same late records; and two different cuts of the same input
 leave the same state (key groups, timers) and give the same outputs."""
 
@@ -17,16 +17,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine import graph as g
 from engine.api import StreamJob
-from engine.clock import ManualClock
-from engine.columnar import ColumnBatch, ColumnKey
+from engine.columnar.batches import ColumnBatch, ColumnKey
+from engine.columnar.vectorised import Count, Max, Mean, Min, Sum
+from engine.dataflow import graph as g
+from engine.dataflow.keygroups import key_group_of
 from engine.errors import JobDefinitionError
-from engine.keygroups import key_group_of
-from engine.operators import ErrorPolicy, KeyedRunner
-from engine.state import EVENT_TIME, KeyedStateBackend, decode_snapshot
-from engine.testing import TestingSource
-from engine.time import (
+from engine.io.testing import TestingSource
+from engine.operators.builtin import ErrorPolicy, KeyedRunner
+from engine.operators.window_aggregates import ColumnWindowAggregate, WindowAggregateRunner
+from engine.operators.windows import AggregateFunction, WindowOperator
+from engine.state.keyed import EVENT_TIME, KeyedStateBackend, decode_snapshot
+from engine.time.clock import ManualClock
+from engine.time.event_time import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     WindowAssigner,
@@ -34,9 +37,6 @@ from engine.time import (
     tumbling_event_time,
     tumbling_processing_time,
 )
-from engine.vectorised import Count, Max, Mean, Min, Sum
-from engine.window_aggregates import ColumnWindowAggregate, WindowAggregateRunner
-from engine.windows import AggregateFunction, WindowOperator
 
 N = 8
 AGGS = (Count(), Sum("v"), Min("v"), Max("v"), Mean("v"))

@@ -1,5 +1,5 @@
 """Unit tests (no Ray) for keyed event-time and processing-time windows and window joins,
-driven through ``engine.operators.KeyedRunner`` the way ``TaskCore`` drives them: records via
+driven through ``engine.operators.builtin.KeyedRunner`` the way ``TaskCore`` drives them: records via
 ``process``, timers via ``fire_timers(watermark, EVENT_TIME)`` after the task watermark moved,
 and ``fire_timers(now, PROCESSING_TIME)`` by the clock."""
 
@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 
-from engine import graph as g
-from engine.clock import ManualClock, now_ms
-from engine.functions import KeyedProcessFunction
-from engine.keygroups import key_group_of
-from engine.operators import ErrorPolicy, KeyedRunner
-from engine.state import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
-from engine.testing import TestingSink
-from engine.time import (
+from engine.dataflow import graph as g
+from engine.dataflow.keygroups import key_group_of
+from engine.io.testing import TestingSink
+from engine.operators.builtin import ErrorPolicy, KeyedRunner
+from engine.operators.functions import KeyedProcessFunction
+from engine.operators.windows import PANES, AggregateFunction, WindowJoin, WindowOperator
+from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
+from engine.time.clock import ManualClock, now_ms
+from engine.time.event_time import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     Window,
@@ -24,7 +25,6 @@ from engine.time import (
     tumbling_event_time,
     tumbling_processing_time,
 )
-from engine.windows import PANES, AggregateFunction, WindowJoin, WindowOperator
 
 N = 8  # key groups; "a" and "c" are in group 7, "b" in group 4, "g" in group 0
 KG_A = key_group_of("a", N)

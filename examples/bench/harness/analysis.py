@@ -9,7 +9,7 @@ Format. A *second* is a row ``{"second": int, "count": int, "mean_ms", "p50_ms",
 "max_ms"}`` describing the records that reached the sink in that wall-clock second (latency =
 arrival - record timestamp); the ms fields are None when ``count`` is 0 (``p50_ms`` may be
 absent in synthetic rows). A *series* is a list of rows, or a dict ``second -> row``.
-``per_s`` is a dict ``second -> engine.latency.LatencyHistogram`` (what
+``per_s`` is a dict ``second -> engine.observability.latency.LatencyHistogram`` (what
 ``harness.jobs.latency_seconds`` reads from a ``LatencySink``).
 
 * ``histogram_rows``, ``merged``, ``latency_stats``: per-second histograms to rows, merged
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.latency import LatencyHistogram
+from engine.observability.latency import LatencyHistogram
 from examples.bench.harness import BenchError
 
 Row = Mapping[str, Any]

@@ -4,7 +4,7 @@ Why here: the rescale benchmark's ``skew`` scenario and the planning benchmark's
 phase both count the load per key group on the generator's deterministic key sequence and
 ask for an assignment that evens it; both must compute it the same way.
 
-An *assignment* is a sequence, one task index per key group (``engine.keygroups``' format).
+An *assignment* is a sequence, one task index per key group (``engine.dataflow.keygroups``' format).
 Every function is pure and deterministic (ties break on the lower index). The load-evening
 assignment itself is the engine's (``migration.assignment.balanced``).
 """
@@ -48,7 +48,7 @@ def rebalance_target(keys: Any, num_keys: int, key_groups: int, from_p: int, to_
     ``imbalance_before``, ``imbalance_after`` and ``planned_groups_moved``."""
     import numpy as np
 
-    from engine.keygroups import key_group_of, uniform_assignment
+    from engine.dataflow.keygroups import key_group_of, uniform_assignment
 
     counts = np.bincount(np.asarray(keys, dtype=np.int64), minlength=num_keys)
     loads = group_loads(counts.tolist(), lambda k: key_group_of(int(k), key_groups), key_groups)

@@ -29,10 +29,10 @@ import uuid
 from typing import Any
 
 from engine import JobConfig, KeyedProcessFunction, StreamJob
-from engine.clock import ManualClock
-from engine.latency import LatencyHistogram
-from engine.sinks import LatencySink, Sink, SinkWriter
-from engine.sources import GeneratorSource
+from engine.io.sinks import LatencySink, Sink, SinkWriter
+from engine.io.sources import GeneratorSource
+from engine.observability.latency import LatencyHistogram
+from engine.time.clock import ManualClock
 from examples.bench.harness import analysis
 
 #: every benchmark's generator seed, so that runs of one benchmark see the same keys

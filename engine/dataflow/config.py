@@ -1,0 +1,337 @@
+"""Job configuration (one frozen dataclass) and the count check every layer shares.
+
+Why: a setting of the wrong type fails far from where it was written (``batch_size=1.5``
+surfaces as a slicing error inside a task actor; ``parallelism=True`` deploys one task), so
+every value is checked where it is given. Guarantees: a ``JobConfig`` that constructs holds
+values of its declared types (numpy integers become ``int``, integers in float fields become
+``float``) within their documented ranges; ``check_count`` is the one definition of "a
+count" (an integer, never a bool, at least a minimum), used by the builders, the graph, the
+sources and the JobMaster's rescale validation. Errors are ``ConfigError`` (a
+``JobDefinitionError`` and a ``ValueError``) naming the setting, the value and what is
+expected, unless the caller asks for another ``ReflowError`` class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+from dataclasses import dataclass, field
+
+from engine.errors import ConfigError, ReflowError
+
+
+def check_count(
+    what: str, value: object, minimum: int = 1, error: type[ReflowError] = ConfigError,
+) -> int:
+    """``value`` as an ``int`` when it is an integer >= ``minimum``; otherwise raise
+    ``error(message)`` with a message naming ``what``, the value given and what is expected.
+
+    Booleans are not counts (``True`` is an ``int`` in Python, but ``parallelism=True`` is a
+    slip, not a request for one task); floats are not, even ``2.0``; numpy integers are, and
+    come back as ``int`` (so they encode on the wire). ``what`` is the reader's name for the
+    setting, e.g. ``"operator 'count': parallelism"`` or ``"JobConfig: batch_size"``;
+    ``error`` must take the message as its only required argument (``JobDefinitionError``,
+    ``RescaleRefused``, ...).
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise error(
+            f"{what} must be an integer >= {minimum}; got {value!r} ({type(value).__name__})"
+        )
+    if value < minimum:
+        raise error(f"{what} must be an integer >= {minimum}; got {value!r}")
+    return int(value)
+
+
+# What each annotation of a JobConfig field accepts, for the message of a refused value.
+_EXPECTED = {
+    "int": "an integer", "float": "a number (not NaN)", "bool": "True or False", "str": "a string",
+    "TLS": "an engine.dataflow.config.TLS",
+}
+
+
+def _typed(name: str, annotation: str, value: object) -> object:
+    """``value`` checked against a field annotation (``int``, ``float``, ``bool``, ``str``,
+    each optionally ``| None``) and normalised to that builtin type; ``ConfigError`` else.
+    Another annotation is passed through unchecked (tests/unit/test_validation.py fails
+    until this function learns it)."""
+    optional = annotation.endswith(" | None")
+    base = annotation.removesuffix(" | None")
+    if value is None and optional:
+        return None
+    if base == "int":
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    elif base == "float":
+        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+              and not math.isnan(value))  # type: ignore[arg-type]
+    elif base == "bool":
+        ok = isinstance(value, bool)
+    elif base == "str":
+        ok = isinstance(value, str)
+    elif base == "TLS":
+        ok = isinstance(value, TLS)
+    else:  # a type this check does not know yet: never fail a user's job over it
+        return value
+    if not ok:
+        expected = _EXPECTED[base] + (" or None" if optional else "")
+        raise ConfigError(
+            f"JobConfig: {name} must be {expected}; got {value!r} ({type(value).__name__})"
+        )
+    if base == "int":
+        return int(value)  # type: ignore[call-overload]
+    if base == "float":
+        return float(value)  # type: ignore[arg-type]
+    return value
+
+
+def _metrics_host_default() -> str:
+    return os.environ.get("REFLOW_METRICS_HOST") or "127.0.0.1"
+
+
+def _data_host_default() -> str:
+    return os.environ.get("REFLOW_DATA_HOST") or "127.0.0.1"
+
+
+def _metrics_port_default() -> object:
+    """``REFLOW_METRICS_PORT`` as an int (a value that is not one is refused by the type
+    check, naming it), else 0."""
+    text = os.environ.get("REFLOW_METRICS_PORT", "").strip()
+    if not text:
+        return 0
+    return int(text) if text.isdigit() else text
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS for the data transport's connections (``JobConfig(tls=TLS(...))``): PEM files,
+    read by each task actor when it opens its data server or a connection, so the paths
+    must exist on every node (e.g. a Kubernetes secret mounted at the same path).
+
+    Both ends authenticate: a task's server presents ``cert_file`` and requires the
+    connecting task's certificate, and each side verifies the other's chain against
+    ``ca_file`` (default: ``cert_file`` itself, so one self-signed pair shared by the job's
+    tasks is enough). ``check_hostname``: also check that the address a task connects to is
+    in the server certificate's subject alternative names (off by default: tasks connect by
+    IP address, and the chain check against a job-private CA already authenticates them).
+    Wrong types or empty paths raise ``ConfigError``; an unreadable file or a bad key fails
+    the task at deployment with ``ConfigError`` naming the file."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    check_hostname: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "ca_file"):
+            value = getattr(self, name)
+            if value is None and name == "ca_file":
+                continue
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"TLS: {name} must be the path of a PEM file; got {value!r}")
+        if not isinstance(self.check_hostname, bool):
+            raise ConfigError(f"TLS: check_hostname must be True or False; got "
+                              f"{self.check_hostname!r}")
+
+    @property
+    def ca(self) -> str:
+        """The file of certificate authorities peers are verified against."""
+        return self.ca_file or self.cert_file
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Knobs of a deployed job.
+
+    ``batch_size``/``linger_ms``: a channel sends a frame when it holds this many records or
+    its oldest record waited this long. ``credits``: unacknowledged frames a sender may have
+    on one channel (a frame is acknowledged when the receiver takes it for processing), so a
+    task holds at most ``credits`` frames per input channel. ``metrics_host``: the address
+    the job's Prometheus endpoint binds to (default ``REFLOW_METRICS_HOST``, else
+    127.0.0.1); ``metrics_port``: 0 picks a free port, None disables the endpoint (default
+    ``REFLOW_METRICS_PORT``, else 0). The variables let a deployment (``deploy/k8s``) open
+    the endpoint on the pod network without changing the job's code. ``task_num_cpus``: CPUs each task actor reserves
+    (0 lets many tasks share a small machine). ``drrs_*``: the DRRS set-aside cap per
+    task (records), subscale size (key groups) and subscales per task at once;
+    ``drrs_max_subscales``: subscales of the operator at once (None: as many as the CPUs
+    of the Ray cluster when the rescale starts; a migration is CPU work that competes
+    with the processing, and more subscales at once stretch each one, so more records wait
+    longer);
+    ``drrs_subscale_bytes``: a subscale also holds at most this much state (estimated per
+    group when the rescale is planned; a larger group moves alone; None: no budget). A
+    subscale's groups are sent one after another and records of all of them wait at the
+    new owner from the start, so the budget bounds the wait of its last group.
+    ``warm_standby_tasks``: idle task actors kept ready for scale-out; a rescale that takes
+    some leaves the pool short until ``warm_standby_refill_s`` after it ended (starting
+    actors costs CPU, which the rescale should not compete with).
+    ``rescale_timeout_s``: how long a rescale phase or subscale may take before the job fails.
+    ``control_timeout_s``: how long the driver's ``JobHandle`` waits for the JobMaster to
+    answer ``status``/``metrics``/``set_replication`` (the JobMaster waits half of it for
+    each task's metrics and reports the tasks that did not answer as unresponsive);
+    ``ControlTimeout`` when it does not (see ``JobHandle`` for the other calls' deadlines).
+    ``batched_step_size``/``batched_matching``: key groups per step of the ``batched``
+    protocol, or steps in which every task sends and receives at most one group.
+    ``step_gap_ms``: pause between the steps of step-wise protocols (fluid, batched,
+    non-disruptive).
+    ``replication``: which key groups of keyed operators keep a replica on another task
+    during normal processing ("none", "hot": the ``replication_hot_fraction`` busiest, "all"),
+    refreshed every ``replication_period_s`` with the changes since the last refresh; a
+    migration to the replica's holder then ships only those changes.
+    ``transport``: how data frames travel between tasks: "tcp" (default) over a direct
+    socket per pair of task actors (``engine.wire.transport``; a frame costs a write and a read),
+    or "ray" as one actor call per frame (~1.3 ms of CPU over both ends). ``data_host``: the
+    address each task's data socket binds to and is reached at: 127.0.0.1 by default, which
+    serves a single machine (a local Ray cluster, several raylets on one host included); on a
+    multi-machine cluster set it to "0.0.0.0" (each task then advertises its node's address)
+    or use ``transport="ray"`` (default: ``REFLOW_DATA_HOST``, else 127.0.0.1).
+    ``tls``: a ``TLS`` makes the data transport's connections mutually authenticated TLS
+    (``transport="tcp"`` only; None: plain TCP, with the per-task token as the only check).
+    ``max_frame_bytes``: the largest data frame a task sends or accepts; a connection whose
+    length field announces more is closed before anything is allocated, and a sender whose
+    batch encodes to more fails naming the operator and this setting (lower
+    ``batch_size`` or raise the limit).
+    ``checkpoint_interval_s``: take an aligned checkpoint this often (None: no periodic
+    checkpoints; the default); it is written under ``checkpoint_dir`` (a local path or any
+    URI pyarrow.fs takes, e.g. ``s3://bucket/path``; None: ``reflow-checkpoints`` in the
+    system's temporary directory, which serves one machine) as ``<job id>/chk-<n>``, and
+    the last ``checkpoints_retained`` stay there. A checkpoint that does not complete
+    within ``checkpoint_timeout_s`` fails; more than ``tolerable_checkpoint_failures``
+    failed checkpoints in a row fail the job.
+    ``restart_strategy``: what a failure (a task died, a user function raised) does:
+    "fixed-delay" restarts every task from the last complete checkpoint (from the start of
+    the input when there is none) after ``restart_delay_s``, at most ``restart_attempts``
+    times over the job's life; "none" fails the job. None: "fixed-delay" when checkpoints
+    are on, "none" otherwise.
+    ``live_rescaling``: False switches off the per-frame and per-timer checks that live
+    migration needs (only ``stop-restart`` is then accepted); it exists to measure what
+    rescaling support costs in steady state.
+    ``drrs_pacing``: drrs starts at most as many subscales at once as the machine's idle
+    cores allow (half a core each, between 1 and ``drrs_max_subscales``), measured while it
+    runs (``migration.pacing``), and lets a subscale's new owner have up to
+    ``drrs_max_chunk_bytes`` of state in flight beyond one group (pulls several groups at
+    once) when at least 1.5 cores are idle, one group at a time below half a core idle,
+    linear between; False: always ``drrs_max_subscales`` and ``drrs_max_chunk_bytes``.
+    ``group_load_sample_every``: a keyed task counts its records per key group (the load
+    rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
+    scales the counts to all its records (``engine.observability.groupstats``); 1 counts every frame.
+    """
+
+    batch_size: int = 1000
+    linger_ms: float = 5.0
+    credits: int = 4
+    latency_marker_interval_ms: float = 100.0
+    metrics_host: str = field(default_factory=_metrics_host_default)
+    metrics_port: int | None = field(default_factory=_metrics_port_default)  # type: ignore[assignment]
+    metrics_poll_interval_s: float = 1.0
+    task_num_cpus: float = 0.0
+    source_poll_records: int = 1000
+    timer_check_interval_ms: float = 10.0
+    drrs_set_aside_cap: int = 200
+    drrs_subscale_size: int = 4
+    drrs_subscale_bytes: int | None = 1_000_000
+    drrs_max_subscales_per_task: int = 2
+    drrs_max_subscales: int | None = None
+    warm_standby_tasks: int = 0
+    warm_standby_refill_s: float = 10.0
+    rescale_timeout_s: float = 300.0
+    control_timeout_s: float = 5.0
+    batched_step_size: int = 4
+    batched_matching: bool = False
+    step_gap_ms: float = 0.0
+    replication: str = "none"
+    replication_period_s: float = 5.0
+    replication_hot_fraction: float = 0.2
+    live_rescaling: bool = True
+    transport: str = "tcp"
+    data_host: str = field(default_factory=_data_host_default)
+    tls: TLS | None = None
+    max_frame_bytes: int = 64 * 1024 * 1024
+    group_load_sample_every: int = 8
+    drrs_pacing: bool = True
+    drrs_max_chunk_bytes: int = 4_000_000
+    checkpoint_interval_s: float | None = None
+    checkpoint_dir: str | None = None
+    checkpoints_retained: int = 3
+    checkpoint_timeout_s: float = 600.0
+    tolerable_checkpoint_failures: int = 3
+    restart_strategy: str | None = None
+    restart_attempts: int = 3
+    restart_delay_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        """Refuse (``ConfigError``, naming the field, the value and what is expected) a
+        field of the wrong type, then one out of its range."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            typed = _typed(f.name, str(f.type), value)
+            if typed is not value:
+                object.__setattr__(self, f.name, typed)
+        checks = [
+            ("batch_size", self.batch_size >= 1, ">= 1"),
+            ("linger_ms", self.linger_ms >= 0, ">= 0"),
+            ("credits", self.credits >= 1, ">= 1 (a channel needs one frame in flight)"),
+            ("latency_marker_interval_ms", self.latency_marker_interval_ms > 0, "> 0"),
+            ("metrics_port", self.metrics_port is None or 0 <= self.metrics_port < 65536,
+             "a port number, 0 (any free port), or None (no endpoint)"),
+            ("metrics_poll_interval_s", self.metrics_poll_interval_s > 0, "> 0"),
+            ("task_num_cpus", self.task_num_cpus >= 0, ">= 0"),
+            ("source_poll_records", self.source_poll_records >= 1, ">= 1"),
+            ("timer_check_interval_ms", self.timer_check_interval_ms > 0, "> 0"),
+            ("drrs_set_aside_cap", self.drrs_set_aside_cap >= 1, ">= 1 record"),
+            ("drrs_subscale_size", self.drrs_subscale_size >= 1, ">= 1 key group"),
+            ("drrs_subscale_bytes",
+             self.drrs_subscale_bytes is None or self.drrs_subscale_bytes >= 1,
+             ">= 1 byte or None (no byte budget)"),
+            ("drrs_max_subscales_per_task", self.drrs_max_subscales_per_task >= 1, ">= 1"),
+            ("drrs_max_subscales",
+             self.drrs_max_subscales is None or self.drrs_max_subscales >= 1,
+             ">= 1 or None (as many as the cluster's CPUs)"),
+            ("warm_standby_tasks", self.warm_standby_tasks >= 0, ">= 0"),
+            ("warm_standby_refill_s", self.warm_standby_refill_s >= 0, ">= 0"),
+            ("rescale_timeout_s", self.rescale_timeout_s > 0, "> 0"),
+            ("control_timeout_s", 0 < self.control_timeout_s < math.inf, "> 0 and finite"),
+            ("batched_step_size", self.batched_step_size >= 1, ">= 1 key group"),
+            ("step_gap_ms", self.step_gap_ms >= 0, ">= 0"),
+            ("replication", self.replication in ("none", "hot", "all"),
+             "'none', 'hot' or 'all'"),
+            ("replication_period_s", self.replication_period_s > 0, "> 0"),
+            ("replication_hot_fraction", 0 < self.replication_hot_fraction <= 1, "in (0, 1]"),
+            ("transport", self.transport in ("tcp", "ray"), "'tcp' or 'ray'"),
+            ("data_host", bool(self.data_host), "an address to bind the data socket to"),
+            ("tls", self.tls is None or self.transport == "tcp",
+             "None with transport='ray' (TLS is for the tcp transport's sockets)"),
+            ("max_frame_bytes", self.max_frame_bytes >= 1024, ">= 1024 bytes"),
+            ("drrs_max_chunk_bytes", self.drrs_max_chunk_bytes >= 0,
+             ">= 0 bytes (0: one group in flight at a time)"),
+            ("group_load_sample_every", self.group_load_sample_every >= 1,
+             ">= 1 (1: count every frame)"),
+            ("checkpoint_interval_s",
+             self.checkpoint_interval_s is None or 0 < self.checkpoint_interval_s < math.inf,
+             "> 0 seconds and finite, or None (no periodic checkpoints)"),
+            ("checkpoint_dir", self.checkpoint_dir is None or bool(self.checkpoint_dir),
+             "a directory or URI, or None (a temporary directory)"),
+            ("checkpoints_retained", self.checkpoints_retained >= 1, ">= 1"),
+            ("checkpoint_timeout_s", self.checkpoint_timeout_s > 0, "> 0"),
+            ("tolerable_checkpoint_failures", self.tolerable_checkpoint_failures >= 0, ">= 0"),
+            ("restart_strategy", self.restart_strategy in (None, "fixed-delay", "none"),
+             "'fixed-delay', 'none' or None (fixed-delay when checkpoints are on)"),
+            ("restart_attempts", self.restart_attempts >= 0, ">= 0"),
+            ("restart_delay_s", 0 <= self.restart_delay_s < math.inf, ">= 0 and finite"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ConfigError(
+                    f"JobConfig: {name} must be {expected}; got {getattr(self, name)!r}"
+                )
+
+    @property
+    def checkpointing(self) -> bool:
+        """Periodic checkpoints are on (sinks then commit at checkpoints: two-phase)."""
+        return self.checkpoint_interval_s is not None
+
+    @property
+    def restarts(self) -> str:
+        """The restart strategy in effect: ``restart_strategy``, or its default."""
+        if self.restart_strategy is not None:
+            return self.restart_strategy
+        return "fixed-delay" if self.checkpointing else "none"

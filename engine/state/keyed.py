@@ -1,0 +1,539 @@
+"""Keyed state per key group: the backend, the state handles, and key-group snapshots.
+
+State lives in ``KeyedStateBackend.groups[key_group][state_name][key]``. A key group's
+timers live with it (``timers[key_group]``: set of ``(time_ms, key, domain)``, domain
+``PROCESSING_TIME`` or ``EVENT_TIME``).
+A key group encodes on its own (exact msgpack codec, declared codecs for user types) and
+reports its size, so migration and checkpoints move single key groups.
+
+Dense tables (``engine.state.dense``): ``dense_table(name)`` turns one state name into a
+task-wide ``DenseTable`` (numpy arrays); each group then holds a ``DenseGroupView`` of it
+under that name, read and written like a dict, so everything below works on it unchanged.
+``install``/``remove`` keep the dense tables in step; ``undense(name)`` turns one back
+into dicts (when a batch brings keys or values it cannot hold).
+
+Change tracking (for replicas, ``migration.replication``): ``track_changes(kg)`` records
+every key made current in ``kg`` (and every key of ``kg`` on ``install``/``remove``) as
+possibly changed; ``snapshot_delta(kg)`` encodes those keys' current values plus the group's
+full timer set; ``apply_delta(base, delta)`` turns the snapshot taken at the last
+``mark_replicated(kg)`` into the group's snapshot now.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from engine.wire.codec import pack_exact, unpack_exact
+
+if TYPE_CHECKING:
+    from engine.state.dense import DenseTable
+
+_SAMPLE = 32
+_RESAMPLE_PER_CALL = 2
+_SAMPLES_PER_CALL = 8  # new or grown tables sampled per estimated_bytes call
+
+
+def _entry_size(table: dict[Any, Any], sample_size: int = _SAMPLE) -> float:
+    """Mean encoded bytes of an entry of ``table`` (non-empty), from its first entries."""
+    sample = list(itertools.islice(table.items(), sample_size))
+    return len(pack_exact(sample)) / len(sample)
+PROCESSING_TIME = 0
+EVENT_TIME = 1
+
+
+class KeyedStateBackend:
+    """All keyed state of one task. The task sets ``current_key``/``current_group`` before
+    calling user code; state handles read and write through them."""
+
+    def __init__(self, num_key_groups: int) -> None:
+        self.num_key_groups = num_key_groups
+        self.groups: dict[int, dict[str, dict[Any, Any]]] = {}
+        self.timers: dict[int, set[tuple[int, Any, int]]] = {}
+        # per time domain: (time, key_group, tie-breaker, key); keys are never compared
+        self._heaps: tuple[list[tuple[int, int, int, Any]], ...] = ([], [])
+        self._tie = 0
+        self.current_key: Any = None
+        self.current_group: int = -1
+        self._tables: dict[str, dict[Any, Any]] = {}
+        # change tracking: key group -> keys possibly changed since its last
+        # mark_replicated; empty when no group is tracked (set_current tests it once)
+        self._changes: dict[int, set[Any]] = {}
+        # key group -> replication version; kept after untrack so versions never repeat
+        self._versions: dict[int, int] = {}
+        # (key group, table) -> (mean encoded bytes per entry, length when sampled)
+        self._entry_bytes: dict[tuple[int, str], tuple[float, int]] = {}
+        self._resample_at = 0
+        self._dense: dict[str, DenseTable] = {}
+        # bumped whenever groups or dense tables come, go or are replaced (callers that
+        # checked a layout remember this and check again only when it moved)
+        self.layout_version = 0
+
+    # -- ownership
+    def own(self, key_group: int) -> None:
+        """Take ownership of an empty key group (creates it when missing)."""
+        if key_group not in self.groups:
+            self.layout_version += 1
+        self.groups.setdefault(key_group, {})
+        self.timers.setdefault(key_group, set())
+
+    def owned(self) -> list[int]:
+        return sorted(self.groups)
+
+    def set_current(self, key: Any, key_group: int) -> None:
+        self.current_key = key
+        if key_group != self.current_group:
+            self.current_group = key_group
+            self._tables = self.groups[key_group]
+        if self._changes:  # the only cost when nothing is tracked
+            changed = self._changes.get(key_group)
+            if changed is not None:
+                changed.add(key)
+
+    def table(self, name: str) -> dict[Any, Any]:
+        """The ``name`` table of the current key group (key -> value)."""
+        t = self._tables.get(name)
+        if t is None:
+            dense = self._dense.get(name)
+            t = self._tables[name] = {} if dense is None else dense.view(self.current_group)
+        return t
+
+    # -- dense tables
+    def dense_table(self, name: str) -> DenseTable | None:
+        """The task-wide dense table of state ``name``, made from the groups' ``name``
+        tables on first call; None (nothing changed) when their entries cannot be dense
+        (``engine.state.dense``)."""
+        t = self._dense.get(name)
+        if t is not None:
+            return t
+        from engine.state.dense import DenseTable
+
+        t = DenseTable(name)
+        for kg, tables in self.groups.items():
+            d = tables.get(name)
+            if d and not t.absorb(kg, list(d), list(d.values())):
+                return None
+        self._dense[name] = t
+        self.layout_version += 1
+        for kg, tables in self.groups.items():
+            if name in tables:
+                tables[name] = t.view(kg)
+        return t
+
+    def undense(self, name: str) -> None:
+        """Turn the dense table ``name`` back into one dict per group (no-op if none)."""
+        t = self._dense.pop(name, None)
+        if t is None:
+            return
+        self.layout_version += 1
+        for tables in self.groups.values():
+            v = tables.get(name)
+            if v is not None and getattr(v, "table", None) is t:
+                tables[name] = dict(v.items())
+
+    def dense_names(self) -> list[str]:
+        return sorted(self._dense)
+
+    # -- timers
+    def register_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
+        """A timer for the current key; one per (key, time, domain)."""
+        self.add_timer(self.current_group, time_ms, self.current_key, domain)
+
+    def add_timer(self, key_group: int, time_ms: int, key: Any,
+                  domain: int = PROCESSING_TIME) -> None:
+        """A timer for ``key`` of ``key_group`` (an owned group); one per (key, time,
+        domain). Vectorised operators register one per group with a key of their own."""
+        entry = (int(time_ms), key, domain)
+        ts = self.timers[key_group]
+        if entry not in ts:
+            ts.add(entry)
+            self._push_timer(entry[0], key_group, key, domain)
+
+    def _push_timer(self, time_ms: int, key_group: int, key: Any, domain: int) -> None:
+        self._tie += 1
+        heapq.heappush(self._heaps[domain], (time_ms, key_group, self._tie, key))
+
+    def delete_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
+        self.timers[self.current_group].discard((int(time_ms), self.current_key, domain))
+
+    def next_timer(self, domain: int = PROCESSING_TIME) -> int | None:
+        heap = self._heaps[domain]
+        while heap:
+            t, kg, _, key = heap[0]
+            if kg in self.timers and (t, key, domain) in self.timers[kg]:
+                return t
+            heapq.heappop(heap)
+        return None
+
+    def pop_due_timers(self, now_ms: int, domain: int = PROCESSING_TIME) -> Iterator[tuple[int, int, Any]]:
+        """Yield ``(time_ms, key_group, key)`` for every live timer due at ``now_ms``, in
+        time order (timers registered while iterating fire too when due)."""
+        heap = self._heaps[domain]
+        while heap and heap[0][0] <= now_ms:
+            t, kg, _, key = heapq.heappop(heap)
+            ts = self.timers.get(kg)
+            if ts is not None and (t, key, domain) in ts:
+                ts.discard((t, key, domain))
+                yield t, kg, key
+
+    # -- single key groups
+    def snapshot(self, key_group: int) -> bytes:
+        """Encode one key group (all its tables and timers)."""
+        tables = self.groups.get(key_group, {})
+        return pack_exact(
+            [
+                [[name, list(t.items())] for name, t in tables.items() if t],
+                sorted(self.timers.get(key_group, ()), key=repr),
+            ]
+        )
+
+    def install(self, key_group: int, data: bytes) -> None:
+        """Install an encoded key group, replacing anything held for it."""
+        tables_enc, timers = unpack_exact(data)
+        changed = self._changes.get(key_group)
+        if changed is not None:
+            self._note_all(key_group, changed)
+        self.layout_version += 1
+        for t in self._dense.values():
+            t.drop_group(key_group)
+        self.groups[key_group] = tables = {name: dict(items) for name, items in tables_enc}
+        for name in list(self._dense):
+            d = tables.get(name)
+            if d is not None:
+                t = self._dense[name]
+                if t.absorb(key_group, list(d), list(d.values())):
+                    tables[name] = t.view(key_group)
+                else:
+                    self.undense(name)
+        if changed is not None:
+            self._note_all(key_group, changed)
+        self.timers[key_group] = {(int(t), k, int(d)) for t, k, d in timers}
+        for t, k, d in self.timers[key_group]:
+            self._push_timer(t, key_group, k, d)
+        if key_group == self.current_group:
+            self._tables = self.groups[key_group]
+
+    def remove(self, key_group: int) -> None:
+        """Drop a key group and its timers (after it was snapshotted and sent). A tracked
+        group stays tracked (its delta then empties the replica); ``untrack`` it when it
+        left for good."""
+        changed = self._changes.get(key_group)
+        if changed is not None:
+            self._note_all(key_group, changed)
+        self.groups.pop(key_group, None)
+        self.layout_version += 1
+        for t in self._dense.values():
+            t.drop_group(key_group)
+        self.timers.pop(key_group, None)
+        if key_group == self.current_group:
+            self.current_group = -1
+            self._tables = {}
+
+    # -- change tracking (replicas)
+    def track_changes(self, key_group: int, start_version: int | None = None) -> int:
+        """Start recording which keys of ``key_group`` may change; returns its version.
+
+        Starting bumps the version (to at least ``start_version``), so a replica taken
+        before an untracked period never matches. A group that moves to another task should
+        start there above the version it had at its old owner (pass ``start_version``), so
+        versions of one group never repeat across owners. No-op when already tracked.
+        """
+        if key_group in self._changes:
+            return self._versions[key_group]
+        v = self._versions.get(key_group, 0) + 1
+        if start_version is not None and start_version > v:
+            v = start_version
+        self._versions[key_group] = v
+        changed: set[Any] = set()
+        if key_group == self.current_group:
+            changed.add(self.current_key)  # user code may still write the current key
+        self._changes[key_group] = changed
+        return v
+
+    def untrack(self, key_group: int) -> None:
+        """Stop recording changes of ``key_group`` (its version is kept)."""
+        self._changes.pop(key_group, None)
+
+    def is_tracked(self, key_group: int) -> bool:
+        return key_group in self._changes
+
+    def tracked(self) -> list[int]:
+        return sorted(self._changes)
+
+    def version(self, key_group: int) -> int:
+        """The version of the last ``mark_replicated`` (or ``track_changes``); 0 if never."""
+        return self._versions.get(key_group, 0)
+
+    def note_changed(self, key_group: int, key: Any) -> None:
+        """Record a change made without ``set_current`` (fast paths writing tables
+        directly). No-op when the group is not tracked."""
+        if self._changes:
+            changed = self._changes.get(key_group)
+            if changed is not None:
+                changed.add(key)
+
+    def changed_keys(self, key_group: int) -> int:
+        """How many keys of a tracked group may have changed since the last mark."""
+        return len(self._changes.get(key_group, ()))
+
+    def snapshot_delta(self, key_group: int) -> bytes:
+        """Encode what changed in a tracked group since its last ``mark_replicated`` (or
+        ``track_changes``): for every possibly changed key, its value in each table that
+        holds it (tables not listed: absent), plus the group's full timer set, tagged with
+        the base version (``version(key_group)``). See ``apply_delta``."""
+        changed = self._changes.get(key_group)
+        if changed is None:
+            raise ValueError(
+                f"key group {key_group} is not tracked; call track_changes({key_group}) "
+                "before asking for a delta"
+            )
+        tables = self.groups.get(key_group, {})
+        entries = [
+            [key, [[name, t[key]] for name, t in tables.items() if key in t]]
+            for key in changed
+        ]
+        return pack_exact(
+            [
+                _DELTA_TAG,
+                self._versions[key_group],
+                entries,
+                sorted(self.timers.get(key_group, ()), key=repr),
+            ]
+        )
+
+    def mark_replicated(self, key_group: int) -> int:
+        """The group's state as of now is replicated: clear its change set and bump its
+        version (returned). Call right after encoding the snapshot or delta that was sent,
+        with no state operation in between."""
+        changed = self._changes.get(key_group)
+        if changed is None:
+            raise ValueError(f"key group {key_group} is not tracked; call track_changes first")
+        changed.clear()
+        if key_group == self.current_group:
+            changed.add(self.current_key)  # user code may still write the current key
+        v = self._versions[key_group] = self._versions[key_group] + 1
+        return v
+
+    def _note_all(self, key_group: int, changed: set[Any]) -> None:
+        for t in self.groups.get(key_group, {}).values():
+            changed.update(t)
+
+    def size_bytes(self, key_group: int) -> int:
+        return len(self.snapshot(key_group))
+
+    def estimated_bytes(self) -> int:
+        """Cheap estimate of the encoded size of all state: each table's length times its
+        entries' mean encoded size. A call samples (``_SAMPLE`` entries) at most
+        ``_SAMPLES_PER_CALL`` tables that are new or whose length changed by half since
+        their sample, and re-samples ``_RESAMPLE_PER_CALL`` others in turn (a quarter of
+        ``_SAMPLE``), so values that grow are seen within some calls. Until its turn, a
+        grown table counts at its old mean entry size and a new one at the mean of the
+        sampled tables of its name (sampled at once when there is none). So a call costs
+        one ``len`` per table plus a bounded number of samples, never a sample of every
+        table: the JobMaster asks every second, and state that doubles, or 64 groups
+        installed by a rescale, would otherwise stall the task for one sample per table."""
+        cache = self._entry_bytes
+        total = 0.0
+        budget = _SAMPLES_PER_CALL
+        stale: list[tuple[int, str, dict[Any, Any]]] = []
+        unsampled: list[tuple[str, int]] = []  # (name, length): estimated below
+        by_name: dict[str, list[float]] = {}  # name -> [entry bytes, entries] of sampled
+        for kg, tables in self.groups.items():
+            for name, t in tables.items():
+                n = len(t)
+                if not n:
+                    continue
+                known = cache.get((kg, name))
+                if known is None or not known[1] // 2 <= n <= 2 * known[1] + 1:
+                    if budget:
+                        budget -= 1
+                        known = cache[(kg, name)] = (_entry_size(t), n)
+                    elif known is None:
+                        unsampled.append((name, n))
+                        continue
+                else:
+                    stale.append((kg, name, t))
+                total += known[0] * n
+                acc = by_name.setdefault(name, [0.0, 0])
+                acc[0] += known[0] * n
+                acc[1] += n
+        for name, n in unsampled:
+            acc = by_name.get(name)
+            if acc is None:  # nothing known of this name: one table of it is sampled
+                kg, t = next((kg, tables[name]) for kg, tables in self.groups.items()
+                             if len(tables.get(name, ())) and (kg, name) not in cache)
+                known = cache[(kg, name)] = (_entry_size(t), len(t))
+                acc = by_name[name] = [known[0] * known[1], known[1]]
+            total += acc[0] / acc[1] * n
+        if stale:  # refresh a few, in turn
+            self._resample_at %= len(stale)
+            for kg, name, t in stale[self._resample_at:self._resample_at + _RESAMPLE_PER_CALL]:
+                old, _ = cache[(kg, name)]
+                per = cache[(kg, name)] = (_entry_size(t, _SAMPLE // 4), len(t))
+                total += (per[0] - old) * len(t)
+            self._resample_at += _RESAMPLE_PER_CALL
+        if len(cache) > 2 * sum(len(tables) for tables in self.groups.values()) + 64:
+            live = {(kg, name) for kg, tables in self.groups.items() for name in tables}
+            for k in [k for k in cache if k not in live]:
+                del cache[k]
+        return int(total)
+
+    def num_keys(self) -> int:
+        return sum(len(t) for tables in self.groups.values() for t in tables.values())
+
+
+# ---------------------------------------------------------------- deltas
+
+_DELTA_TAG = "reflow-kg-delta/1"
+
+
+def _decode_delta(delta: bytes) -> tuple[int, list[Any], list[Any]]:
+    dec = unpack_exact(delta)
+    if not (isinstance(dec, list) and len(dec) == 4 and dec[0] == _DELTA_TAG):
+        raise ValueError("bytes are not a key-group delta (snapshot_delta); a full snapshot?")
+    return int(dec[1]), dec[2], dec[3]
+
+
+def delta_base_version(delta: bytes) -> int:
+    """The version a delta applies to: the group's version when it was encoded."""
+    return _decode_delta(delta)[0]
+
+
+def apply_delta(base: bytes, delta: bytes) -> bytes:
+    """The group's full snapshot after applying ``delta`` to ``base``.
+
+    ``base`` must be the group's snapshot at the ``mark_replicated`` whose version the delta
+    carries (``delta_base_version``); the caller checks that. The result decodes equal to
+    the owner's ``snapshot`` at the time the delta was encoded (as tables and timer set;
+    the order of keys inside a table may differ)."""
+    _, entries, timers = _decode_delta(delta)
+    tables_enc, _ = unpack_exact(base)
+    tables: dict[str, dict[Any, Any]] = {name: dict(items) for name, items in tables_enc}
+    for key, present in entries:
+        for t in tables.values():
+            t.pop(key, None)
+        for name, value in present:
+            t = tables.get(name)
+            if t is None:
+                t = tables[name] = {}
+            t[key] = value
+    return pack_exact([[[name, list(t.items())] for name, t in tables.items() if t], timers])
+
+
+def decode_snapshot(data: bytes) -> tuple[dict[str, dict[Any, Any]], set[tuple[int, Any, int]]]:
+    """A snapshot as ``({table: {key: value}}, timer set)``, empty tables left out: the
+    form in which two snapshots of one group compare equal."""
+    tables_enc, timers = unpack_exact(data)
+    return (
+        {name: dict(items) for name, items in tables_enc if items},
+        {(int(t), k, int(d)) for t, k, d in timers},
+    )
+
+
+# ---------------------------------------------------------------- state handles
+
+_MISSING = object()
+
+
+class ValueState:
+    """One value per key."""
+
+    def __init__(self, backend: KeyedStateBackend, name: str, default: Any = None) -> None:
+        self._b, self._name, self._default = backend, name, default
+
+    def value(self) -> Any:
+        return self._b.table(self._name).get(self._b.current_key, self._default)
+
+    def update(self, value: Any) -> None:
+        self._b.table(self._name)[self._b.current_key] = value
+
+    def clear(self) -> None:
+        self._b.table(self._name).pop(self._b.current_key, None)
+
+
+class ListState:
+    """A list per key."""
+
+    def __init__(self, backend: KeyedStateBackend, name: str) -> None:
+        self._b, self._name = backend, name
+
+    def get(self) -> list[Any]:
+        v = self._b.table(self._name).get(self._b.current_key)
+        return list(v) if v is not None else []
+
+    def add(self, value: Any) -> None:
+        t = self._b.table(self._name)
+        cur = t.get(self._b.current_key)
+        if cur is None:
+            t[self._b.current_key] = [value]
+        else:
+            cur.append(value)
+
+    def update(self, values: list[Any]) -> None:
+        self._b.table(self._name)[self._b.current_key] = list(values)
+
+    def clear(self) -> None:
+        self._b.table(self._name).pop(self._b.current_key, None)
+
+
+class MapState:
+    """A dict per key."""
+
+    def __init__(self, backend: KeyedStateBackend, name: str) -> None:
+        self._b, self._name = backend, name
+
+    def _map(self, create: bool = False) -> dict[Any, Any] | None:
+        t = self._b.table(self._name)
+        m = t.get(self._b.current_key)
+        if m is None and create:
+            m = t[self._b.current_key] = {}
+        return m
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        m = self._map()
+        return default if m is None else m.get(key, default)
+
+    def put(self, key: Any, value: Any) -> None:
+        self._map(create=True)[key] = value  # type: ignore[index]
+
+    def contains(self, key: Any) -> bool:
+        m = self._map()
+        return m is not None and key in m
+
+    def remove(self, key: Any) -> None:
+        m = self._map()
+        if m is not None:
+            m.pop(key, None)
+
+    def keys(self) -> list[Any]:
+        return list(self._map() or {})
+
+    def items(self) -> list[tuple[Any, Any]]:
+        return list((self._map() or {}).items())
+
+    def is_empty(self) -> bool:
+        return not self._map()
+
+    def clear(self) -> None:
+        self._b.table(self._name).pop(self._b.current_key, None)
+
+
+class ReducingState:
+    """One value per key, folded with ``reduce_fn`` on every ``add``."""
+
+    def __init__(self, backend: KeyedStateBackend, name: str, reduce_fn: Callable[[Any, Any], Any]) -> None:
+        self._b, self._name, self._fn = backend, name, reduce_fn
+
+    def add(self, value: Any) -> None:
+        t = self._b.table(self._name)
+        k = self._b.current_key
+        cur = t.get(k, _MISSING)
+        t[k] = value if cur is _MISSING else self._fn(cur, value)
+
+    def get(self) -> Any:
+        return self._b.table(self._name).get(self._b.current_key)
+
+    def clear(self) -> None:
+        self._b.table(self._name).pop(self._b.current_key, None)

@@ -1,0 +1,883 @@
+"""Every element and control message, as frozen dataclasses, and their msgpack wire codec.
+
+Two families:
+
+* **Channel events** travel on a data channel, in order with the records (a frame carries
+  records followed by at most one event): ``Watermark``, ``CheckpointBarrier``,
+  ``LatencyMarker``, ``EndOfStream`` (and the migration barriers below).
+* **Control messages** go between the JobMaster and a task outside the data path:
+  commands (JobMaster → task) and reports (task → JobMaster).
+
+On the wire a message is ``[tag, field, ...]`` encoded with the exact msgpack codec; only
+the classes declared here decode. Every invariant is in the class docstring and checked in
+``__post_init__`` where cheap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from engine.errors import CodecError
+from engine.wire.codec import pack_exact, pack_fast, register_wire_hooks, unpack_exact, unpack_fast
+
+M = TypeVar("M")
+_REGISTRY: dict[str, type] = {}
+_WIRE_TYPES: set[type] = set()
+
+
+def wire(cls: type[M]) -> type[M]:
+    """Declare a frozen dataclass as a wire message (its class name is its tag)."""
+    if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+        raise TypeError(f"{cls.__name__} must be a frozen dataclass to travel on the wire")
+    _REGISTRY[cls.__name__] = cls
+    _WIRE_TYPES.add(cls)
+    return cls
+
+
+def _to_list(msg: Any) -> list[Any]:
+    tag = type(msg).__name__
+    if _REGISTRY.get(tag) is not type(msg):
+        raise CodecError(f"{tag} is not a declared wire message")
+    return [tag, *(getattr(msg, f.name) for f in dataclasses.fields(msg))]
+
+
+def _from_list(items: Any) -> Any:
+    try:
+        tag, *fields = items
+        cls = _REGISTRY[tag]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CodecError(f"not a declared wire message: {items!r:.200}") from exc
+    try:
+        return cls(*fields)
+    except (TypeError, ValueError) as exc:
+        raise CodecError(f"{tag} does not accept fields {fields!r:.200}: {exc}") from exc
+
+
+register_wire_hooks(_WIRE_TYPES, lambda m: _to_list(m), lambda items: _from_list(items))
+
+
+def encode_message(msg: Any) -> bytes:
+    """Encode a control message (exact codec: tuples stay tuples)."""
+    return pack_exact(_to_list(msg))
+
+
+def decode_message(data: bytes) -> Any:
+    return _from_list(unpack_exact(data))
+
+
+# ---------------------------------------------------------------- channel events
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    """No record with event time <= ``timestamp`` (ms) follows on this channel."""
+
+    timestamp: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointBarrier:
+    """Aligned checkpoint barrier (``engine.task.alignment``): records before it on every channel
+    are in checkpoint ``checkpoint_id`` (ids grow), records after it are not. ``location``:
+    the directory or URI each task writes its part to; ``stop``: a stop-with-savepoint, after
+    which every task stays quiet (sources read nothing more, no timer fires)."""
+
+    checkpoint_id: int
+    location: str = ""
+    stop: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class LatencyMarker:
+    """Created at a source task at wall-clock ``created_at`` (s); flows like a record to sinks."""
+
+    created_at: float
+    source_task: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class EndOfStream:
+    """The sending task will send nothing more on this channel."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ConfirmBarrier:
+    """DRRS: on predecessor u's data channel to the old owner, after the last record of the
+    subscale's key groups it sent there; the old owner forwards it to the new owner on the
+    re-route channel. ``direct_channel`` is u's channel to the new owner."""
+
+    subscale: int
+    direct_channel: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class PauseBarrier:
+    """pause-resume: on predecessor u's data channel to the new owner, after u switched its
+    routing; the new owner reads nothing more from the channel until the subscale's state
+    is installed."""
+
+    subscale: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ChannelIdle:
+    """The sender has no data for now: its watermark stops holding the receiver back until
+    its next watermark."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicBarrier:
+    """A change of logic's cut, sent by every predecessor of the operator's tasks on its
+    channels to them: a task switches to function version ``version`` once every live
+    input delivered it (channels that did are not read meanwhile); records before it on a
+    channel saw the old function, records after it the new one."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class WatermarkHold:
+    """A live rescale: the old owner of a subscale's key groups, on every output channel when
+    the groups freeze there, at its watermark then. Until the matching ``WatermarkRelease``
+    the receiver's watermark does not pass ``watermark``: records of the groups may still be
+    on their way to the new owner (re-routed, set aside, waiting for their state), and their
+    outputs must not come after a watermark that passed them (``engine.time.event_time.WatermarkTracker``).
+    ``token``: the subscale's id, unique within the job."""
+
+    token: int
+    watermark: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class WatermarkRelease:
+    """The new owner of the subscale ``token``'s key groups, on every output channel, behind
+    the outputs of everything of the subscale it processed: the hold is lifted. It may reach
+    a receiver before the hold (another channel); the hold then never takes effect."""
+
+    token: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupLeft:
+    """A live rescale: the old owner of ``key_group``, on every output channel when it gives
+    the group away, behind all its outputs of it (``engine.task.group_order``)."""
+
+    subscale: int
+    key_group: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupArrived:
+    """A live rescale: the new owner of ``key_group``, on every output channel when the
+    group's state is in, ahead of all its outputs of it; a receiver reads nothing more of
+    the channel until it has met the matching ``GroupLeft`` (``engine.task.group_order``)."""
+
+    subscale: int
+    key_group: int
+
+
+ChannelEvent = (Watermark | CheckpointBarrier | LatencyMarker | EndOfStream | ChannelIdle
+                | ConfirmBarrier | PauseBarrier | LogicBarrier | WatermarkHold | WatermarkRelease
+                | GroupLeft | GroupArrived)
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """What one push on a channel carries: records (in order) then at most one event.
+
+    ``keys`` and ``key_groups`` are set on keyed channels (one per record), else None.
+    ``timestamps`` has one entry (ms) per record.
+    """
+
+    values: tuple[Any, ...] | list[Any]
+    timestamps: tuple[int, ...] | list[int]
+    keys: tuple[Any, ...] | list[Any] | None = None
+    key_groups: tuple[int, ...] | list[int] | None = None
+    event: ChannelEvent | None = None
+    ports: tuple[int, ...] | list[int] | None = None  # re-routed records: their input port
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """A frame's bytes: msgpack ``[values, timestamps, keys, key_groups, event, ports]``
+    (``timestamps`` one int when every record has the same), or Arrow IPC when its
+    ``values`` is a ``engine.columnar.batches.ColumnBatch`` (``timestamps`` and ``key_groups`` then
+    numpy arrays, ``keys`` the name of the key column or None; see ``engine.columnar.batches``)."""
+    event = None if frame.event is None else _to_list(frame.event)
+    if type(frame.values).__name__ == "ColumnBatch":
+        from engine.columnar.batches import encode_columnar_frame
+
+        return encode_columnar_frame(frame.values, frame.timestamps,  # type: ignore[arg-type]
+                                     frame.key_groups, event, frame.keys,  # type: ignore[arg-type]
+                                     pack_exact)
+    ts = frame.timestamps
+    if (type(ts) in (list, tuple) and len(ts) > 1 and ts[0] == ts[-1]
+            and ts.count(ts[0]) == len(ts)):
+        ts = ts[0]  # one stamp for all (a source batch read at full speed): sent once
+    return pack_fast((frame.values, ts, frame.keys, frame.key_groups, event, frame.ports))
+
+
+def decode_frame(data: bytes) -> Frame:
+    """A frame from its bytes (msgpack, or a columnar frame: ``engine.columnar.batches``)."""
+    if data[:4] == b"\xff\xff\xff\xff":
+        from engine.columnar.batches import decode_columnar_frame
+
+        batch, ts, keys, kgs, ev = decode_columnar_frame(data, unpack_exact)
+        return Frame(batch, ts, keys, kgs, None if ev is None else _from_list(ev))
+    items = unpack_fast(data)
+    if not isinstance(items, tuple) or len(items) not in (5, 6):
+        raise CodecError(f"not a reflow data frame: {items!r:.100}")
+    values, timestamps, keys, kgs, event = items[:5]
+    if type(timestamps) is int:
+        timestamps = (timestamps,) * len(values)
+    ports = items[5] if len(items) == 6 else None
+    return Frame(values, timestamps, keys, kgs, None if event is None else _from_list(event),
+                 ports)
+
+
+# ---------------------------------------------------------------- JobMaster → task
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class OutputChannel:
+    """One channel from this task to ``target`` (a task actor name), input ``port`` there."""
+
+    channel_id: int
+    target: str
+    port: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class OutputEdge:
+    """All channels of one logical edge leaving this task.
+
+    ``partitioning`` is ``forward`` (exactly one channel), ``rebalance`` (round robin) or
+    ``keyed`` (``routing[key_group]`` is an index into ``channels``).
+    """
+
+    edge_id: int
+    partitioning: str
+    channels: tuple[OutputChannel, ...]
+    routing: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.partitioning not in ("forward", "rebalance", "keyed"):
+            raise ValueError(f"unknown partitioning {self.partitioning!r}")
+        if self.partitioning == "forward" and len(self.channels) != 1:
+            raise ValueError("a forward edge has exactly one channel")
+        if self.partitioning == "keyed" and any(
+            not 0 <= r < len(self.channels) for r in self.routing
+        ):
+            raise ValueError("keyed routing points outside the edge's channels")
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Connect:
+    """Replace the task's inputs and outputs. Only sent before start or while drained.
+
+    ``inputs`` are ``(channel_id, port)`` pairs this task reads; channels kept by id keep
+    their sequence numbers, removed ones must be empty.
+    """
+
+    inputs: tuple[tuple[int, int], ...]
+    outputs: tuple[OutputEdge, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Begin processing. A source task reads ``partitions``: ``(partition id, resume state)``
+    pairs (resume state None: the partition's start), positions j of the source's
+    partition list with ``j % parallelism == task index`` (``engine.io.sources``); other tasks
+    get none."""
+
+    partitions: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        for entry in self.partitions:
+            if (not isinstance(entry, tuple) or len(entry) != 2
+                    or not isinstance(entry[0], str)):
+                raise CodecError(f"Start.partitions holds (partition id, resume state) pairs; "
+                                 f"got {entry!r:.200}")
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReleaseSource:
+    """Source rescale, to an old source task: stop reading for good, close the partitions,
+    end the outputs (``EndOfStream`` behind everything emitted) and stop; replied to with
+    ``SourceReleased``."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """After a stop-with-savepoint that failed: sources read again from where they stopped;
+    timers fire again."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InstallKeyGroups:
+    """Install these key groups (``(key_group, encoded_state)`` pairs) and own them."""
+
+    groups: tuple[tuple[int, bytes], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class StopTask:
+    """Stop processing and flush sinks; the actor will be killed afterwards. With
+    ``end_outputs`` the task first sends EndOfStream on its outputs (a task removed by a
+    live scale-in, whose receivers go on)."""
+
+    end_outputs: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class AddOutputChannels:
+    """Live: append ``channels`` to output edge ``edge_id`` (routing indices stay valid);
+    the task's current watermark is sent on them."""
+
+    edge_id: int
+    channels: tuple[OutputChannel, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class RemoveOutputChannels:
+    """Live: drop these output channels (nothing routes to them any more)."""
+
+    channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplaceOutputChannel:
+    """Live (placement): output channel ``replacement``, the last of its edge, takes the
+    place of ``retired`` (its index in the edge and in the routing); ``retired`` is dropped
+    (nothing routes to it any more). The replacement keeps its sequence numbers."""
+
+    retired: int
+    replacement: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class AddInputs:
+    """Live: read these ``(channel_id, port)`` channels too. With ``after`` (a source
+    rescale), the new channels are read only once every channel in ``after`` has ended
+    (their senders' records come first: a partition moved from an old source task to a new
+    one keeps its order at this task)."""
+
+    inputs: tuple[tuple[int, int], ...]
+    after: tuple[int, ...] = ()
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class HoldFinish:
+    """Live rescale: while ``hold``, a task whose input has ended stays running instead of
+    finishing, so it can still give away and take key groups; releasing (``hold`` False)
+    finishes it if its input ended meanwhile. Replied to with ``TaskState``."""
+
+    hold: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """Reply to ``HoldFinish`` and ``DescribeTask``: the task's status (created, running,
+    finished, failed, stopped) and whether its input has ended; ``detail`` (DescribeTask
+    only) says where its migrations and input channels stand, for error messages."""
+
+    task: str
+    status: str
+    input_ended: bool
+    detail: str = ""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DescribeTask:
+    """JobMaster → task, when a rescale is stuck: reply ``TaskState`` with ``detail``.
+    Changes nothing."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupStatsRequest:
+    """Per key group: records processed since the last request, and state bytes. Replied to
+    with ``GroupStats`` (the counters restart). The records are estimated from a sample of
+    frames scaled to the exact total (``engine.observability.groupstats``), the bytes from a sample of
+    each table's entries."""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """``groups``: ``(key_group, records, state_bytes)`` for every group the task holds;
+    ``seconds`` the records were counted over."""
+
+    task: str
+    groups: tuple[tuple[int, int, int], ...]
+    seconds: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class RefreshReplicas:
+    """To an owner: refresh the replica of each ``(key group, holder task, version the
+    holder has or -1)``: a delta when the holder is at the group's last replicated
+    version, else the full group. Sent to the holders (awaited) before the reply,
+    ``ReplicasRefreshed``."""
+
+    targets: tuple[tuple[int, str, int], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplicaUpdate:
+    """Owner → holder: the replica of ``key_group`` at ``version`` (a full snapshot, or a
+    delta from ``version`` - 1 when ``is_delta``). Replied to with ``ReplicaAck``."""
+
+    key_group: int
+    version: int
+    data: bytes
+    is_delta: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplicaAck:
+    """Holder's reply: ``kept`` False when a delta did not apply (the replica is dropped;
+    the next refresh must be full)."""
+
+    key_group: int
+    kept: bool
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ReplicasRefreshed:
+    """Owner's reply to ``RefreshReplicas``: ``(key group, version)`` now held by each
+    holder, the groups whose holder dropped them, bytes sent and encoding CPU seconds."""
+
+    versions: tuple[tuple[int, int], ...]
+    dropped: tuple[int, ...]
+    bytes: int
+    cpu_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DropReplicas:
+    """To a holder: forget the replicas of these key groups."""
+
+    key_groups: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InjectSubscale:
+    """To every predecessor: route ``key_groups`` of ``edge_id`` to task index
+    ``new_index`` from now on; put ``ConfirmBarrier`` on the data channel to the old owner
+    behind the records of those groups already sent; with ``trigger`` (DRRS) also send the
+    old owner ``TriggerBarrier`` (priority); with ``pause_new`` (pause-resume) put
+    ``PauseBarrier`` on the channel to the new owner."""
+
+    subscale: int
+    edge_id: int
+    key_groups: tuple[int, ...]
+    new_index: int
+    trigger: bool = True
+    pause_new: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TriggerBarrier:
+    """DRRS, priority, predecessor → old owner: start migrating the subscale now."""
+
+    subscale: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ExpectOutgoing:
+    """To the old owner: ``key_groups`` will go to ``reroute.target``; ``predecessors``
+    confirms will arrive. DRRS (``aligned`` False): migrate on the first barrier and
+    re-route later records of the groups on ``reroute``. Otherwise ship the state once every
+    confirm is in (no record is ever re-routed); with ``block`` a channel that delivered its
+    confirm is not read until then (Megaphone/Trisk alignment)."""
+
+    subscale: int
+    key_groups: tuple[int, ...]
+    reroute: OutputChannel
+    predecessors: int
+    aligned: bool = False
+    block: bool = False
+    replicas: tuple[tuple[int, int], ...] = ()  # (key group, version the new owner holds)
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class ExpectIncoming:
+    """To the new owner: ``key_groups`` are coming. With ``confirm_needed`` (DRRS) confirms
+    for ``direct_channels`` come back on ``reroute_channel`` (added as an input) and a
+    direct record waits for its channel's confirm; otherwise a record of a group is ready
+    once the group's state is in."""
+
+    subscale: int
+    key_groups: tuple[int, ...]
+    direct_channels: tuple[int, ...]
+    reroute_channel: int
+    confirm_needed: bool = True
+    old_owner: str = ""  # drrs: where to pull the groups from
+    chunk_bytes: int = 0  # drrs: state that may be in flight beyond one group (0: one at a time)
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SubscaleTriggered:
+    """DRRS, priority, old owner → new owner: the subscale's first barrier arrived; pull
+    its groups (``sizes``: estimated state bytes per group) one at a time. ``pushed``: a
+    group the old owner sends at once, unasked (its ``MigrateState`` follows this message;
+    -1: none), so the first group costs no pull round trip."""
+
+    subscale: int
+    sizes: tuple[tuple[int, int], ...]
+    pushed: int = -1
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class PriorityBatch:
+    """Priority, task → task: the priority messages one task has for another at one time,
+    in one actor call (each costs ~1 ms of CPU); handled in order, each as if it came alone.
+    Holds no ``PriorityBatch``."""
+
+    messages: tuple[Any, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class PullState:
+    """DRRS, priority, new owner → old owner: send ``key_group`` of the subscale now."""
+
+    subscale: int
+    key_group: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class MigrateState:
+    """Live rescale, priority, old owner → new owner: one key group's state (and timers);
+    ``watermark`` is the old owner's watermark when the subscale's first barrier reached it
+    (records of the group behind that barrier are at the new owner, after it)."""
+
+    subscale: int
+    key_group: int
+    state: bytes
+    watermark: int
+    kind: str = "full"  # "delta": ``state`` applies to the replica the new owner holds
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TriggerCheckpoint:
+    """JobMaster → source task (and a task whose input has ended): take part in checkpoint
+    ``checkpoint_id`` now. A source snapshots its offsets, sends ``CheckpointBarrier`` on
+    every output and, with ``stop``, reads nothing more; another task waits for the barrier
+    on each live input (the trigger blocks none) and snapshots at once when none is left."""
+
+    checkpoint_id: int
+    location: str
+    stop: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointComplete:
+    """JobMaster → every task: checkpoint ``checkpoint_id`` is complete; sinks commit the
+    transactions pre-committed for it and for earlier checkpoints (Flink's
+    ``notifyCheckpointComplete``)."""
+
+    checkpoint_id: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointAborted:
+    """JobMaster → every task: checkpoint ``checkpoint_id`` failed; a task still aligning it
+    reads its inputs again. Its sink transactions stay pending: the next complete
+    checkpoint commits them."""
+
+    checkpoint_id: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class RestoreState:
+    """JobMaster → task before ``Start``: install key groups from a checkpoint, each
+    ``(key_group, file URI, offset, length, crc32)`` (the task reads and checks them), and
+    commit the restored sink ``transactions``, ``(writer, (transaction, ...))`` (a commit is
+    idempotent: those already visible stay as they are)."""
+
+    groups: tuple[tuple[int, str, int, int, int], ...] = ()
+    transactions: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class AdoptTransactions:
+    """To a task that stays, from a task of its operator removed by a scale-in: the
+    removed task's sink output not yet committed, pre-committed ``(writer, transaction)``;
+    this task carries them into its next checkpoint, which commits them."""
+
+    transactions: tuple[tuple[str, Any], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CommitTransactions:
+    """Commit these pre-committed sink transactions, ``(writer, (transaction, ...))``."""
+
+    transactions: tuple[tuple[str, tuple[Any, ...]], ...]
+
+
+# ---------------------------------------------------------------- task → JobMaster
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointAck:
+    """``task`` wrote its part of checkpoint ``checkpoint_id``: key groups in ``file``
+    (relative to the checkpoint's location; '' when it holds none) as ``(key_group, offset,
+    length, crc32)``, its source's resume states ``{partition: state}`` (None for other
+    tasks), its sinks' pre-committed ``transactions`` ``(writer, transaction)``, the ``bytes`` written, and how
+    long it aligned, snapshotted (synchronously, processing stopped) and wrote (while it
+    went on processing)."""
+
+    task: str
+    checkpoint_id: int
+    file: str
+    groups: tuple[tuple[int, int, int, int], ...]
+    source_state: Any
+    transactions: tuple[tuple[str, Any], ...]
+    bytes: int
+    alignment_s: float
+    sync_s: float
+    async_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SourceReleased:
+    """Reply to ``ReleaseSource``: ``offsets``, ``{partition: resume state}`` of every
+    partition the task read (``TaskCore.source_offsets``), after the last record it
+    emitted; ``transactions``: as ``HandOver``'s, what its chained sinks wrote and no
+    checkpoint committed yet, for a task that stays to adopt."""
+
+    task: str
+    offsets: dict[str, Any]
+    transactions: tuple[tuple[str, Any], ...] = ()
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class HandOver:
+    """Reply to ``StopTask(end_outputs=True)`` with checkpoints on: what the task's sinks
+    wrote and no checkpoint committed yet, pre-committed ``(writer, transaction)``, for a
+    task that stays to adopt (``AdoptTransactions``)."""
+
+    task: str
+    transactions: tuple[tuple[str, Any], ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class InjectLogicBarrier:
+    """Change of logic: send ``LogicBarrier(version)`` on these output channels now (behind
+    every record already sent or buffered on them)."""
+
+    version: int
+    channel_ids: tuple[int, ...]
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SwitchLogic:
+    """Change of logic at a task without inputs (a source's chain): switch to the staged
+    function ``version`` now, between two reads."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class DiscardLogic:
+    """A change of logic was refused: forget the function staged as ``version``."""
+
+    version: int
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class LogicChanged:
+    """``task`` switched ``operator`` to function ``version`` after aligning its inputs for
+    ``alignment_s`` seconds."""
+
+    task: str
+    operator: str
+    version: int
+    alignment_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointDeclined:
+    """``task`` could not take part in checkpoint ``checkpoint_id`` (e.g. its part could not
+    be written); the checkpoint fails."""
+
+    task: str
+    checkpoint_id: int
+    reason: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskFinished:
+    """``task`` saw EndOfStream on every input (or its source ended) and flushed everything."""
+
+    task: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    """``task`` failed; ``record`` is the repr of the offending record, or '' when none.
+    ``permanent``: the job's own definition makes it fail again whatever a restart does
+    (e.g. keyed state no codec can encode): the job fails without restarting."""
+
+    task: str
+    operator: str
+    task_index: int
+    record: str
+    cause: str
+    permanent: bool = False
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SubscaleDone:
+    """DRRS: ``task`` finished its ``role`` (old or new owner) in ``subscale``.
+
+    Old owner: ``rerouted`` records, ``bytes`` of state sent, ``trigger_at`` when the first
+    barrier arrived (wall clock). New owner: ``bytes`` installed, ``suspended_s`` with
+    records waiting and nothing processable."""
+
+    task: str
+    subscale: int
+    role: str
+    bytes: int
+    rerouted: int
+    trigger_at: float
+    suspended_s: float
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """A command was carried out."""
+
+
+# ---------------------------------------------------------------- JobMaster → driver
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class CheckpointStats:
+    """A job's checkpoints so far (``JobStatus.checkpoints``): how many completed and
+    failed, the latest complete one (id, path, duration from trigger to complete, bytes),
+    each task's alignment time in it (``(task, seconds)``), the last failure's reason and
+    the checkpoint or savepoint the job was restored from ('' when none)."""
+
+    completed: int = 0
+    failed: int = 0
+    last_id: int = -1
+    last_path: str = ""
+    last_duration_s: float = 0.0
+    last_bytes: int = 0
+    alignment: tuple[tuple[str, float], ...] = ()
+    last_failure: str = ""
+    restored_from: str = ""
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class SinkGuarantee:
+    """One sink of a job and what a restart does to it (``engine.dataflow.guarantees``):
+    ``operator`` the operator it belongs to, ``role`` "sink", "dead_letter" or
+    "late_sink", ``sink`` its class name, ``guarantee`` "exactly-once", "at-least-once" or
+    "none", ``reason`` why."""
+
+    operator: str
+    role: str
+    sink: str
+    guarantee: str
+    reason: str
+
+
+@wire
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """``state`` is one of created, running, finished, failed, stopped. On failure,
+    ``error`` says what failed; ``operator``/``task_index``/``record`` are set when a user
+    function raised on a record. ``standby``: warm standby task actors ready now (not known
+    dead). ``unresponsive``: ``(task, seconds)`` for each task that did not answer the
+    JobMaster's latest metrics poll, with the seconds since it last answered (a task stuck
+    in user code, e.g. processing the same batch for that long); sorted by task.
+    ``restarts``: how often the job was restarted from a checkpoint after a failure, the
+    last of which ``last_failure`` names; ``checkpoints``: ``CheckpointStats``; ``sinks``:
+    each sink's delivery guarantee (``SinkGuarantee``). New fields go at the end: the wire
+    form is positional."""
+
+    job: str
+    state: str
+    error: str = ""
+    operator: str = ""
+    task_index: int = -1
+    record: str = ""
+    cause: str = ""
+    metrics_url: str = ""
+    standby: int = 0
+    unresponsive: tuple[tuple[str, float], ...] = ()
+    restarts: int = 0
+    last_failure: str = ""
+    checkpoints: CheckpointStats = CheckpointStats()
+    sinks: tuple[SinkGuarantee, ...] = ()
+
+    def __post_init__(self) -> None:
+        for entry in self.unresponsive:
+            if (not isinstance(entry, tuple) or len(entry) != 2 or not isinstance(entry[0], str)
+                    or not isinstance(entry[1], (int, float)) or entry[1] < 0):
+                raise CodecError(f"JobStatus.unresponsive holds (task, seconds >= 0) pairs; "
+                                 f"got {entry!r:.200}")

@@ -10,13 +10,44 @@ from controllers.balancer import SkewBalancer
 from controllers.base import (
     ChangeLogic,
     Controller,
+    Decision,
+    DecisionKind,
+    DecisionOutcome,
+    DecisionRecord,
+    JobView,
+    MetricsWindow,
     NoChange,
+    OperatorRates,
+    OperatorView,
     Place,
     Rebalance,
+    RescaleRecord,
     Scale,
+    TaskRates,
+    rescalable,
 )
 from controllers.cost_aware import CostAwareDS2
 from controllers.ds2 import DS2
 
-__all__ = ["DS2", "ChangeLogic", "Controller", "CostAwareDS2", "NoChange", "Place",
-           "Rebalance", "Scale", "SkewBalancer"]
+__all__ = [
+    "DS2",
+    "ChangeLogic",
+    "Controller",
+    "CostAwareDS2",
+    "Decision",
+    "DecisionKind",
+    "DecisionOutcome",
+    "DecisionRecord",
+    "JobView",
+    "MetricsWindow",
+    "NoChange",
+    "OperatorRates",
+    "OperatorView",
+    "Place",
+    "Rebalance",
+    "RescaleRecord",
+    "Scale",
+    "SkewBalancer",
+    "TaskRates",
+    "rescalable",
+]

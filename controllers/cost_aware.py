@@ -48,14 +48,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from controllers.base import JobView, MetricsWindow, NoChange, Scale
 from controllers.ds2 import DS2, Estimate
 from engine.control.reconfiguration import Decision, OperatorView, RescaleRecord
 from engine.dataflow.keygroups import moved_key_groups
-from engine.errors import ControllerError
+from engine.errors import AssignmentError, ControllerError
 from migration.assignment import (
-    AssignmentError,
     GroupWorkload,
     balanced,
     imbalance,
@@ -174,12 +174,12 @@ class CostAwareDS2(DS2):
                  horizon_s: float = 120.0, payback: float = 5.0,
                  prior_live: tuple[float, float] = (0.5, 0.2),
                  prior_stop_restart: tuple[float, float] = (5.0, 0.2), memory: int = 10,
-                 **ds2: object) -> None:
+                 **ds2: Any) -> None:  # DS2's keyword arguments, checked by DS2
         if "assignment" in ds2:
             raise ControllerError("CostAwareDS2 chooses each rescale's assignment itself, "
                                   "among assignments= (name -> function); it takes no "
                                   "assignment=")
-        super().__init__(**ds2)  # type: ignore[arg-type]
+        super().__init__(**ds2)
         if not protocols:
             raise ControllerError("CostAwareDS2: protocols must name at least one protocol")
         if horizon_s <= 0 or payback < 0 or balance < 0:

@@ -3,17 +3,30 @@
 The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safeguards):
 
 1. **Target rates, propagated.** A source's target rate is what it read plus how fast its
-   backlog grew (the demand it could not emit: ``SourceReader.backlog``; a source that
-   cannot tell counts its read rate over the time it was not backpressured). Walking the
-   graph in topological order, an operator's target input rate is the sum of its inputs'
-   target output rates; its target output rate is its target input rate times its output
-   ratio (records out / records in). The sources' backlog is propagated the same way as a
-   catch-up rate: the backlog divided by ``catch_up_s``.
-2. **True rates, MAX across tasks.** An operator's capacity at its current parallelism is
-   its observed input rate over the MAX utilisation (useful time / window) of its tasks:
-   under skew the busiest task saturates first, and the average would overestimate it.
+   backlog grew (the demand it could not emit: ``SourceReader.backlog``). A source that
+   cannot tell its backlog counts what it read, a lower bound: when it was backpressured
+   (more than ``_BLOCKED`` of the window) its demand may be higher by an unknown amount,
+   and the operators it feeds that are saturated count as out of the band (step 3), so
+   each decision grows them by ``1 / target_utilisation`` until the source flows freely: a
+   few decisions instead of one, never an extrapolation (its read rate over the time it
+   was not backpressured read a throttled source's short unblocked bursts as its demand:
+   1 -> 16 tasks for 3 needed, issue 32). Walking the graph in topological order, an
+   operator's target input rate is the sum of its inputs' target output rates; its target
+   output rate is its target input rate times its output ratio (records out / records
+   in). The sources' backlog is propagated the same way as a catch-up rate: the backlog
+   divided by ``catch_up_s``.
+2. **True rates, MAX across tasks, starved time discounted.** An operator's capacity at
+   its current parallelism is its observed input rate over the MAX utilisation (useful
+   time / window) of its tasks: under skew the busiest task saturates first, and the
+   average would overestimate it. Time a task waited for a CPU (``TaskRates.cpu_wait_s``,
+   where reported) is not useful time: it is taken out first
+   (``engine.control.reconfiguration.without_cpu_wait``), and on a window where the
+   operator's tasks waited for a CPU more than ``max_starved`` of their busy time DS2 does
+   not scale the operator up (the machine has no core for more tasks).
 3. **Utilisation band.** Nothing moves while every operator's load (target + catch-up
-   rate, over its capacity) lies within ``band`` (Flink's 0.4 .. 1.0 around a 0.7 target).
+   rate, over its capacity) lies within ``band`` (Flink's 0.4 .. 1.0 around a 0.7 target),
+   except a saturated operator (busiest task ``_SATURATED`` busy) behind a backpressured
+   source that cannot tell its backlog (step 1).
 4. **All at once.** Otherwise every operator gets ``ceil(p * needed / capacity)`` tasks,
    ``needed = target / target_utilisation + catch_up + target * disruption_s / catch_up_s``;
    ``disruption_s`` is Flink's fixed ``restart.time`` here (``restart_time_s``, 0 by
@@ -28,7 +41,14 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    task (by key groups, uniform ranges) holds at most ``1 + key_group_tolerance`` times the
    groups the exact parallelism would give it; then clamped to ``[min, max]`` (max: the
    job's key groups for keyed operators).
-7. **No flapping.** No decision while a rescale runs, nor within ``stabilisation_s`` after
+7. **What the cluster can host.** A scale-up goes no further than (each bound where
+   known): ``p * max_scale_up`` (Flink's ``scale-up.max-factor``); the tasks Ray can still
+   place, ``p + cpus_available / task_cpus``, when the tasks reserve CPUs
+   (``JobView.cpus_available``, ``OperatorView.task_cpus``); and the tasks the cluster's
+   CPUs can keep working, ``JobView.cpus / c``, with ``c`` the cores a working task uses
+   (``cpu_per_task``, else its reservation, else measured from its CPU time, else 1). A
+   bound never scales an operator down.
+8. **No flapping.** No decision while a rescale runs, nor within ``stabilisation_s`` after
    one ends (and the metrics window never spans a rescale); a scale-up is carried out at
    once, a scale-down only after it was recommended continuously for
    ``scale_down_delay_s``, and then to the highest parallelism recommended meanwhile.
@@ -45,11 +65,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from controllers.base import Controller, JobView, MetricsWindow, NoChange, Scale, rescalable
-from engine.control.reconfiguration import Decision, OperatorView
+from engine.control.reconfiguration import (
+    Decision,
+    OperatorView,
+    cpu_share,
+    starved_fraction,
+    without_cpu_wait,
+)
 from engine.errors import ControllerError
 from engine.observability.rates import OperatorRates
 
-_MIN_SOURCE_SHARE = 0.05  # a source backpressured 95% of the time counts as 20x its rate
+_BLOCKED = 0.1  # a source backpressured longer than this share of the window wanted more
+_SATURATED = 0.9  # a busiest task at least this busy (CPU wait excluded) takes no more
 
 
 @dataclass(frozen=True)
@@ -57,7 +84,10 @@ class Estimate:
     """DS2's numbers for one operator: ``target_rate`` (records/s it must take), ``catch_up``
     (records/s more to drain the sources' backlog), ``capacity`` (records/s at the current
     parallelism, busiest task saturated; None: not measured), ``load`` ((target + catch-up)
-    / capacity), ``optimal`` (the parallelism DS2 recommends) and ``reason``."""
+    / capacity), ``optimal`` (the parallelism DS2 recommends) and ``reason``;
+    ``saturated``: its busiest task is saturated behind a backpressured source that cannot
+    tell its demand (out of the band whatever the load says); ``held``: why it stays below
+    what the rates ask for ("" when it does not: a cluster bound, starved tasks)."""
 
     operator: str
     parallelism: int
@@ -67,6 +97,8 @@ class Estimate:
     load: float | None
     optimal: int
     reason: str
+    saturated: bool = False
+    held: str = ""
 
     @property
     def measured(self) -> bool:
@@ -89,7 +121,10 @@ class DS2(Controller):
     ``min_parallelism``/``max_parallelism``; ``protocol``: how its rescales run;
     ``assignment``: how they choose the target (an assignment strategy name, e.g. ``"ssm"``
     with ``balance`` θ: planned from the tasks' loads when the rescale runs; None: uniform
-    ranges)."""
+    ranges); ``max_scale_up``: at most this many times the tasks per decision (None: no
+    factor); ``cpu_per_task``: cores a working task uses, for the cluster's CPU bound (None:
+    its reservation, else measured, else 1); ``max_starved``: no scale-up on a window
+    whose tasks waited for a CPU longer than this share of their busy time."""
 
     default_name = "ds2"
 
@@ -103,7 +138,8 @@ class DS2(Controller):
                  assignment: str | None = None, balance: float | None = None,
                  operators: Sequence[str] | None = None, interval_s: float = 5.0,
                  window_s: float = 10.0, min_window_s: float | None = None,
-                 name: str = "") -> None:
+                 max_scale_up: float | None = None, cpu_per_task: float | None = None,
+                 max_starved: float = 0.5, name: str = "") -> None:
         lo, hi = band
         checks = [
             ("target_utilisation", 0 < target_utilisation <= 1, "in (0, 1]"),
@@ -118,6 +154,10 @@ class DS2(Controller):
             ("key_group_tolerance", key_group_tolerance >= 0, ">= 0"),
             ("interval_s", interval_s > 0, "> 0"),
             ("window_s", window_s > 0, "> 0"),
+            ("max_scale_up", max_scale_up is None or max_scale_up >= 1, ">= 1 or None"),
+            ("cpu_per_task", cpu_per_task is None or 0 < cpu_per_task <= 1,
+             "in (0, 1] or None"),
+            ("max_starved", 0 < max_starved <= 1, "in (0, 1]"),
         ]
         for what, ok, expected in checks:
             if not ok:
@@ -142,6 +182,9 @@ class DS2(Controller):
         self.interval_s = interval_s
         self.window_s = window_s
         self.min_window_s = window_s / 2 if min_window_s is None else min_window_s
+        self.max_scale_up = max_scale_up
+        self.cpu_per_task = cpu_per_task
+        self.max_starved = max_starved
         self.name = name or self.default_name
         # operator -> (first recommended at, highest parallelism recommended since)
         self.pending_down: dict[str, tuple[float, int]] = {}
@@ -158,42 +201,48 @@ class DS2(Controller):
         must drain within ``catch_up_s``: Flink's fixed ``restart.time``."""
         return self.restart_time_s
 
-    def _source_rates(self, r: OperatorRates | None) -> tuple[float, float]:
-        """(demand, catch-up) in records read per second at a source."""
+    def _source_rates(self, r: OperatorRates | None) -> tuple[float, float, bool]:
+        """(demand, catch-up) in records read per second at a source, and whether its
+        demand may be higher than that by an unknown amount (it cannot tell its backlog
+        and was backpressured: what it read is a lower bound)."""
         if r is None:
-            return 0.0, 0.0
+            return 0.0, 0.0, False
         read = r.observed_input_rate
         backlog, growth = r.source_backlog, r.backlog_growth
         if backlog is None:
-            demand = read / max(_MIN_SOURCE_SHARE, 1.0 - r.backpressured_fraction)
-            return demand, 0.0
-        return max(0.0, read + (growth or 0.0)), backlog / self.catch_up_s
+            return read, 0.0, r.backpressured_fraction > _BLOCKED
+        return max(0.0, read + (growth or 0.0)), backlog / self.catch_up_s, False
 
     def estimate(self, metrics: MetricsWindow, view: JobView) -> dict[str, Estimate]:
         """DS2's estimate for every vertex, in topological order (sources included, with
         their own parallelism as ``optimal``)."""
         out: dict[str, Estimate] = {}
-        edge_rate: dict[str, tuple[float, float]] = {}  # per output edge: (target, catch-up)
+        # per output edge: (target, catch-up, demand unknown above the target)
+        edge_rate: dict[str, tuple[float, float, bool]] = {}
         for name, op in view.operators.items():
             r = metrics.operator(name)
             ratio = 1.0 if r is None or r.output_ratio is None else r.output_ratio
             per_edge = ratio / max(1, len(op.outputs))
             if op.is_source:
-                demand, catch = self._source_rates(r)
-                edge_rate[name] = (demand * per_edge, catch * per_edge)
+                demand, catch, blocked = self._source_rates(r)
+                edge_rate[name] = (demand * per_edge, catch * per_edge, blocked)
                 out[name] = Estimate(name, op.parallelism, demand, catch, None, None,
                                      op.parallelism, "a source")
                 continue
-            target = sum(edge_rate.get(u, (0.0, 0.0))[0] for u in op.inputs)
-            catch = sum(edge_rate.get(u, (0.0, 0.0))[1] for u in op.inputs)
-            edge_rate[name] = (target * per_edge, catch * per_edge)
-            out[name] = self._estimate_one(op, r, target, catch, view, metrics)
+            ins = [edge_rate.get(u, (0.0, 0.0, False)) for u in op.inputs]
+            target = sum(e[0] for e in ins)
+            catch = sum(e[1] for e in ins)
+            blocked = any(e[2] for e in ins)
+            edge_rate[name] = (target * per_edge, catch * per_edge, blocked)
+            out[name] = self._estimate_one(op, r, target, catch, blocked, view, metrics)
         return out
 
-    def _estimate_one(self, op: OperatorView, r: OperatorRates | None, target: float,
-                      catch: float, view: JobView, metrics: MetricsWindow) -> Estimate:
+    def _estimate_one(self, op: OperatorView, raw: OperatorRates | None, target: float,
+                      catch: float, blocked: bool, view: JobView,
+                      metrics: MetricsWindow) -> Estimate:
         p = op.parallelism
         lo, hi = self.bounds(op)
+        r = None if raw is None else without_cpu_wait(raw)
         capacity = None if r is None else r.capacity
         if capacity is None:
             if target + catch <= 0:  # idle: nothing to process, nothing measured
@@ -202,18 +251,69 @@ class DS2(Controller):
                                 "no input in the window")
             return Estimate(op.name, p, target, catch, None, None, p,
                             "not measured (input expected, none processed)")
+        assert r is not None and raw is not None
         load = (target + catch) / capacity
+        saturated = blocked and r.max_utilisation >= _SATURATED
         needed = (target / self.target_utilisation + catch
                   + target * self.disruption_s(op, target, view, metrics) / self.catch_up_s)
         exact = max(1, math.ceil(p * needed / capacity - 1e-9))
         best = self._align(op, exact, lo, hi)
-        assert r is not None
+        held = ""
+        if best > p:
+            best, held = self._bounded_up(op, raw, best, lo, hi, view)
         tpr = r.true_processing_rate or 0.0
+        starved = starved_fraction(raw)
         reason = (f"needs {needed:,.0f} rec/s of capacity for {target:,.0f} rec/s"
-                  f"{f' + {catch:,.0f} catch-up' if catch else ''}; has {capacity:,.0f} at "
-                  f"p={p} (true {tpr:,.0f}/s per task, busiest {r.max_utilisation:.0%} busy): "
-                  f"load {load:.2f}")
-        return Estimate(op.name, p, target, catch, capacity, load, best, reason)
+                  f"{f' + {catch:,.0f} catch-up' if catch else ''}"
+                  f"{' (a source was backpressured: its demand may be higher)' if saturated else ''}"
+                  f"; has {capacity:,.0f} at p={p} (true {tpr:,.0f}/s per task, busiest "
+                  f"{r.max_utilisation:.0%} busy"
+                  f"{f', {starved:.0%} of busy time waiting for a CPU' if starved else ''}): "
+                  f"load {load:.2f}{f'; {held}' if held else ''}")
+        return Estimate(op.name, p, target, catch, capacity, load, best, reason, saturated, held)
+
+    def _bounded_up(self, op: OperatorView, raw: OperatorRates, best: int, lo: int, hi: int,
+                    view: JobView) -> tuple[int, str]:
+        """``best`` (> the current parallelism) within what the cluster can host and the
+        scale-up factor, and what held it lower ("" when nothing did)."""
+        p = op.parallelism
+        starved = starved_fraction(raw)
+        if starved is not None and starved > self.max_starved:
+            return p, (f"no scale-up: its tasks waited for a CPU {starved:.0%} of their busy "
+                       f"time (more than {self.max_starved:.0%}), more tasks would wait too")
+        bounds: list[tuple[int, str]] = []
+        if self.max_scale_up is not None:
+            bounds.append((math.ceil(p * self.max_scale_up - 1e-9),
+                           f"at most {self.max_scale_up:g}x its tasks per decision"))
+        if op.task_cpus > 0 and view.cpus_available is not None:
+            bounds.append((p + math.floor(view.cpus_available / op.task_cpus + 1e-9),
+                           f"Ray has {view.cpus_available:g} CPUs available for tasks of "
+                           f"{op.task_cpus:g} CPUs"))
+        if view.cpus is not None:
+            c, how = self._cores_per_task(op, raw)
+            bounds.append((math.floor(view.cpus / c + 1e-9),
+                           f"the cluster's {view.cpus:g} CPUs keep {view.cpus / c:.3g} tasks "
+                           f"working at {c:.2g} cores each ({how})"))
+        if not bounds:
+            return best, ""
+        limit, why = min(bounds)
+        limit = max(p, limit)
+        if best <= limit:
+            return best, ""
+        bounded = self._align(op, limit, lo, hi)
+        if not p <= bounded <= limit:  # the even split moved it out: the bound itself
+            bounded = limit
+        return bounded, f"bounded to {bounded} (DS2 asks {best}): {why}"
+
+    def _cores_per_task(self, op: OperatorView, raw: OperatorRates) -> tuple[float, str]:
+        if self.cpu_per_task is not None:
+            return self.cpu_per_task, "cpu_per_task"
+        if op.task_cpus > 0:
+            return min(1.0, op.task_cpus), "its reservation"
+        measured = cpu_share(raw)
+        if measured is not None:
+            return max(0.01, measured), "measured"
+        return 1.0, "not measured: a core each"
 
     def _align(self, op: OperatorView, parallelism: int, lo: int, hi: int) -> int:
         p = max(lo, min(hi, parallelism))
@@ -231,7 +331,8 @@ class DS2(Controller):
         mine = [estimates[n] for n in ops if estimates[n].measured]
         lo, hi = self.band
         # out of the band and able to move (one at its limit stays where it is)
-        outside = [e for e in mine if e.load is not None and not lo <= e.load <= hi
+        outside = [e for e in mine if e.load is not None
+                   and (not lo <= e.load <= hi or e.saturated)
                    and e.optimal != e.parallelism]
         # a forward partner follows its group's root; a group without one keeps its size
         fixed = [e for e in outside if ops[e.operator].fixed_parallelism]
@@ -242,12 +343,17 @@ class DS2(Controller):
         if not outside:
             self.pending_down.clear()
             loads = ", ".join(f"{e.operator} {e.load:.2f}" + (
-                "" if e.load is not None and lo <= e.load <= hi else
-                " (forward edge)" if e in fixed else " (at its limit)")
+                "" if e.load is not None and lo <= e.load <= hi and not e.saturated else
+                " (forward edge)" if e in fixed else f" ({e.held})" if e.held
+                else " (at its limit)")
                 for e in mine)
-            return [*kept, NoChange(f"every operator {'it may rescale ' if kept else ''}within "
-                                    f"the utilisation band {lo}..{hi}"
-                                    f"{': ' + loads if loads else ''}")]
+            held = [e.operator for e in mine if e.held and e.load is not None
+                    and (not lo <= e.load <= hi or e.saturated)]
+            headline = (f"{', '.join(held)} out of the utilisation band {lo}..{hi} but held "
+                        "where it is" if held else
+                        f"every operator {'it may rescale ' if kept else ''}within "
+                        f"the utilisation band {lo}..{hi}")
+            return [*kept, NoChange(f"{headline}{': ' + loads if loads else ''}")]
         decisions: list[Decision] = list(kept)
         waiting: list[str] = []
         for e in mine:

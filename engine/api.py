@@ -209,7 +209,7 @@ class Stream:
         Output rows keep their input's timestamps when ``fn`` returns as many rows, else
         take the batch's latest. A batch whose call raises goes whole to ``dead_letter``
         (each record with the error) or fails the job."""
-        from engine.columnar.vectorised import MapBatches
+        from engine.operators.vectorised import MapBatches
 
         _check_callable(fn, "map_batches", name)
         try:
@@ -335,13 +335,13 @@ class KeyedStream:
 
     def aggregate(self, *aggregations: Any, name: str | None = None,
                   parallelism: int | None = None) -> Stream:
-        """Running aggregations per key, vectorised (``engine.columnar.vectorised``): ``Count()``,
+        """Running aggregations per key, vectorised (``engine.operators.vectorised``): ``Count()``,
         ``Sum(col)``, ``Min(col)``, ``Max(col)``, ``Mean(col)``. For every input record it
         emits a dict row with the key (column named as the key column, or ``key``) and each
         aggregation's value for that key after the record (``count()``, ``sum(col)``, ...),
         as a column batch. Their state is keyed state: every rescale protocol moves it."""
-        from engine.columnar.batches import ColumnarError
-        from engine.columnar.vectorised import ColumnAggregate, key_name_of
+        from engine.errors import ColumnarError
+        from engine.operators.vectorised import ColumnAggregate, key_name_of
 
         try:
             fn = ColumnAggregate(tuple(aggregations), key_name_of(self._key_fn))
@@ -379,12 +379,12 @@ class WindowedStream:
         ``aggregate(AggregateFunction, window_fn=None)``: per record; emits
         ``window_fn(key, window, result)`` (or the result) when the window fires.
 
-        ``aggregate(Count(), Sum("v"), ...)`` (``engine.columnar.vectorised``'s aggregations, on
+        ``aggregate(Count(), Sum("v"), ...)`` (``engine.operators.vectorised``'s aggregations, on
         event-time windows): vectorised a batch at a time (``engine.operators.window_aggregates``),
         with the same windows, firing and lateness rule; emits per (key, window) a row
         ``{key column, "window_start", "window_end", "count()", "sum(v)", ...}`` as a
         column batch."""
-        from engine.columnar.vectorised import Aggregation
+        from engine.operators.vectorised import Aggregation
 
         if isinstance(agg, Aggregation):
             return self._vectorised((agg, *more), window_fn, name, parallelism)
@@ -398,8 +398,8 @@ class WindowedStream:
 
     def _vectorised(self, aggregations: tuple[Any, ...], window_fn: Any, name: str | None,
                     parallelism: int | None) -> Stream:
-        from engine.columnar.batches import ColumnarError
-        from engine.columnar.vectorised import key_name_of
+        from engine.errors import ColumnarError
+        from engine.operators.vectorised import key_name_of
         from engine.operators.window_aggregates import ColumnWindowAggregate
 
         if window_fn is not None:

@@ -165,7 +165,7 @@ def _metrics(args: argparse.Namespace) -> int:
 
 def _find(args: argparse.Namespace) -> Any:
     """The handle of ``args.job`` (or ``args.target``), or None after printing why."""
-    from engine.runtime.registry import find
+    from engine.runtime.handle import find
 
     try:
         return find(getattr(args, "job", None) or args.target, args.address)

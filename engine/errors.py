@@ -5,10 +5,13 @@ Hierarchy::
     ReflowError
     ├── JobDefinitionError      the job graph is invalid (raised at build time, names the operator)
     │   └── ConfigError         a setting (``JobConfig`` field, source/sink parameter) has the
-    │                           wrong type or value (also a ``ValueError``)
+    │       │                   wrong type or value (also a ``ValueError``)
+    │       ├── GateError       ... a ``SourceGate`` or a ``TestingSource``'s gates
+    │       └── SchemaError     ... a Spark bridge's schema: unparsable, or a type it cannot carry
     ├── InvalidKeyError         a key_by function returned a key that cannot partition records:
     │   │                       NaN (never equal to itself) (also a ``ValueError``)
     │   └── UnhashableKeyError  ... or a type without a stable hash (also a ``TypeError``)
+    ├── KeyFunctionError        a key_by function raised (the task fails naming the consumer)
     ├── ColumnarError           records cannot be put in columns, or a columnar operator got a
     │                           column it cannot use (also a ``ValueError``)
     ├── CodecError              a value cannot be encoded/decoded with the declared codecs
@@ -16,15 +19,24 @@ Hierarchy::
     ├── RescaleRefused          a rescale request is invalid, or failed before anything
     │   │                       changed (names the phase and tasks); the job is untouched
     │   └── ChangeLogicRefused  ... a change of logic, before any task switched
+    ├── AssignmentError         the inputs of an assignment function do not fit together
+    │   │                       (also a ``ValueError``)
+    │   └── BalanceInfeasible   ... no assignment keeps every task within the balance θ
     ├── ControllerError         a controller or one of its decisions is invalid (also a
     │                           ``ValueError``); a running one's bad decision is only recorded
     ├── RescaleTimeout          a rescale phase or control call did not finish within
     │                           ``JobConfig.rescale_timeout_s`` (names the phase and tasks)
+    ├── JobRestarted            the job restarted from a checkpoint under a running rescale
+    │                           (inside the JobMaster: the rescale runs again once it runs)
     ├── CheckpointFailed        a checkpoint or savepoint did not complete (names the
     │                           checkpoint, the task and the reason); the job goes on
     ├── RestoreError            ``job.run(restore_from=...)`` refused a checkpoint or savepoint:
     │                           corrupt, foreign, incomplete, or holding state the job cannot
     │                           map (names the path and the reason); nothing was deployed
+    ├── StateBackendError       a task's state directory cannot be used: not writable, full,
+    │                           or locked by another task (names the path and the task)
+    ├── StaleReplicaError       a replica delta does not apply to the replica held (the holder
+    │                           drops it; the owner sends a full snapshot)
     ├── JobFailedError          the running job failed (user function error, task died, ...)
     │   └── UserFunctionError   a user function raised (in ``open()`` or on a record); names
     │                           operator, task, phase and record
@@ -32,19 +44,33 @@ Hierarchy::
     ├── JobNotFound             no running job has the name or id given (``reflow status``)
     ├── WaitTimeout             ``JobHandle.wait(timeout)`` returned with the job still
     │                           running (also a ``TimeoutError``)
+    ├── GateTimeout             ``SourceGate.wait_reached`` waited past its timeout (also a
+    │                           ``TimeoutError``)
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
     │   ├── ControlTimeout      ... within the call's deadline (``JobConfig.control_timeout_s``)
     │   └── JobMasterLost       ... because the JobMaster actor died (Ray's error is the cause)
     ├── RayUnavailable          Ray could not be started (a local start timed out every
     │                           attempt) or reached at the address given
     ├── InternalError           reflow's runtime raised something it did not mean to (a bug:
-    │                           report it with the cause's traceback)
+    │   │                       report it with the cause's traceback)
+    │   └── UnknownKeyGroupError a record reached a task that does not own its key group
+    │                           (also a ``RuntimeError``)
+    ├── TaskControlError        a task got a spec, message, frame or channel event it cannot
+    │                           take (an engine bug or a mis-wired job; also a ``ValueError``)
+    ├── UnknownSubscaleError    a barrier or message names a subscale the task was not told
+    │                           about (a coordinator bug; also a ``KeyError``)
     ├── SinkCommitError         an exactly-once sink cannot make a pre-committed transaction
     │                           visible: its data is gone (names the sink and the files)
-    └── DataChannelError        a task's direct data connection failed (caught by the task
-        ├── ConnectionLost      shell, which fails the job naming the receiver): the
-        ├── FrameRefused        receiver died, or refused a frame (e.g. unknown channel),
-        └── FrameTooLarge       or a frame exceeds ``JobConfig.max_frame_bytes``
+    ├── DataChannelError        a task's direct data connection failed (caught by the task
+    │   ├── ConnectionLost      shell, which fails the job naming the receiver): the
+    │   ├── FrameRefused        receiver died, or refused a frame (e.g. unknown channel),
+    │   ├── FrameTooLarge       or a frame exceeds ``JobConfig.max_frame_bytes``
+    │   └── DownstreamDied      ... as the sending task's shell reports it (names the receiver)
+    ├── PrometheusError         a Prometheus server refused a query or could not be reached
+    ├── BridgeError             a Spark bridge refused data or failed (the reflow job or a
+    │                           Spark query failed; also a ``RuntimeError``)
+    └── SparkQueryFailed        a reflow source fed by Spark found the Spark side failed;
+                                carries Spark's message (also a ``RuntimeError``)
 
 Errors carry structured fields where they exist (operator, task, ``phase``: a
 ``FailurePhase`` or a rescale's phase, record, the original cause), and every one pickles
@@ -97,6 +123,19 @@ class ConfigError(JobDefinitionError, ValueError):
     A ``ValueError`` too, for callers that caught the plain ``ValueError`` raised before."""
 
 
+class GateError(ConfigError):
+    """A ``SourceGate``, or the gates given to a ``TestingSource``, are invalid; the message
+    says what to change (a ``ValueError`` too, as every ``ConfigError``)."""
+
+    __test__ = False
+
+
+class SchemaError(ConfigError):
+    """A schema declared for a Spark bridge (``SparkSource``, ``OutputLogSink``, the
+    ``"reflow"`` data source) cannot be parsed or uses a type the bridges cannot carry; the
+    message names the column. A ``ValueError`` too, as before."""
+
+
 class InvalidKeyError(ReflowError, ValueError):
     """A key_by function returned a key that cannot partition records (NaN: it never equals
     itself, so every NaN record would be a key of its own). Raised where the key is hashed to
@@ -106,6 +145,17 @@ class InvalidKeyError(ReflowError, ValueError):
 class UnhashableKeyError(InvalidKeyError, TypeError):
     """A key_by function returned a key of a type with no stable hash (a list, a dict, an
     object); a ``TypeError`` too, as before."""
+
+
+class KeyFunctionError(ReflowError):
+    """A key_by function raised on ``record``; ``cause`` is its error. Raised by the output
+    router (``engine.task.channel``) and caught by the task, which fails naming the operator
+    that consumes the keyed stream."""
+
+    def __init__(self, record: Any, cause: BaseException) -> None:
+        self.record = record
+        self.cause = cause
+        super().__init__(f"{type(cause).__name__}: {cause}")
 
 
 class ColumnarError(ReflowError, ValueError):
@@ -141,6 +191,23 @@ class RescaleRefused(ReflowError):
         self.tasks = tuple(tasks)
 
 
+class AssignmentError(ReflowError, ValueError):
+    """The inputs of an assignment function (``migration.assignment``) do not fit together;
+    the message says how."""
+
+
+class BalanceInfeasible(AssignmentError):
+    """No contiguous assignment to ``parallelism`` tasks keeps every task within
+    ``(1 + balance) · W / parallelism``; ``smallest_balance`` is the least θ that works."""
+
+    def __init__(self, message: str, *, parallelism: int = 0, balance: float = 0.0,
+                 smallest_balance: float = 0.0) -> None:
+        super().__init__(message)
+        self.parallelism = parallelism
+        self.balance = balance
+        self.smallest_balance = smallest_balance
+
+
 class ControllerError(ReflowError, ValueError):
     """A controller, or a decision it built, is invalid: ``add_controller`` got something
     that is not a controller (no ``decide``, a bad ``interval_s``, a name already used), or
@@ -164,6 +231,12 @@ class RescaleTimeout(ReflowError):
         super().__init__(message)
         self.phase = phase
         self.tasks = tasks
+
+
+class JobRestarted(ReflowError):  # noqa: N818 - a signal inside the JobMaster
+    """The job restarted from a checkpoint under a running rescale or wait: what it did is
+    gone; the rescale tries again once the job runs (``engine.runtime.recovery``). Caught
+    inside the JobMaster; never raised to users."""
 
 
 class CheckpointFailed(ReflowError):
@@ -191,6 +264,22 @@ class RestoreError(ReflowError):
         super().__init__(message)
         self.path = path
         self.reason = reason
+
+
+class StateBackendError(ReflowError):
+    """A task's on-disk state backend (``engine.state.rocksdb``) cannot open or write its
+    directory: not writable, full, or held by another open backend (its lock file).
+    ``path`` and ``task`` say which."""
+
+    def __init__(self, message: str, *, path: str = "", task: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.task = task
+
+
+class StaleReplicaError(ReflowError):
+    """A delta does not apply to the replica held (its base version is another): the holder
+    drops the replica and the owner must send a full snapshot (``migration.replication``)."""
 
 
 class JobFailedError(ReflowError):
@@ -256,6 +345,12 @@ class WaitTimeout(ReflowError, TimeoutError):
         self.seconds = seconds
 
 
+class GateTimeout(ReflowError, TimeoutError):
+    """``SourceGate.wait_reached`` waited longer than its timeout."""
+
+    __test__ = False
+
+
 class ControlPlaneError(ReflowError):
     """A call on the ``JobHandle`` got no answer from the job's JobMaster. ``job`` and
     ``call`` (the handle method) say which."""
@@ -295,6 +390,22 @@ class InternalError(ReflowError):
     ``__cause__`` carry the original error and its traceback; please report them."""
 
 
+class UnknownKeyGroupError(InternalError, RuntimeError):
+    """A record reached a task that does not own its key group: a routing bug (the task
+    fails with this message; it never reaches user code)."""
+
+
+class TaskControlError(ReflowError, ValueError):
+    """A task was given a spec, message, frame or channel event it cannot take (unknown, or
+    not for a task of its kind). An engine bug or a mis-wired job: the message names the
+    task."""
+
+
+class UnknownSubscaleError(ReflowError, KeyError):
+    """A barrier or message names a subscale this task was not told about (an
+    ``ExpectOutgoing`` missing or late): a coordinator bug."""
+
+
 class SinkCommitError(ReflowError):
     """An exactly-once sink was asked to commit a transaction whose pre-committed data is
     neither pending nor visible any more (deleted by hand, or a directory not shared by
@@ -316,3 +427,73 @@ class FrameRefused(DataChannelError):
 class FrameTooLarge(DataChannelError):
     """A data frame is longer than ``JobConfig.max_frame_bytes``: the sender refuses to send
     it, and a receiver closes a connection whose length field announces one."""
+
+
+class DownstreamDied(DataChannelError):  # noqa: N818 - the name says what happened
+    """A task this one sends to went away, as the sending task's shell sees it
+    (``engine.runtime.connections``): the task fails naming the receiver."""
+
+
+class PrometheusError(ReflowError):
+    """A Prometheus server refused a query or could not be reached
+    (``engine.observability.promplot``)."""
+
+
+class BridgeError(ReflowError, RuntimeError):
+    """A Spark bridge refused data or failed (the reflow job or a Spark query failed);
+    ``engine.spark``. A ``RuntimeError`` too, as before."""
+
+
+class SparkQueryFailed(ReflowError, RuntimeError):
+    """Raised in a reflow source task when the Spark side failed; carries Spark's message
+    (``engine.spark``). A ``RuntimeError`` too, as before."""
+
+
+__all__ = [
+    "AssignmentError",
+    "BalanceInfeasible",
+    "BridgeError",
+    "ChangeLogicRefused",
+    "CheckpointFailed",
+    "CodecError",
+    "ColumnarError",
+    "ConfigError",
+    "ConnectionLost",
+    "ControlPlaneError",
+    "ControlTimeout",
+    "ControllerError",
+    "DataChannelError",
+    "DownstreamDied",
+    "FailurePhase",
+    "FrameRefused",
+    "FrameTooLarge",
+    "GateError",
+    "GateTimeout",
+    "InternalError",
+    "InvalidKeyError",
+    "JobDefinitionError",
+    "JobFailedError",
+    "JobMasterLost",
+    "JobNotFound",
+    "JobNotRunningError",
+    "JobRestarted",
+    "KeyFunctionError",
+    "OutputCodecError",
+    "PrometheusError",
+    "RayUnavailable",
+    "ReflowError",
+    "RescaleRefused",
+    "RescaleTimeout",
+    "RestoreError",
+    "SchemaError",
+    "SinkCommitError",
+    "SparkQueryFailed",
+    "StaleReplicaError",
+    "StateBackendError",
+    "TaskControlError",
+    "UnhashableKeyError",
+    "UnknownKeyGroupError",
+    "UnknownSubscaleError",
+    "UserFunctionError",
+    "WaitTimeout",
+]

@@ -11,6 +11,9 @@ would be false; this base hashes as the string.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
+
+_E = TypeVar("_E", bound="NameEnum")
 
 
 class NameEnum(str, Enum):
@@ -25,7 +28,7 @@ class NameEnum(str, Enum):
         return format(str(self.value), spec)
 
     @classmethod
-    def parse(cls, value: object, what: str) -> NameEnum:
+    def parse(cls: type[_E], value: object, what: str) -> _E:
         """The member named by ``value``; ``ValueError`` listing the choices otherwise."""
         try:
             return cls(value)
@@ -70,3 +73,12 @@ class AssignmentStrategy(NameEnum):
     def needs_workload(self) -> bool:
         """Whether it reads per-group loads and sizes (asked from the tasks)."""
         return self in (AssignmentStrategy.SSM, AssignmentStrategy.MTM)
+
+
+class StateBackend(NameEnum):
+    """Where a keyed task keeps its state (``JobConfig.state_backend``): ``memory`` in
+    per-key-group Python dicts (``engine.state.keyed``), ``rocksdb`` in one RocksDB
+    instance per task on the node's local disk (``engine.state.rocksdb``)."""
+
+    MEMORY = "memory"
+    ROCKSDB = "rocksdb"

@@ -55,11 +55,19 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import JobConfig, KeyedProcessFunction, ReflowError, StreamJob  # noqa: E402
-from engine.io.sinks import Sink  # noqa: E402
-from engine.io.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
-from engine.operators.windows import AggregateFunction  # noqa: E402
-from engine.time.event_time import WatermarkStrategy, tumbling_event_time  # noqa: E402
+from engine import (  # noqa: E402
+    AggregateFunction,
+    JobConfig,
+    KeyedProcessFunction,
+    ReflowError,
+    Sink,
+    SourceGate,
+    StreamJob,
+    TestingSink,
+    TestingSource,
+    WatermarkStrategy,
+    tumbling_event_time,
+)
 
 BASE_TS = 1_704_067_200_000     # 2024-01-01 00:00 UTC
 MINUTE_MS = 60_000

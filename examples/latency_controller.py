@@ -28,9 +28,8 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from controllers.base import Controller, NoChange, Scale  # noqa: E402
-from engine import JobConfig  # noqa: E402
-from engine.io.sinks import LatencySink  # noqa: E402
+from controllers import Controller, NoChange, Scale  # noqa: E402
+from engine import JobConfig, LatencySink  # noqa: E402
 from examples.bench.harness.jobs import PaddedCount, generator, keyed_count_job  # noqa: E402
 from examples.bench.harness.run import init_ray  # noqa: E402
 

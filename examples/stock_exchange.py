@@ -46,11 +46,18 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import JobConfig, KeyedProcessFunction, StreamJob  # noqa: E402
-from engine.io.sinks import Sink  # noqa: E402
-from engine.io.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
-from engine.operators.windows import AggregateFunction  # noqa: E402
-from engine.time.event_time import WatermarkStrategy, tumbling_event_time  # noqa: E402
+from engine import (  # noqa: E402
+    AggregateFunction,
+    JobConfig,
+    KeyedProcessFunction,
+    Sink,
+    SourceGate,
+    StreamJob,
+    TestingSink,
+    TestingSource,
+    WatermarkStrategy,
+    tumbling_event_time,
+)
 
 BASE_TS = 1_704_205_800_000      # 2024-01-02 09:30 New York, in ms
 BAR_MS = 1000

@@ -50,11 +50,18 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import JobConfig, KeyedProcessFunction, StreamJob  # noqa: E402
-from engine.io.sinks import Sink  # noqa: E402
-from engine.io.testing import SourceGate, TestingSink, TestingSource  # noqa: E402
-from engine.operators.windows import AggregateFunction  # noqa: E402
-from engine.time.event_time import WatermarkStrategy, tumbling_event_time  # noqa: E402
+from engine import (  # noqa: E402
+    AggregateFunction,
+    JobConfig,
+    KeyedProcessFunction,
+    Sink,
+    SourceGate,
+    StreamJob,
+    TestingSink,
+    TestingSource,
+    WatermarkStrategy,
+    tumbling_event_time,
+)
 
 UNIT_MS = 600_000            # the dataset's time unit: 10 minutes
 UNIT_MINUTES = 10

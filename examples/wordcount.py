@@ -37,8 +37,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from engine import JobConfig, StreamJob  # noqa: E402
-from engine.io.sinks import LatencySink  # noqa: E402
+from engine import JobConfig, LatencySink, StreamJob  # noqa: E402
 from engine.spark import OutputLogSink, SparkLink, SparkSource, local_spark  # noqa: E402
 from engine.spark.jobs import build_wordcount  # noqa: E402
 

@@ -52,29 +52,13 @@ from typing import Any
 import numpy as np
 
 from engine.dataflow.keygroups import uniform_assignment
-from engine.errors import ReflowError, RescaleRefused
+from engine.errors import AssignmentError, BalanceInfeasible, RescaleRefused
 from engine.names import AssignmentStrategy
 
 DEFAULT_BALANCE = 0.2
 DEFAULT_VIRTUAL_NODES = 64
 _TOLERANCE = 1e-9  # relative slack on the load bound (θ given as the smallest works)
 _TIE_WEIGHT = 0.25  # < 1 byte: the evenness tie-break never outweighs a byte of cost
-
-
-class AssignmentError(ReflowError, ValueError):
-    """The inputs of an assignment function do not fit together; the message says how."""
-
-
-class BalanceInfeasible(AssignmentError):
-    """No contiguous assignment to ``parallelism`` tasks keeps every task within
-    ``(1 + balance) · W / parallelism``; ``smallest_balance`` is the least θ that works."""
-
-    def __init__(self, message: str, *, parallelism: int = 0, balance: float = 0.0,
-                 smallest_balance: float = 0.0) -> None:
-        super().__init__(message)
-        self.parallelism = parallelism
-        self.balance = balance
-        self.smallest_balance = smallest_balance
 
 
 # ---------------------------------------------------------------------- values
@@ -446,9 +430,10 @@ class _Band:
 
 
 def _ssm_partition(old: tuple[int, ...], sizes: np.ndarray, band: _Band,
-                   parallelism: int) -> tuple[list[int], float] | None:
-    """The interval ends ``[e_1, ..., e_n' = m]`` of a max-gain partition (None if none
-    fits the cap) and its DP value, exact when every task holds one range.
+                   parallelism: int) -> tuple[list[tuple[int, int, int]], float] | None:
+    """The intervals of a max-gain partition as ``(start, end, option)``, left to right
+    (``_Band.walk``; None if none fits the cap), and its DP value, exact when every task
+    holds one range.
 
     The DP walks interval ends left to right. State ``(k, x, f)``: groups ``[0, x)`` cut
     into ``k`` intervals; ``f`` = the run of group ``x`` (its old owner's stretch) was
@@ -484,7 +469,7 @@ def _ssm_partition(old: tuple[int, ...], sizes: np.ndarray, band: _Band,
 
 
 def _relaxed_partition(old: tuple[int, ...], sizes: np.ndarray, band: _Band,
-                       parallelism: int) -> tuple[list[int], float] | None:
+                       parallelism: int) -> tuple[list[tuple[int, int, int]], float] | None:
     """For a task holding several ranges: the best partition when an interval may credit
     any task's bytes in it, even a task credited elsewhere too. Its value bounds the best
     real gain from above."""
@@ -596,8 +581,8 @@ def _label_path(old: tuple[int, ...], sizes: np.ndarray, path: Sequence[tuple[in
         gain += best[0]
     spare = iter(sorted(set(range(parallelism)) - {t for t in credited if t is not None}))
     out: list[int] = []
-    for (a, b, _), t in zip(path, credited, strict=True):
-        out.extend([next(spare) if t is None else t] * (b - a))
+    for (a, b, _), owner in zip(path, credited, strict=True):
+        out.extend([next(spare) if owner is None else owner] * (b - a))
     return tuple(out), gain
 
 
@@ -618,6 +603,7 @@ def ssm(old: Sequence[int], parallelism: int, workload: GroupWorkload,
     found = _ssm_partition(o, sizes.astype(np.float64), band, parallelism) if band else None
     if found is None:
         raise _infeasible(workload, parallelism, theta, "ssm")
+    assert band is not None  # a partition was found in it
     total = int(sizes.sum())
     path = found[0]
     if _Runs.of_assignment(o).one_per_task:
@@ -626,7 +612,7 @@ def ssm(old: Sequence[int], parallelism: int, workload: GroupWorkload,
                  f"{total - gain} of {total} bytes move"]
     else:
         relaxed = _relaxed_partition(o, sizes.astype(np.float64), band, parallelism)
-        assert band is not None and relaxed is not None
+        assert relaxed is not None
         new, gain = max((label_intervals(o, sizes, [b for _, b, _ in p], parallelism)
                          for p in (path, relaxed[0])), key=lambda r: r[1])
         bound = int(round(relaxed[1] + _tie_of([b for _, b, _ in relaxed[0]], w)))
@@ -711,6 +697,14 @@ def plan_assignment(strategy: str, old: Sequence[int], parallelism: int,
     return mtm(old, parallelism, workload, projected, balance)
 
 
+def _strategy(name: object) -> AssignmentStrategy:
+    """The strategy ``name`` names; ``AssignmentError`` listing the choices otherwise."""
+    try:
+        return AssignmentStrategy.parse(name, "assignment strategy")
+    except ValueError as exc:
+        raise AssignmentError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class AssignmentSpec:
     """How a rescale chooses its target (``handle.rescale(op, n, assignment=..., balance=...,
@@ -724,10 +718,7 @@ class AssignmentSpec:
     virtual_nodes: int = DEFAULT_VIRTUAL_NODES
 
     def __post_init__(self) -> None:
-        try:
-            s = AssignmentStrategy.parse(self.strategy, "assignment strategy")
-        except ValueError as exc:
-            raise AssignmentError(str(exc)) from None
+        s = _strategy(self.strategy)
         object.__setattr__(self, "strategy", s)
         if self.balance is not None:
             object.__setattr__(self, "balance", _check_balance(self.balance))
@@ -756,7 +747,7 @@ class AssignmentSpec:
             raise AssignmentError(f"projected_costs must be a directory written by python -m "
                                   f"migration.pmc or a ProjectedCosts; got "
                                   f"{type(table).__name__}")
-        return cls(strategy, balance, table)  # type: ignore[arg-type]
+        return cls(_strategy(strategy), balance, table)
 
     def check(self, num_key_groups: int) -> None:
         """``AssignmentError`` unless it fits an operator with ``num_key_groups`` groups."""
@@ -839,14 +830,14 @@ def balanced(loads: Sequence[float], current: Sequence[int], parallelism: int,
                         best = cand2
         if best is None:
             break
-        _, _, g, h = best
+        _, _, g, swap = best
         new[g] = lo
         load[hi] -= w[g]
         load[lo] += w[g]
-        if h is not None:
-            new[h] = hi
-            load[lo] -= w[h]
-            load[hi] += w[h]
+        if swap is not None:
+            new[swap] = hi
+            load[lo] -= w[swap]
+            load[hi] += w[swap]
     counts = [0] * parallelism
     for t in new:
         counts[t] += 1

@@ -40,7 +40,7 @@ from engine.dataflow.deployment import (
 )
 from engine.dataflow.keygroups import moved_key_groups
 from engine.dataflow.physical import FORWARD
-from engine.errors import RescaleRefused, RescaleTimeout
+from engine.errors import AssignmentError, RescaleRefused, RescaleTimeout
 from engine.names import NameEnum, SubscaleRole
 from engine.observability.metrics import RescaleProgress
 from engine.task.channel import REROUTE_PORT
@@ -65,7 +65,6 @@ from engine.wire.messages import (
     TaskFinished,
 )
 from migration.assignment import (
-    AssignmentError,
     AssignmentPlan,
     AssignmentSpec,
     GroupWorkload,
@@ -74,10 +73,11 @@ from migration.assignment import (
 from migration.pacing import HeadroomPacer
 from migration.plan import MigrationPlan, Subscale
 from migration.planning import (
+    MeasuredGroups,
     Planning,
-    adaptive_planning,
+    adaptive_from_measures,
+    measure_groups,
     profiles_from_metrics,
-    workload_from_profiles,
 )
 from migration.protocols import (
     PROTOCOLS,
@@ -103,6 +103,11 @@ class Phase(NameEnum):
     SAVEPOINT = "savepoint"
     RESTORE = "restore"
     DONE = "done"
+    # the steps of engine.control.steps (deploy, change of logic, replica refresh)
+    START = "start"      # a deploy's ``Start`` calls, sources last
+    STAGE = "stage"      # a change of logic stages its function at every task
+    SWITCH = "switch"    # ... and sends its barriers, waiting for every task's switch
+    REFRESH = "refresh"  # a replica refresh asks group stats and refreshes replicas
 
 
 # ---------------------------------------------------------------------- requests and context
@@ -157,7 +162,8 @@ class RescaleContext:
     """What the job shares with a coordinator: values as of the start and the job's pure
     allocators. ``replicas``: this operator's replicas, key group -> (holder, version);
     ``max_subscales``: subscales of the operator at once (drrs); ``finished``: tasks whose
-    input ended."""
+    input ended; ``capacity_rate``: records/s the operator sustains at its parallelism,
+    measured over the latest metrics window (Spacker's adaptive planning; None: unknown)."""
 
     job_id: str
     deployment: Deployment
@@ -168,6 +174,7 @@ class RescaleContext:
     replication_on: bool = False
     max_subscales: int = 1
     finished: frozenset[str] = frozenset()
+    capacity_rate: float | None = None
 
 
 # ---------------------------------------------------------------------- commands
@@ -465,8 +472,11 @@ class RescaleCoordinator:
         """After a failure before ``committed``: what undoes the hold (best effort)."""
         if not self._held:
             return []
-        return [SendControl(tuple(Call(t, HoldFinish(False)) for t in self._held),
-                            Phase.RELEASE)]
+        return [SendControl(self._release_calls(), Phase.RELEASE)]
+
+    def _release_calls(self) -> tuple[Call, ...]:
+        """The calls that release the hold of every held task."""
+        return tuple(Call(t, HoldFinish(False)) for t in self._held)
 
     def progress(self) -> RescaleProgress:
         raise NotImplementedError
@@ -504,7 +514,8 @@ class RescaleCoordinator:
         raise NotImplementedError
         yield  # pragma: no cover
 
-    def _send(self, phase: Phase, calls: Iterable[Call]) -> Generator[Command, Any, tuple]:
+    def _send(self, phase: Phase, calls: Iterable[Call]
+              ) -> Generator[Command, Any, tuple[Any, ...]]:
         calls = tuple(calls)
         if not calls:
             return ()
@@ -525,7 +536,7 @@ class RescaleCoordinator:
                                                     for t in self._held))
         ended = [st.task for st in states if st.input_ended]
         if ended or self.input_ended:
-            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
+            yield from self._send(Phase.RELEASE, self._release_calls())
             who = ended[0] if ended else sorted(self.finished_tasks)[0]
             raise RescaleRefused(
                 f"the input of operator {vertex!r} has ended (task {who}): it processes "
@@ -712,20 +723,23 @@ class LiveRescale(RescaleCoordinator):
         old = self.dep.assignments[vertex]
         planning = self.request.planning
         profiles: dict[int, Any] = {}
+        measured = MeasuredGroups({}, {}, {}, 0.0)
         if self.spec.needs_profiles(planning, cfg.drrs_subscale_bytes) or self._wants_workload():
             replies = yield from self._send(Phase.PLAN, (Call(t, GroupStatsRequest())
                                                          for t in tasks))
             profiles = _profiles(replies)
+            measured = measure_groups(replies)
         try:
             new = self._target(old, profiles)
         except RescaleRefused:
-            yield from self._send(Phase.RELEASE, self.release_commands()[0].calls)
+            yield from self._send(Phase.RELEASE, self._release_calls())
             raise
         adaptive = ""
         if planning is None and self.spec.name == RescaleProtocol.NON_DISRUPTIVE:
-            moved = moved_key_groups(old, new)
-            rate = sum(p.load for p in profiles.values())
-            decision = adaptive_planning(workload_from_profiles(profiles, moved, rate))
+            # input rate, skew, sizes, state access (keys per group) and arrival order from
+            # the tasks' group counters; the capacity from the job's metrics window
+            decision = adaptive_from_measures(measured, moved_key_groups(old, new),
+                                              capacity_rate=self.ctx.capacity_rate)
             planning, adaptive = decision.planning, decision.reason
         plan = self._plan(profiles, planning, old, new)
         if adaptive:
@@ -993,7 +1007,7 @@ def _profiles(replies: Sequence[Any]) -> dict[int, Any]:
     loads: dict[int, float] = {}
     sizes: dict[int, int] = {}
     for r in replies:
-        for kg, records, size in r.groups:
+        for kg, records, size, *_ in r.groups:  # a 4th element: the group's keys
             loads[kg] = records / r.seconds if r.seconds > 0 else 0.0
             sizes[kg] = size
     return profiles_from_metrics(loads, sizes)

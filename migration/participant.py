@@ -5,8 +5,8 @@ non-disruptive) runs the same per-task state machine, switched by the flags of i
 ``ExpectOutgoing``/``InjectSubscale`` messages; the core (``engine.task.core``) only stores,
 schedules and processes. As in Flink's ``BarrierHandlerState`` + ``Controller``, the two sides
 meet at two narrow interfaces: the core calls the participant only through
-``engine.task.core.MigrationHooks``, and the participant acts on its task only through
-``TaskHost`` below. So a participant can be stepped against a small fake host, and nothing
+``engine.task.migration_hooks.MigrationHooks``, and the participant acts on its task only
+through ``TaskHost`` below. So a participant can be stepped against a small fake host, and nothing
 in the engine imports ``migration``.
 
 Format (what a participant takes):
@@ -48,12 +48,14 @@ Guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from engine.dataflow.config import JobConfig
-from engine.errors import ConfigError, ReflowError
+from engine.errors import ConfigError, StaleReplicaError, UnknownSubscaleError
 from engine.names import SubscaleRole
 from engine.state.keyed import KeyedStateBackend
 from engine.task.channel import REROUTE_PORT, InputChannel, OutputRouter
@@ -65,6 +67,7 @@ from engine.task.core import (
     TaskSpec,
     estimated_group_bytes,
 )
+from engine.task.reply import Reply
 from engine.time.clock import Clock
 from engine.wire.messages import (
     Ack,
@@ -93,20 +96,14 @@ from engine.wire.messages import (
 from migration.replication import (
     ReplicaStore,
     ReplicationStats,
-    StaleReplicaError,
     migration_payload,
     refresh_replica,
 )
 
 
-class UnknownSubscaleError(ReflowError, KeyError):
-    """A barrier or message names a subscale this task was not told about (an
-    ``ExpectOutgoing`` missing or late): a coordinator bug."""
-
-
 class TaskHost(Protocol):
-    """What a participant may use of its task, and all it may (``engine.task.core.TaskCore`` is
-    one). Everything the participant sends leaves through ``router`` (data channels, the
+    """What a participant may use of its task, and all it may (``engine.task.host.CoreHost``
+    is one). Everything the participant sends leaves through ``router`` (data channels, the
     re-route path), ``send_priority`` or ``report``."""
 
     @property
@@ -179,8 +176,13 @@ class TaskHost(Protocol):
 def new_task_core(spec: TaskSpec, clock: Clock) -> TaskCore:
     """A task core with its migration participant attached (what the runtime deploys)."""
     core = TaskCore(spec, clock)
-    core.attach(MigrationParticipant(core))
+    core.attach(MigrationParticipant(core.host))
     return core
+
+
+def _with_dropped(reply: ReplicasRefreshed, acks: Sequence[ReplicaAck]) -> ReplicasRefreshed:
+    """A replica refresh's reply once its holders answered: the groups they dropped."""
+    return dataclasses.replace(reply, dropped=tuple(a.key_group for a in acks if not a.kept))
 
 
 def _waits_for_aside(event: Any) -> bool:
@@ -443,8 +445,8 @@ class NewOwnerRole:
 
 
 class MigrationParticipant:
-    """One task's migration behaviour: the ``engine.task.core.MigrationHooks`` of its core, acting
-    on it only through ``TaskHost``. ``old_role``/``new_role`` hold the subscales this task
+    """One task's migration behaviour: the ``engine.task.migration_hooks.MigrationHooks`` of
+    its core, acting on it only through ``TaskHost``. ``old_role``/``new_role`` hold the subscales this task
     gives away / takes; ``replicas`` the replicas it holds for other owners;
     ``replication_stats`` the cost of replicating its own groups."""
 
@@ -520,6 +522,14 @@ class MigrationParticipant:
                                        f"{msg!r}; neither the task core nor its migration "
                                        "participant takes it")
 
+    def control(self, msg: Any) -> Reply:
+        """``handle``'s reply with its effects: a replica refresh is complete once every
+        holder answered its update (``ReplicasRefreshed.dropped``: groups a holder refused)."""
+        reply = self.handle(msg)
+        if type(msg) is RefreshReplicas:
+            return Reply(reply, then=partial(_with_dropped, reply))
+        return Reply(reply)
+
     def on_event(self, ch: InputChannel, event: Any) -> None:
         match event:
             case ConfirmBarrier(subscale=sid, direct_channel=dc):
@@ -549,6 +559,7 @@ class MigrationParticipant:
                 ready.extend((values[j], tss[j], None, -1, ch.port) for j in range(pos, n))
                 pos = n
                 break
+            assert keys is not None  # a keyed input's frames carry keys with their groups
             kg = kgs[pos]
             port = ports[pos] if ports is not None else ch.port
             rc = old.migrated_out.get(kg)

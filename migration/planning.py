@@ -8,7 +8,10 @@ a :class:`~migration.plan.MigrationPlan`: steps run one after another, each step
 :class:`~migration.plan.Subscale` values, one per (old owner, new owner) pair.
 :func:`matching_steps` is Megaphone's matching-based batching (every task sends and
 receives at most one group per step) and :func:`adaptive_planning` Spacker's default
-strategy (§IV-C), choosing the knobs from a :class:`WorkloadProfile`.
+strategy (§IV-C), choosing the knobs from a :class:`WorkloadProfile`;
+:func:`measure_groups` reads the tasks' per-group counters (records, state bytes, keys)
+into :class:`MeasuredGroups` (input rate, state access ratio, arrival order) and
+:func:`adaptive_from_measures` runs the default strategy on them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.dataflow.keygroups import moved_key_groups
 from migration.plan import MigrationPlan, steps_from_chunks
@@ -507,15 +510,109 @@ def adaptive_planning(profile: WorkloadProfile,
     return PlanningDecision(planning, f"{prio_why}; {prog_why}; {repl_why}.", t)
 
 
+def arrival_ranks(loads: Mapping[int, float]) -> dict[int, int]:
+    """Each group's rank in the order its next record is expected (0 first), from its
+    measured arrival rate: records of a group arriving at ``λ`` per second are next due in
+    ``1 / λ`` seconds on average, so the busiest group comes first and groups without
+    records last (ties by key group id). Meces' "arrival order" moves the groups in the
+    order their records will arrive, so the first records to wait find their state moved."""
+    ranked = sorted(loads, key=lambda kg: (-loads[kg], kg))
+    return {kg: i for i, kg in enumerate(ranked)}
+
+
 def profiles_from_metrics(loads: Mapping[int, float], sizes: Mapping[int, int], *,
                           arrivals: Mapping[int, int] | None = None) -> dict[int, GroupProfile]:
     """One profile per key group named in ``loads`` or ``sizes`` (missing values are 0);
-    ``arrival`` from ``arrivals`` or else the group's rank by key group id."""
+    ``arrival`` from ``arrivals``, else from the measured arrival rates (``arrival_ranks``
+    of ``loads``, every group named)."""
     groups = sorted(set(loads) | set(sizes))
-    arrivals = arrivals or {}
+    if arrivals is None:
+        arrivals = arrival_ranks({kg: float(loads.get(kg, 0.0)) for kg in groups})
     return {kg: GroupProfile(kg, float(loads.get(kg, 0.0)), int(sizes.get(kg, 0)),
                              int(arrivals.get(kg, i)))
             for i, kg in enumerate(groups)}
+
+
+@dataclass(frozen=True)
+class MeasuredGroups:
+    """What the tasks' per-group counters (``GroupStats`` replies) say about an operator:
+    ``loads`` records/s and ``sizes`` state bytes per key group, ``keys`` per key group
+    where the tasks report it, ``seconds`` the longest span the records were counted over."""
+
+    loads: Mapping[int, float]
+    sizes: Mapping[int, int]
+    keys: Mapping[int, int]
+    seconds: float
+
+    @property
+    def input_rate(self) -> float:
+        """Records/s into the operator (all its groups)."""
+        return sum(self.loads.values())
+
+    @property
+    def state_access_ratio(self) -> float | None:
+        """Spacker's ratio of state access: the share of the keys accessed per second,
+        ``sum(min(rate, keys)) / sum(keys)`` over the groups that report their keys (a
+        record touches one key of its group; at most every key of a group in a second: an
+        upper bound when records repeat keys). None when no group reports its keys."""
+        known = {kg: k for kg, k in self.keys.items() if k > 0}
+        total = sum(known.values())
+        if not total:
+            return None
+        touched = sum(min(self.loads.get(kg, 0.0), float(k)) for kg, k in known.items())
+        return min(1.0, touched / total)
+
+    def profiles(self) -> dict[int, GroupProfile]:
+        """One profile per group, arrival order from the measured rates."""
+        return profiles_from_metrics(self.loads, self.sizes)
+
+
+def measure_groups(replies: Sequence[object]) -> MeasuredGroups:
+    """Per-group load, size and key count from the tasks' ``GroupStats`` replies (anything
+    with ``groups``: ``(key group, records, state bytes[, keys])`` tuples, and ``seconds``
+    the records were counted over; a reply counted over no time gives load 0)."""
+    loads: dict[int, float] = {}
+    sizes: dict[int, int] = {}
+    keys: dict[int, int] = {}
+    longest = 0.0
+    for r in replies:
+        seconds = float(getattr(r, "seconds", 0.0))
+        longest = max(longest, seconds)
+        for kg, records, size, *more in getattr(r, "groups", ()):
+            loads[kg] = records / seconds if seconds > 0 else 0.0
+            sizes[kg] = int(size)
+            if more and more[0] is not None:
+                keys[kg] = int(more[0])
+    return MeasuredGroups(loads, sizes, keys, longest)
+
+
+def adaptive_from_measures(measured: MeasuredGroups, moved: Sequence[int], *,
+                           capacity_rate: float | None = None,
+                           bandwidth_bytes_per_s: float = 100e6,
+                           thresholds: AdaptiveThresholds | None = None) -> PlanningDecision:
+    """Spacker's default planning from what was measured: the input rate and skew from the
+    groups' loads, the state per moving group from their sizes, the state access ratio from
+    their key counts (``MeasuredGroups.state_access_ratio``; unmeasured: 1.0, which never
+    replicates, and the reason says so) and the operator's ``capacity_rate`` (records/s it
+    sustains: ``OperatorRates.capacity`` over the latest metrics window; None: unknown, "high
+    input rate" is then absolute)."""
+    ratio = measured.state_access_ratio
+    if capacity_rate is not None and not capacity_rate > 0:
+        capacity_rate = None
+    workload = workload_from_profiles(
+        measured.profiles(), moved, measured.input_rate,
+        state_access_ratio=1.0 if ratio is None else ratio,
+        bandwidth_bytes_per_s=bandwidth_bytes_per_s, capacity_rate=capacity_rate)
+    decision = adaptive_planning(workload, thresholds)
+    notes = []
+    if ratio is None:
+        notes.append("state access not measured (the tasks report no keys per group): "
+                     "counted as 100%")
+    if capacity_rate is None:
+        notes.append("capacity not measured: the input rate is judged absolute")
+    if not notes:
+        return decision
+    return replace(decision, reason=f"{decision.reason} ({'; '.join(notes)})")
 
 
 def workload_from_profiles(profiles: Mapping[int, GroupProfile], moved: Sequence[int],
@@ -524,8 +621,9 @@ def workload_from_profiles(profiles: Mapping[int, GroupProfile], moved: Sequence
                            capacity_rate: float | None = None) -> WorkloadProfile:
     """A :class:`WorkloadProfile` from per-group profiles: skew = max / mean load over all
     profiled groups (1.0 when there is no load), state per group = mean over ``moved``
-    (missing profiles count 0). Key-group metrics cannot see per-key access, so
-    ``state_access_ratio`` is the caller's; its default 1.0 never asks for replication."""
+    (missing profiles count 0). Per-group profiles cannot see per-key access, so
+    ``state_access_ratio`` is the caller's (``MeasuredGroups.state_access_ratio``); its
+    default 1.0 never asks for replication."""
     loads = [p.load for p in profiles.values()]
     mean = sum(loads) / len(loads) if loads else 0.0
     skew = max(loads) / mean if mean > 0 else 1.0

@@ -19,16 +19,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-from engine.errors import ConfigError, ReflowError
+from engine.errors import ConfigError, StaleReplicaError
 from engine.state.keyed import KeyedStateBackend, apply_delta, delta_base_version
 
 POLICIES = ("none", "hot", "all")
 PayloadKind = Literal["delta", "full"]
-
-
-class StaleReplicaError(ReflowError):
-    """A delta does not apply to the replica held (its base version is another): the holder
-    drops the replica and the owner must send a full snapshot."""
 
 
 # ---------------------------------------------------------------- which groups, where
@@ -77,9 +72,8 @@ def place_replicas(
     # greedy: the least loaded other task, ties to the next task after the owner
     for kg in chosen:
         owner = assignment[kg]
-        best = min(
-            (t for t in range(parallelism) if t != owner),
-            key=lambda t, o=owner: (count[t], (t - o) % parallelism),
+        *_, best = min(
+            (count[t], (t - owner) % parallelism, t) for t in range(parallelism) if t != owner
         )
         holder[kg] = best
         count[best] += 1
@@ -112,10 +106,10 @@ def _balance(
             for y in range(parallelism):
                 if y in seen:
                     continue
-                kg = next((g for g in on[x] if assignment[g] != y), None)
-                if kg is None:
+                movable = next((g for g in on[x] if assignment[g] != y), None)
+                if movable is None:
                     continue
-                prev[y] = (x, kg)
+                prev[y] = (x, movable)
                 seen.add(y)
                 if y in targets:
                     end = y

@@ -23,8 +23,8 @@ from typing import Any
 from engine.dataflow.config import check_count
 from engine.dataflow.keygroups import validate_assignment
 from engine.dataflow.physical import PhysicalPlan, Vertex
-from engine.errors import RescaleRefused
-from migration.assignment import AssignmentError, AssignmentSpec
+from engine.errors import AssignmentError, RescaleRefused
+from migration.assignment import AssignmentSpec
 from migration.coordinator import RescaleRequest
 from migration.planning import Planning
 from migration.protocols import PROTOCOLS, RescaleProtocol

@@ -9,7 +9,7 @@ cost of the future (PMC), a value pre-computed for every balanced partitioning b
 iteration (``migration.pmc`` runs it on Spark) and looked up at rescale time.
 
 The model is ``migration.assignment``'s. Two approximations, both the paper's, keep the
-pre-computation finite; the README says how to size them:
+pre-computation finite; docs/guide/rescaling.md ("MTM-aware rescales") says how to size them:
 
 * **Units.** Projected costs are per partitioning of *units*: runs of consecutive key
   groups (``Units``), ``m`` of them. The number of partitionings of ``m`` units into at most
@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
+from engine.errors import AssignmentError, BalanceInfeasible
 from migration.assignment import (
-    AssignmentError,
     AssignmentPlan,
-    BalanceInfeasible,
     GroupWorkload,
     _cap,
     _check_balance,

@@ -1,5 +1,5 @@
-"""Runs the engine's own rescale and checkpoint coordinators against task cores in this
-process.
+"""Runs the engine's own rescale and checkpoint coordinators, and its deploy and
+change-of-logic steps, against task cores in this process.
 
 The JobMaster executes ``migration.coordinator`` commands with Ray (engine/runtime/
 rescaling.py) and ``engine.checkpoints.coordinator`` commands (engine/runtime/
@@ -7,6 +7,12 @@ checkpointing.py); this module executes the same commands on ``TaskCore`` object
 test steps by hand, so the seeded interleaving tests exercise the coordinators as the
 engine runs them, not copies. The test supplies ``progress`` (one round of stepping cores
 and moving frames, at random or not) that runs while a coordinator waits for reports.
+
+The step machines of ``engine.control.steps`` run through the same executor
+(``InProcessExecutor.run`` takes any of them): ``deploy`` wires and starts a net's cores
+with the engine's deploy choreography (``DeploySteps``: create, connect receivers first,
+restore, start sources last), ``Checkpoints.restore`` deploys from a checkpoint with it,
+and ``change_logic`` changes an operator's function mid-stream (``ChangeLogicSteps``).
 
 Checkpoints (``Checkpoints``) are written to a real directory with the engine's store;
 ``restore`` replaces every core by a new one restored from a checkpoint, as recovery,
@@ -28,14 +34,30 @@ from typing import Any, Protocol
 
 from engine.checkpoints import coordinator as cc
 from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
-from engine.checkpoints.restore import RestorePlan, checkpoint_layout, plan_restore
+from engine.checkpoints.restore import RestorePlan
 from engine.checkpoints.snapshot import persist, restore_messages
 from engine.checkpoints.store import discard, write_metadata
+from engine.control.reconfiguration import LogicChangeReport
+from engine.control.steps import (
+    ChangeLogicSteps,
+    DeploySteps,
+    ForgetReplicas,
+    Machine,
+    ReplaceDeployment,
+    ReplaceOperator,
+    StageLogic,
+    StepCommand,
+    check_change_logic,
+    restore_plan,
+)
 from engine.dataflow.config import JobConfig
-from engine.dataflow.deployment import ChannelIds, Deployment, connect_messages, start_message
+from engine.dataflow.deployment import ChannelIds, Deployment
+from engine.errors import ChangeLogicRefused, ReflowError
+from engine.names import JobState
 from engine.task.core import TaskCore, TaskSpec
 from engine.time.clock import Clock
 from engine.wire.messages import (
+    Ack,
     CheckpointAborted,
     CheckpointComplete,
     RestoreState,
@@ -46,7 +68,6 @@ from engine.wire.messages import (
 )
 from migration.coordinator import (
     AwaitReports,
-    Command,
     CreateTasks,
     DataflowChanges,
     EnableReplication,
@@ -65,6 +86,12 @@ from migration.coordinator import (
     coordinator_for,
 )
 from migration.report import RescaleReport
+
+
+def _aligner(core: TaskCore) -> Any:
+    """The core's checkpoint barrier aligner (inside its checkpoint participant, where it
+    has one), for a stuck checkpoint's message."""
+    return getattr(core.checkpoints, "aligner", core.checkpoints)
 
 
 def make_spec(dep: Deployment, vertex: str, index: int, name: str,
@@ -92,6 +119,30 @@ def wire(msg: Any) -> Any:
     return decode_message(encode_message(msg))
 
 
+def control(core: TaskCore, msg: Any) -> Any:
+    """A control message to ``core`` as the task actor's shell gives it: over the wire; a
+    ``RestoreState`` read from the store first (the core installs what was read)."""
+    msg = wire(msg)
+    if isinstance(msg, RestoreState):
+        for inner in restore_messages(msg):
+            core.handle(wire(inner))
+        return Ack()
+    return core.handle(msg)
+
+
+def stage_logic(net: Cores, operator: str, version: int, fn: Any,
+                tasks: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """``StageLogic`` on ``net``: each task takes its own copy of ``fn`` (a Ray actor
+    deserialises its own); the tasks that refused it, with why."""
+    refused = []
+    for t in tasks:
+        try:
+            net.cores[t].stage_logic(version, operator, copy.deepcopy(fn))
+        except Exception as exc:  # noqa: BLE001 - the task refuses: the machine says why
+            refused.append((t, f"{type(exc).__name__}: {exc}"))
+    return tuple(refused)
+
+
 class Cores(Protocol):
     """What the executor needs of a test's network of cores."""
 
@@ -108,7 +159,7 @@ class Cores(Protocol):
 class Executed:
     """What a run did besides the report: every command, the subscale reports by id."""
 
-    commands: list[Command] = dataclasses.field(default_factory=list)
+    commands: list[StepCommand] = dataclasses.field(default_factory=list)
     subscales: dict[int, dict[str, SubscaleDone]] = dataclasses.field(default_factory=dict)
     completed: list[SubscaleCompleted] = dataclasses.field(default_factory=list)
 
@@ -142,9 +193,10 @@ class Checkpoints:
                     self.taken.append(out.metadata)
                     return out.metadata
             self.progress()
-        waiting = [f"{n}: {c.status}, aligning {c.checkpoints.pending}, blocked "
-                   f"{sorted(c.checkpoints.blocked)} of {sorted(c.checkpoints.channels)}; "
-                   f"{c._describe()}" for n, c in self.net.cores.items()
+        waiting = [f"{n}: {c.status}, aligning {al.pending}, blocked "
+                   f"{sorted(al.blocked)} of {sorted(al.channels)}; {c._describe()}"
+                   for n, c in self.net.cores.items()
+                   for al in [_aligner(c)]
                    if self.coord.pending is not None and n not in self.coord.pending.acks]
         raise AssertionError(f"checkpoint {cid} did not complete in {self.max_rounds} rounds; "
                              f"waiting for {waiting}")
@@ -184,40 +236,24 @@ class Checkpoints:
                 assignments: Mapping[str, tuple[int, ...]] | None = None,
                 allow_non_restored_state: bool = False) -> RestorePlan:
         """Replace every core by a new one restored from ``meta`` (at its layout, with
-        ``parallelism`` and ``assignments`` overriding it), wired and started as the
-        JobMaster deploys a job (``engine.runtime.recovery.Recovery.deploy``)."""
+        ``parallelism`` and ``assignments`` overriding it), wired and started by the
+        engine's deploy steps (``engine.control.steps.DeploySteps``, every old task
+        removed first), as the JobMaster deploys a job from a checkpoint."""
         net = self.net
-        plan = checkpoint_layout(net.dep.plan, meta)
-        if parallelism:  # at once: forward partners change with their operator
-            plan = plan.with_parallelism(dict(parallelism))
-        rp = plan_restore(meta, plan, "j", net.dep.generation + 1, allow_non_restored_state,
-                          assignments, net.dep.partitions)
+        rp = restore_plan(meta, net.dep.plan, "j", net.dep.generation + 1, net.dep.partitions,
+                          parallelism, assignments, allow_non_restored_state)
         forget = getattr(net, "forget_in_flight", None)
         if forget is not None:
             forget()  # frames and messages of the old tasks are gone with them
-        dep = rp.deployment
-        net.cores.clear()
-        for v in dep.plan.vertices:
-            for i, name in enumerate(dep.tasks[v.name]):
-                net.cores[name] = net.new_core(dep, v.name, i, name)
-        net.dep = dep
-        for name, msg in connect_messages(dep, net.ids).items():
-            net.cores[name].handle(wire(msg))
-        for name, r in rp.tasks.items():
-            for msg in restore_messages(RestoreState(r.groups, r.transactions)):
-                net.cores[name].handle(wire(msg))
-        for v in reversed(dep.plan.vertices):  # sources last
-            for i, name in enumerate(dep.tasks[v.name]):
-                net.cores[name].handle(wire(start_message(dep, v.name, i,
-                                                          rp.tasks[name].source_state)))
+        deploy(net, rp.deployment, rp.tasks, remove=tuple(net.cores))
         self.coord.restored(meta)
         return rp
 
 
 class InProcessExecutor:
-    """Executes a coordinator's commands on ``net``'s cores (the JobMaster's part).
-    ``checkpoints``: where a stop-restart's savepoint goes and how the job is restored from
-    it; ``before_change``: see the module doc."""
+    """Executes a coordinator's or a step machine's commands on ``net``'s cores (the
+    JobMaster's part). ``checkpoints``: where a stop-restart's savepoint goes and how the
+    job is restored from it; ``before_change``: see the module doc."""
 
     def __init__(self, net: Cores, progress: Callable[[], None],
                  after_send: Callable[[SendControl], None] | None = None,
@@ -234,8 +270,11 @@ class InProcessExecutor:
         self._seen: dict[str, int] = {n: len(c.reports) for n, c in net.cores.items()}
         self.executed = Executed()
 
-    def run(self, coord: RescaleCoordinator) -> RescaleReport:
-        queue: deque[Command] = deque(coord.start())
+    def run(self, coord: Machine) -> Any:
+        """Run ``coord`` to its end; its report. A command that raises a ``ReflowError``
+        goes to the machine's ``on_error`` where it has one (a step machine), which goes
+        on or raises it again."""
+        queue: deque[StepCommand] = deque(coord.start())
         while not coord.done:
             assert queue, "the coordinator gave no command and is not done"
             cmd = queue.popleft()
@@ -243,14 +282,22 @@ class InProcessExecutor:
             if isinstance(cmd, AwaitReports):
                 queue.extend(self._await(coord))
                 continue
-            if self.before_change is not None and self.changes.gates(cmd):
+            if self.before_change is not None and self.changes.gates(cmd):  # type: ignore[arg-type]
                 self._settle(coord)  # where the runtime waits for a checkpoint
                 self.before_change()
-            self.changes.on_command(cmd)
-            queue.extend(coord.on_result(cmd, self.execute(cmd)))
+            self.changes.on_command(cmd)  # type: ignore[arg-type]
+            on_error = getattr(coord, "on_error", None)
+            try:
+                result = self.execute(cmd)
+            except ReflowError as exc:
+                if on_error is None:
+                    raise
+                queue.extend(on_error(cmd, exc))
+                continue
+            queue.extend(coord.on_result(cmd, result))
         return coord.report()
 
-    def _settle(self, coord: RescaleCoordinator) -> None:
+    def _settle(self, coord: Machine) -> None:
         """Step the net until none of the rescale's subscales is in flight (the runtime's
         checkpoint waits for that before it starts)."""
         for _ in range(self.max_rounds):
@@ -260,7 +307,7 @@ class InProcessExecutor:
             self.progress()
         raise AssertionError(f"subscales {sorted(self.changes.subscales)} never finished")
 
-    def _await(self, coord: RescaleCoordinator) -> list[Command]:
+    def _await(self, coord: Machine) -> list[StepCommand]:
         for _ in range(self.max_rounds):
             more = self.feed(coord)
             if more or coord.done:
@@ -269,9 +316,9 @@ class InProcessExecutor:
         coord.on_timeout()  # raises, naming what it waited for
         raise AssertionError("on_timeout returned")
 
-    def feed(self, coord: RescaleCoordinator) -> list[Command]:
+    def feed(self, coord: Machine) -> list[StepCommand]:
         """Give the coordinator every report the cores made since the last call."""
-        out: list[Command] = []
+        out: list[StepCommand] = []
         for name, core in list(self.net.cores.items()):
             start = self._seen.get(name, 0)
             for report in core.reports[start:]:
@@ -282,14 +329,22 @@ class InProcessExecutor:
             self._seen[name] = len(core.reports)
         return out
 
-    def execute(self, cmd: Command) -> Any:
+    def execute(self, cmd: StepCommand) -> Any:
         net = self.net
         match cmd:
             case SendControl(calls=calls):
-                replies = [net.cores[c.task].handle(wire(c.message)) for c in calls]
+                replies = [control(net.cores[c.task], c.message) for c in calls]
                 if self.after_send is not None:
                     self.after_send(cmd)
                 return [wire(r) for r in replies]
+            case ReplaceDeployment(deployment=dep):
+                net.dep = dep
+            case StageLogic(operator=operator, version=version, fn=fn, tasks=tasks):
+                return stage_logic(net, operator, version, fn, tasks)
+            case ReplaceOperator():
+                net.dep = cmd.apply(net.dep)
+            case ForgetReplicas():
+                pass  # no replicas are kept here
             case CreateTasks(vertex=vertex, names=names, deployment=dep, indices=indices):
                 index = dict(indices)  # a placed task carries the index it replaces
                 for name in names:
@@ -355,3 +410,41 @@ def run_steps(net: Cores, steps: Any, progress: Callable[[], None] = lambda: Non
         except StopIteration:
             return
         result = ex.execute(cmd)
+
+
+def deploy(net: Cores, dep: Deployment | None = None,
+           restore: Mapping[str, Any] | None = None, remove: tuple[str, ...] = ()
+           ) -> Deployment:
+    """Deploy ``dep`` (default ``net.dep``) on ``net`` with the engine's deploy steps
+    (``engine.control.steps.DeploySteps``): the cores ``remove`` go, a core per task is
+    created (``net.new_core``), connected receivers first, given its ``restore`` (an
+    ``engine.checkpoints.restore`` plan's ``tasks``) and started, sources last."""
+    steps = DeploySteps(dep or net.dep, net.ids, net.clock, restore, remove)
+    dep_run: Deployment = InProcessExecutor(net, lambda: None).run(steps)
+    return dep_run
+
+
+def change_logic(net: Cores, operator: str, fn: Any, progress: Callable[[], None], *,
+                 config: JobConfig | None = None,
+                 after_send: Callable[[SendControl], None] | None = None,
+                 max_rounds: int = 5000,
+                 ) -> tuple[ChangeLogicSteps, LogicChangeReport, Executed]:
+    """Change ``operator``'s function to ``fn`` on ``net`` with the engine's steps
+    (``engine.control.steps.ChangeLogicSteps``), ``progress`` running while it waits for
+    the tasks' switch. Validated as the JobMaster does (a job whose input ended somewhere
+    is finishing); a refusal (``ChangeLogicRefused``) discards every staged copy first.
+    Each attempt takes the next version, as in the JobMaster."""
+    finishing = any(c.status == "finished" for c in net.cores.values())
+    new, _ = check_change_logic(net.dep.plan, operator, fn, job_id="j",
+                                state=JobState.RUNNING, finishing=finishing)
+    version = getattr(net, "logic_version", 0) + 1
+    net.logic_version = version  # type: ignore[attr-defined]
+    steps = ChangeLogicSteps(new, version, net.dep, net.ids, config or net.config, net.clock)
+    ex = InProcessExecutor(net, progress, after_send, max_rounds)
+    try:
+        report = ex.run(steps)
+    except ChangeLogicRefused:
+        for cmd in steps.release_commands():
+            ex.execute(cmd)
+        raise
+    return steps, report, ex.executed

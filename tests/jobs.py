@@ -257,8 +257,8 @@ def columnar_agg_job(records: list[tuple[int, int]], parallelism: int, sink: Tes
                      config: JobConfig = SMALL) -> StreamJob:
     """The columnar path: dict rows as column batches -> ``map_batches`` -> ``key_by`` a
     column -> the vectorised Count, Sum, Min, Max and Mean (operator ``agg``)."""
-    from engine.columnar.batches import ColumnarSource
-    from engine.columnar.vectorised import Count, Max, Mean, Min, Sum
+    from engine.io.sources import ColumnarSource
+    from engine.operators.vectorised import Count, Max, Mean, Min, Sum
 
     rows = [{"k": k, "v": v} for k, v in records]
     job = StreamJob("columnar", num_key_groups=32, parallelism=parallelism, config=config)
@@ -321,8 +321,8 @@ def columnar_window_job(records: list[tuple[int, int, int]], parallelism: int,
     ``key_by("k")`` -> sliding event-time windows (400 ms, slide 100 ms, allowed lateness
     300 ms, so fired windows stay in state) with Count, Sum, Min, Max, Mean (operator
     ``cwin``)."""
-    from engine.columnar.batches import ColumnarSource
-    from engine.columnar.vectorised import Count, Max, Mean, Min, Sum
+    from engine.io.sources import ColumnarSource
+    from engine.operators.vectorised import Count, Max, Mean, Min, Sum
     from engine.time.event_time import WatermarkStrategy, sliding_event_time
 
     rows = [{"k": k, "v": v, "ts": t} for k, v, t in records]

@@ -39,13 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.api import StreamJob
-from engine.dataflow.deployment import (
-    ChannelIds,
-    Deployment,
-    connect_messages,
-    initial_deployment,
-    start_messages,
-)
+from engine.dataflow.deployment import ChannelIds, Deployment, initial_deployment
 from engine.dataflow.physical import plan_physical
 from engine.io.sinks import Sink, SinkWriter
 from engine.io.testing import SourceGate
@@ -55,7 +49,7 @@ from engine.time.clock import Clock, ManualClock
 from engine.wire.messages import Ack, ReleaseSource, RemoveOutputChannels, StopTask
 from migration.coordinator import SendControl
 from migration.participant import new_task_core
-from tests.harness import make_spec, records_left, wire
+from tests.harness import deploy, make_spec, records_left, wire
 
 # ------------------------------------------------------------------------------- sinks
 
@@ -126,15 +120,7 @@ class OracleNet:
         self.cores: dict[str, TaskCore] = {}
         self.all_cores: list[TaskCore] = []
         self.gates = list(gates)
-        for v in self.dep.plan.vertices:
-            for i, name in enumerate(self.dep.tasks[v.name]):
-                self.cores[name] = self.new_core(self.dep, v.name, i, name)
-        for name, msg in connect_messages(self.dep, self.ids).items():
-            assert self.cores[name].handle(wire(msg)) == Ack()
-        starts = start_messages(self.dep)
-        for v in reversed(self.dep.plan.vertices):  # sources last
-            for name in self.dep.tasks[v.name]:
-                assert self.cores[name].handle(wire(starts[name])) == Ack()
+        deploy(self)  # the engine's deploy steps (engine.control.steps.DeploySteps)
         self.frames: dict[int, deque[OutFrame]] = {}     # channel -> frames, in order
         self.sender: dict[int, str] = {}                 # channel -> sending task
         self.prio: dict[tuple[str, str], deque[Any]] = {}  # (sender, receiver) -> messages

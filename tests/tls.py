@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from engine.dataflow.config import TLS
+from engine.wire.transport import TLS
 
 
 def self_signed(directory: Path, name: str = "reflow-test") -> TLS:

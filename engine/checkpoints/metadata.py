@@ -17,6 +17,7 @@ corrupt (the checksum or the body does not hold).
 
 from __future__ import annotations
 
+import builtins
 import struct
 import zlib
 from dataclasses import dataclass
@@ -142,12 +143,13 @@ class CheckpointMetadata:
                   for task, v, i, f, groups, src, txns, b, al, sy, asy in tasks),
             duration, location)
 
-    def encode(self) -> bytes:
+    # ``builtins.bytes``: the ``bytes`` property above shadows the type in this class body
+    def encode(self) -> builtins.bytes:
         body = pack_exact(self.to_wire())
         return MAGIC + _HEADER.pack(FORMAT_VERSION, zlib.crc32(body)) + body
 
     @classmethod
-    def decode(cls, data: bytes, location: str) -> CheckpointMetadata:
+    def decode(cls, data: builtins.bytes, location: str) -> CheckpointMetadata:
         """The metadata in ``data`` (read from ``location``), or ``RestoreError``."""
         if not data.startswith(MAGIC) or len(data) < len(MAGIC) + _HEADER.size:
             raise RestoreError(

@@ -49,7 +49,8 @@ def persist(snap: TaskSnapshot, clock: Clock) -> CheckpointAck | CheckpointDecli
     if snap.declined:
         return CheckpointDeclined(snap.task, snap.checkpoint_id, snap.declined)
     start = clock.monotonic()
-    file, index = "", ()
+    file = ""
+    index: tuple[tuple[int, int, int, int], ...] = ()
     if snap.groups:
         file = part_file_name(snap.vertex, snap.index)
         try:

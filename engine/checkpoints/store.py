@@ -25,6 +25,7 @@ import re
 import tempfile
 import zlib
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from engine.checkpoints.metadata import METADATA_FILE, CheckpointMetadata
 from engine.errors import RestoreError
@@ -55,7 +56,9 @@ def join(location: str, *names: str) -> str:
     return "/".join([base.rstrip("/"), *names]) + query
 
 
-def _fs(uri: str):  # -> tuple[pyarrow.fs.FileSystem, str]
+def _fs(uri: str) -> tuple[Any, str]:
+    """A ``pyarrow.fs.FileSystem`` (typed ``Any``: pyarrow ships no type hints) and the path
+    in it for ``uri``."""
     import pyarrow.fs as pafs
 
     if "://" not in uri:

@@ -3,7 +3,7 @@
 Why: a stream whose records have a schema can travel and be processed a batch at a time in
 columns instead of a Python object per record: the key groups of 1,000 records are one
 vectorised hash, routing is a ``take`` per channel, a frame is Arrow IPC bytes, and the
-built-in keyed aggregations (``engine.columnar.vectorised``) update their state once per distinct
+built-in keyed aggregations (``engine.operators.vectorised``) update their state once per distinct
 key instead of once per record.
 
 Format and conventions:
@@ -43,7 +43,7 @@ import numpy as np
 from engine.dataflow.keygroups import int_key_hashes, stable_hash
 from engine.dataflow.keygroups import mod_key_groups as _mod
 from engine.errors import ColumnarError, InvalidKeyError
-from engine.io.sources import Source, SourceBatch, SourceReader
+from engine.wire.messages import ColumnarFrameCodec, register_columnar_frames
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -81,7 +81,7 @@ class ColumnBatch:
 
     def rows(self) -> list[dict[str, Any]]:
         """The records as dict rows, in order."""
-        return self.data.to_pylist()  # type: ignore[no-any-return]
+        return self.data.to_pylist()
 
     def take(self, indices: Any) -> ColumnBatch:
         import pyarrow as pa
@@ -283,7 +283,7 @@ def encode_columnar_frame(batch: ColumnBatch, timestamps: np.ndarray,
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, rb.schema) as w:
         w.write_batch(rb)
-    return sink.getvalue().to_pybytes()  # type: ignore[no-any-return]
+    return sink.getvalue().to_pybytes()
 
 
 def decode_columnar_frame(data: bytes, unpack: Callable[[bytes], Any]
@@ -335,43 +335,4 @@ def to_format(batch: ColumnBatch, batch_format: str) -> Any:
     raise ColumnarError(f"batch_format must be one of {BATCH_FORMATS}; got {batch_format!r}")
 
 
-# ---------------------------------------------------------------- sources
-
-
-class ColumnarSource(Source):
-    """``source``'s records, which must be dict rows, as one column batch per poll: its
-    partitions, resume states, rate, gates and timestamps unchanged (e.g. ``ColumnarSource(TestingSource(
-    rows))`` in tests; a source that reads columns natively skips the conversion)."""
-
-    def __init__(self, source: Source) -> None:
-        if not isinstance(source, Source):
-            raise ColumnarError(f"ColumnarSource wraps an engine.io.sources.Source; got "
-                                f"{type(source).__name__}")
-        self.source = source
-
-    def partitions(self, parallelism: int) -> list[str]:
-        return self.source.partitions(parallelism)
-
-    def open_partition(self, partition: str, resume: Any, clock: Any) -> SourceReader:
-        return _ColumnarReader(self.source.open_partition(partition, resume, clock))
-
-
-class _ColumnarReader(SourceReader):
-    def __init__(self, inner: SourceReader) -> None:
-        self.inner = inner
-
-    def poll(self, max_records: int) -> SourceBatch | None:
-        b = self.inner.poll(max_records)
-        if b is None or not len(b.values) or type(b.values) is ColumnBatch:
-            return b
-        return SourceBatch(ColumnBatch.from_rows(b.values),  # type: ignore[arg-type]
-                           np.asarray(b.timestamps, dtype=np.int64))  # type: ignore[arg-type]
-
-    def offset(self) -> Any:
-        return self.inner.offset()
-
-    def seconds_until_ready(self) -> float:
-        return self.inner.seconds_until_ready()
-
-    def close(self) -> None:
-        self.inner.close()
+register_columnar_frames(ColumnarFrameCodec(encode_columnar_frame, decode_columnar_frame))

@@ -21,6 +21,9 @@ re-exports everything a controller author needs.
   no-change decisions of a controller into one (``repeats``).
 * **What a rescale cost** (``measure_rescale``): from the metrics history around it, the
   backlog it built at the sources, the peak latency and the seconds of input it held up.
+* **Starved windows** (``without_cpu_wait``, ``starved_fraction``, ``cpu_share``): an
+  operator's rates with the time its tasks waited for a CPU taken out of their useful time,
+  and how many cores a working task uses (from the tasks' CPU counters, where reported).
 
 Guarantees: no I/O, no clock (times are given); a decision with a field of the wrong kind
 raises ``ControllerError`` when built; the log never holds more than its ``capacity``.
@@ -36,7 +39,12 @@ from typing import Any, ClassVar
 
 from engine.errors import ControllerError
 from engine.names import AssignmentStrategy, NameEnum
-from engine.observability.rates import MetricsHistory, metrics_window, sink_latency
+from engine.observability.rates import (
+    MetricsHistory,
+    OperatorRates,
+    metrics_window,
+    sink_latency,
+)
 from engine.wire.messages import wire
 
 
@@ -132,7 +140,8 @@ class Scale:
     parallelism: int
     reason: str = ""
     protocol: str = "drrs"
-    assignment: tuple[int, ...] | AssignmentStrategy | None = None
+    # given as task indices or a strategy name; held as a tuple or an AssignmentStrategy
+    assignment: Sequence[int] | str | None = None
     planning: Any = None
     balance: float | None = None
     projected_costs: Any = None
@@ -261,7 +270,7 @@ class NoChange:
 
 
 Decision = Scale | Rebalance | ChangeLogic | Place | NoChange
-DECISION_TYPES: tuple[type, ...] = (Scale, Rebalance, ChangeLogic, Place, NoChange)
+DECISION_TYPES = (Scale, Rebalance, ChangeLogic, Place, NoChange)
 
 
 # ---------------------------------------------------------------------- the view
@@ -280,7 +289,8 @@ class OperatorView:
     ``forward_root``: in a forward group that rescales live as one
     (``engine.dataflow.physical.PhysicalPlan.check_rescale``: one keyed vertex, the rest stateless
     partners), that keyed vertex, whose rescale takes the group along; "" otherwise (no
-    forward edge, or a group only a rebuilt job can change)."""
+    forward edge, or a group only a rebuilt job can change). ``task_cpus``: the CPUs each
+    of its task actors reserves from Ray (``JobConfig.task_num_cpus``; 0: none)."""
 
     name: str
     operators: tuple[str, ...]
@@ -295,6 +305,7 @@ class OperatorView:
     nodes: tuple[str, ...] = ()
     forward: tuple[str, ...] = ()
     forward_root: str = ""
+    task_cpus: float = 0.0
 
     @property
     def is_source(self) -> bool:
@@ -388,7 +399,10 @@ class JobView:
     ``last_rescale_end``: when the last rescale of the job ended (None: none yet);
     ``rescales``: the measured history, oldest first; ``group_load`` (records/s) and
     ``group_bytes`` per key group of each keyed vertex, filled only for controllers with
-    ``group_stats = True``; ``nodes``: the ids of the alive Ray nodes."""
+    ``group_stats = True``; ``nodes``: the ids of the alive Ray nodes; ``cpus``: the CPUs
+    of the cluster (Ray's ``cluster_resources()["CPU"]``) and ``cpus_available``: those no
+    actor or task reserves now (``available_resources()["CPU"]``), what a scale-up can
+    still get; None: not known (no bound)."""
 
     job: str
     now: float
@@ -401,6 +415,16 @@ class JobView:
     group_load: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     group_bytes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
+    cpus: float | None = None
+    cpus_available: float | None = None
+
+    def __post_init__(self) -> None:
+        for what in ("cpus", "cpus_available"):
+            value = getattr(self, what)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not value >= 0):
+                raise ControllerError(f"JobView.{what} must be a number of CPUs >= 0 or None; "
+                                      f"got {value!r}")
 
     def operator(self, name: str) -> OperatorView:
         try:
@@ -414,6 +438,42 @@ class JobView:
 
     def history(self, operator: str | None = None) -> list[RescaleRecord]:
         return [r for r in self.rescales if operator is None or r.operator == operator]
+
+
+# ---------------------------------------------------------------------- starved windows
+
+
+def without_cpu_wait(rates: OperatorRates) -> OperatorRates:
+    """``rates`` with each task's CPU wait (``TaskRates.cpu_wait_s``: runnable, no CPU)
+    taken out of its useful time: on an oversubscribed machine a task's busy time includes
+    stretches in which it would have worked but had no core, and read as work they make
+    the true rate and the capacity look low (DS2 then asks for tasks the machine cannot
+    run either). Tasks that do not report the wait are unchanged."""
+    tasks = tuple(t if not t.cpu_wait_s else replace(
+        t, useful_s=max(0.0, t.useful_s - min(t.useful_s, t.cpu_wait_s)))
+        for t in rates.tasks)
+    return rates if tasks == rates.tasks else replace(rates, tasks=tasks)
+
+
+def starved_fraction(rates: OperatorRates) -> float | None:
+    """The share of the operator's useful time its tasks waited for a CPU (None: no task
+    reports it, or no useful time)."""
+    known = [t for t in rates.tasks if t.cpu_wait_s is not None]
+    useful = sum(t.useful_s for t in known)
+    if not known or useful <= 0:
+        return None
+    return min(1.0, sum(min(t.useful_s, t.cpu_wait_s or 0.0) for t in known) / useful)
+
+
+def cpu_share(rates: OperatorRates) -> float | None:
+    """Cores one task of the operator keeps busy while it works: CPU seconds over useful
+    time without the CPU wait (1.0: pure computation; near 0: it mostly sleeps or waits on
+    I/O). None when no task reports its CPU time or it did no work."""
+    known = [t for t in rates.tasks if t.cpu_s is not None]
+    work = sum(max(0.0, t.useful_s - (t.cpu_wait_s or 0.0)) for t in known)
+    if not known or work <= 0:
+        return None
+    return min(1.0, sum(t.cpu_s or 0.0 for t in known) / work)
 
 
 # ---------------------------------------------------------------------- records
@@ -602,4 +662,4 @@ __all__ = ["DECISION_TYPES", "ChangeLogic", "Decision", "DecisionKind", "Decisio
            "DecisionOutcome", "DecisionRecord", "JobView", "LogicChangeReport", "NoChange",
            "OperatorView", "Place",
            "Rebalance", "RescaleRecord", "Scale", "as_decisions", "check_controller",
-           "measure_rescale", "record_of"]
+           "cpu_share", "measure_rescale", "record_of", "starved_fraction", "without_cpu_wait"]

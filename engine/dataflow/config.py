@@ -18,8 +18,15 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from engine.errors import ConfigError, ReflowError
+from engine.names import StateBackend
+from engine.wire.transport import TLS
+
+#: the smallest ``JobConfig.state_memory_bytes``: RocksDB's two write buffers of 1 MiB and a
+#: block cache that holds the index and filter blocks of a few files
+MIN_STATE_MEMORY_BYTES = 8 << 20
 
 
 def check_count(
@@ -47,7 +54,7 @@ def check_count(
 # What each annotation of a JobConfig field accepts, for the message of a refused value.
 _EXPECTED = {
     "int": "an integer", "float": "a number (not NaN)", "bool": "True or False", "str": "a string",
-    "TLS": "an engine.dataflow.config.TLS",
+    "TLS": "an engine.wire.transport.TLS",
 }
 
 
@@ -61,28 +68,33 @@ def _typed(name: str, annotation: str, value: object) -> object:
     if value is None and optional:
         return None
     if base == "int":
-        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)
     elif base == "float":
-        ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
-              and not math.isnan(value))  # type: ignore[arg-type]
+        if (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                and not math.isnan(value)):
+            return float(value)
     elif base == "bool":
-        ok = isinstance(value, bool)
+        if isinstance(value, bool):
+            return value
     elif base == "str":
-        ok = isinstance(value, str)
+        if isinstance(value, str):
+            return value
     elif base == "TLS":
-        ok = isinstance(value, TLS)
+        if isinstance(value, TLS):
+            return value
     else:  # a type this check does not know yet: never fail a user's job over it
         return value
-    if not ok:
-        expected = _EXPECTED[base] + (" or None" if optional else "")
-        raise ConfigError(
-            f"JobConfig: {name} must be {expected}; got {value!r} ({type(value).__name__})"
-        )
-    if base == "int":
-        return int(value)  # type: ignore[call-overload]
-    if base == "float":
-        return float(value)  # type: ignore[arg-type]
-    return value
+    _refuse(name, annotation, value)
+
+
+def _refuse(name: str, annotation: str, value: object) -> NoReturn:
+    """``ConfigError``: field ``name`` (of that annotation) does not take ``value``."""
+    base = annotation.removesuffix(" | None")
+    expected = _EXPECTED[base] + (" or None" if annotation.endswith(" | None") else "")
+    raise ConfigError(
+        f"JobConfig: {name} must be {expected}; got {value!r} ({type(value).__name__})"
+    )
 
 
 def _metrics_host_default() -> str:
@@ -93,50 +105,15 @@ def _data_host_default() -> str:
     return os.environ.get("REFLOW_DATA_HOST") or "127.0.0.1"
 
 
-def _metrics_port_default() -> object:
-    """``REFLOW_METRICS_PORT`` as an int (a value that is not one is refused by the type
-    check, naming it), else 0."""
+def _metrics_port_default() -> int | None:
+    """``REFLOW_METRICS_PORT`` as an int (a value that is not one is refused, naming it, as
+    the type check refuses a bad ``metrics_port``), else 0."""
     text = os.environ.get("REFLOW_METRICS_PORT", "").strip()
     if not text:
         return 0
-    return int(text) if text.isdigit() else text
-
-
-@dataclass(frozen=True)
-class TLS:
-    """TLS for the data transport's connections (``JobConfig(tls=TLS(...))``): PEM files,
-    read by each task actor when it opens its data server or a connection, so the paths
-    must exist on every node (e.g. a Kubernetes secret mounted at the same path).
-
-    Both ends authenticate: a task's server presents ``cert_file`` and requires the
-    connecting task's certificate, and each side verifies the other's chain against
-    ``ca_file`` (default: ``cert_file`` itself, so one self-signed pair shared by the job's
-    tasks is enough). ``check_hostname``: also check that the address a task connects to is
-    in the server certificate's subject alternative names (off by default: tasks connect by
-    IP address, and the chain check against a job-private CA already authenticates them).
-    Wrong types or empty paths raise ``ConfigError``; an unreadable file or a bad key fails
-    the task at deployment with ``ConfigError`` naming the file."""
-
-    cert_file: str
-    key_file: str
-    ca_file: str | None = None
-    check_hostname: bool = False
-
-    def __post_init__(self) -> None:
-        for name in ("cert_file", "key_file", "ca_file"):
-            value = getattr(self, name)
-            if value is None and name == "ca_file":
-                continue
-            if not isinstance(value, str) or not value:
-                raise ConfigError(f"TLS: {name} must be the path of a PEM file; got {value!r}")
-        if not isinstance(self.check_hostname, bool):
-            raise ConfigError(f"TLS: check_hostname must be True or False; got "
-                              f"{self.check_hostname!r}")
-
-    @property
-    def ca(self) -> str:
-        """The file of certificate authorities peers are verified against."""
-        return self.ca_file or self.cert_file
+    if not text.isdigit():
+        _refuse("metrics_port", "int | None", text)
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -214,6 +191,16 @@ class JobConfig:
     ``group_load_sample_every``: a keyed task counts its records per key group (the load
     rescale planning asks for with ``GroupStatsRequest``) on one frame in this many and
     scales the counts to all its records (``engine.observability.groupstats``); 1 counts every frame.
+    ``state_backend``: where keyed tasks keep their state (``StateBackend``): "memory"
+    (default; Python dicts, fastest while the state fits the task's memory) or "rocksdb"
+    (RocksDB on the node's local disk: state larger than memory, at some cost per
+    access). ``state_dir``: the local directory under which each RocksDB task keeps its
+    database, as ``<state_dir>/<job id>/<task>/<instance>`` (one directory per running
+    task, never shared; what a killed task left is removed when the task starts again on
+    that node; None: ``reflow-state`` in the node's temporary directory).
+    ``state_memory_bytes``: the memory each RocksDB task gives RocksDB (a quarter as write
+    buffers, the rest as block cache; at least 8 MiB); state beyond it lives on disk.
+    Both are ignored by the "memory" backend.
     """
 
     batch_size: int = 1000
@@ -221,7 +208,7 @@ class JobConfig:
     credits: int = 4
     latency_marker_interval_ms: float = 100.0
     metrics_host: str = field(default_factory=_metrics_host_default)
-    metrics_port: int | None = field(default_factory=_metrics_port_default)  # type: ignore[assignment]
+    metrics_port: int | None = field(default_factory=_metrics_port_default)
     metrics_poll_interval_s: float = 1.0
     task_num_cpus: float = 0.0
     source_poll_records: int = 1000
@@ -257,6 +244,9 @@ class JobConfig:
     restart_strategy: str | None = None
     restart_attempts: int = 3
     restart_delay_s: float = 1.0
+    state_backend: str = StateBackend.MEMORY
+    state_dir: str | None = None
+    state_memory_bytes: int = 128 << 20
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a
@@ -317,12 +307,20 @@ class JobConfig:
              "'fixed-delay', 'none' or None (fixed-delay when checkpoints are on)"),
             ("restart_attempts", self.restart_attempts >= 0, ">= 0"),
             ("restart_delay_s", 0 <= self.restart_delay_s < math.inf, ">= 0 and finite"),
+            ("state_backend", self.state_backend in tuple(StateBackend),
+             " or ".join(repr(m.value) for m in StateBackend)),
+            ("state_dir", self.state_dir is None or bool(self.state_dir),
+             "a local directory, or None (reflow-state in the temporary directory)"),
+            ("state_memory_bytes", self.state_memory_bytes >= MIN_STATE_MEMORY_BYTES,
+             f">= {MIN_STATE_MEMORY_BYTES} bytes (8 MiB)"),
         ]
         for name, ok, expected in checks:
             if not ok:
                 raise ConfigError(
                     f"JobConfig: {name} must be {expected}; got {getattr(self, name)!r}"
                 )
+        # the member, so it compares and prints as its value and matches by identity
+        object.__setattr__(self, "state_backend", StateBackend(self.state_backend))
 
     @property
     def checkpointing(self) -> bool:

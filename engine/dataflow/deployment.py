@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.dataflow.keygroups import key_groups_of_task, uniform_assignment
+from engine.dataflow.partitions import check_partitions, partitions_of_task
 from engine.dataflow.physical import FORWARD, KEYED, PhysicalPlan
 from engine.errors import ReflowError, UserFunctionError
-from engine.io.sources import check_partitions, partitions_of_task
 from engine.wire.messages import Connect, OutputChannel, OutputEdge, Start
 
 

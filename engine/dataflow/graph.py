@@ -21,8 +21,8 @@ FILTER = "filter"
 PROCESS = "process"
 REDUCE = "reduce"
 SINK = "sink"
-MAP_BATCHES = "map_batches"  # engine.columnar.vectorised: a user function per column batch
-AGGREGATE = "aggregate"  # engine.columnar.vectorised: running keyed aggregations, vectorised
+MAP_BATCHES = "map_batches"  # engine.operators.vectorised: a user function per column batch
+AGGREGATE = "aggregate"  # engine.operators.vectorised: running keyed aggregations, vectorised
 WINDOW_AGGREGATE = "window_aggregate"  # engine.operators.window_aggregates: vectorised, per window
 
 STATELESS_KINDS = frozenset({MAP, FLAT_MAP, FILTER, SINK, MAP_BATCHES})

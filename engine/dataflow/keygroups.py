@@ -41,8 +41,8 @@ def _normalise(key: object) -> object:
     # Keys equal in Python (1 == 1.0 == np.float64(1.0) == True) must land in the same key
     # group; a NaN equals nothing, so it cannot be a key at all.
     t = type(key)
-    if t is bool:
-        return int(key)  # type: ignore[arg-type]
+    if isinstance(key, bool):  # bool cannot be subclassed: the same test as ``t is bool``
+        return int(key)
     if isinstance(key, float):  # float and its subclasses (numpy.float64)
         if key != key:
             raise InvalidKeyError(
@@ -51,8 +51,8 @@ def _normalise(key: object) -> object:
                 "None) or filter such records out before key_by"
             )
         return int(key) if key.is_integer() else float(key)
-    if t is tuple:
-        return tuple(_normalise(k) for k in key)  # type: ignore[attr-defined]
+    if t is tuple and isinstance(key, tuple):  # a plain tuple; a namedtuple stays itself
+        return tuple(_normalise(k) for k in key)
     return key
 
 

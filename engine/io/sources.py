@@ -36,11 +36,22 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.errors import ConfigError
+from engine.dataflow.partitions import partitions_of_task
+from engine.errors import ColumnarError, ConfigError
 from engine.time.clock import Clock
 from engine.time.event_time import MIN_WATERMARK
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+class ColumnarValues(Protocol):
+    """The shape of a columnar ``SourceBatch.values``: an ``engine.columnar.batches.ColumnBatch``
+    (that layer imports this one, so it is named here by what a source batch needs of it)."""
+
+    def __len__(self) -> int: ...
 
 
 @dataclass
@@ -49,8 +60,8 @@ class SourceBatch:
     ``engine.columnar.batches.ColumnBatch`` with a numpy int64 array of timestamps (a columnar
     source)."""
 
-    values: list[Any] = field(default_factory=list)
-    timestamps: list[int] = field(default_factory=list)
+    values: list[Any] | ColumnarValues = field(default_factory=list)
+    timestamps: list[int] | np.ndarray = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -126,30 +137,6 @@ def parse_indexed(partition: str, source: str = "source") -> tuple[int, int]:
     return index, count
 
 
-def partitions_of_task(partitions: Sequence[str], task_index: int,
-                       parallelism: int) -> tuple[str, ...]:
-    """The partitions source task ``task_index`` of ``parallelism`` reads: those at
-    positions j with ``j % parallelism == task_index``."""
-    return tuple(partitions[task_index::parallelism])
-
-
-def check_partitions(partitions: Any, source: str) -> tuple[str, ...]:
-    """``Source.partitions``'s result as a tuple, or ``ConfigError`` saying what is wrong."""
-    if isinstance(partitions, (str, bytes)) or not isinstance(partitions, Sequence):
-        raise ConfigError(f"source {source!r}: partitions() must return a list of partition "
-                          f"ids (str), not {type(partitions).__name__}")
-    out = tuple(partitions)
-    bad = [p for p in out if not isinstance(p, str) or not p]
-    if bad:
-        raise ConfigError(f"source {source!r}: partition ids must be non-empty strings; got "
-                          f"{bad[0]!r}")
-    if len(set(out)) != len(out):
-        dup = next(p for p in out if out.count(p) > 1)
-        raise ConfigError(f"source {source!r}: partition id {dup!r} appears twice; ids must "
-                          "be unique")
-    return out
-
-
 def _concat(batches: list[SourceBatch]) -> SourceBatch:
     """One batch of several partitions' batches, in order (columns stay columns)."""
     from engine.columnar.batches import ColumnBatch  # engine.columnar.batches imports this module
@@ -157,11 +144,16 @@ def _concat(batches: list[SourceBatch]) -> SourceBatch:
     if isinstance(batches[0].values, ColumnBatch):  # columns, with numpy timestamps
         import numpy as np
 
-        return SourceBatch(ColumnBatch.concat([b.values for b in batches]),  # type: ignore
-                           np.concatenate([b.timestamps for b in batches]))  # type: ignore
+        columns: list[ColumnBatch] = []
+        for b in batches:
+            assert isinstance(b.values, ColumnBatch), "a source's partitions give rows or columns"
+            columns.append(b.values)
+        return SourceBatch(ColumnBatch.concat(columns),
+                           np.concatenate([b.timestamps for b in batches]))
     values: list[Any] = []
     timestamps: list[int] = []
     for b in batches:
+        assert isinstance(b.values, list), "a source's partitions give rows or columns, not both"
         values.extend(b.values)
         timestamps.extend(b.timestamps)
     return SourceBatch(values, timestamps)
@@ -348,7 +340,8 @@ def _is_positive_number(x: Any) -> bool:
 
     return (
         isinstance(x, numbers.Real) and not isinstance(x, bool)
-        and math.isfinite(x) and x > 0
+        # typeshed's numbers.Real declares __lt__ and __le__ but not __gt__
+        and math.isfinite(x) and x > 0  # type: ignore[operator]
     )
 
 
@@ -634,7 +627,7 @@ class _GeneratorReader(SourceReader):
         batch = pa.RecordBatch.from_arrays(
             [pa.array(keys), pa.array(np.arange(start, end, dtype=np.int64))],
             names=["key", "seq"])
-        return SourceBatch(ColumnBatch(batch), ts)  # type: ignore[arg-type]
+        return SourceBatch(ColumnBatch(batch), ts)
 
     def offset(self) -> Any:
         return self._pos if self._origin_ms is None else [self._pos, self._origin_ms]
@@ -818,7 +811,9 @@ class _ParquetReader(SourceReader):
     def poll(self, max_records: int) -> SourceBatch | None:
         from engine.time.clock import now_ms
 
-        out = SourceBatch()
+        values: list[Any] = []
+        timestamps: list[int] = []
+        out = SourceBatch(values, timestamps)
         want = max(0, max_records)
         while len(out) < want:
             if self._i >= len(self._values):
@@ -833,16 +828,16 @@ class _ParquetReader(SourceReader):
                 continue
             take = min(want - len(out), len(self._values) - self._i)
             j = self._i
-            out.values.extend(self._values[j:j + take])
+            values.extend(self._values[j:j + take])
             if self._ts is None:
-                out.timestamps.extend([now_ms(self._clock)] * take)
+                timestamps.extend([now_ms(self._clock)] * take)
             else:
                 now = None
                 for t in self._ts[j:j + take]:
                     if t is None:
                         now = now_ms(self._clock) if now is None else now
                         t = now
-                    out.timestamps.append(t)
+                    timestamps.append(t)
             self._i += take
             self._row += take
         if not out.values and self._done:
@@ -865,3 +860,50 @@ class _ParquetReader(SourceReader):
 
     def close(self) -> None:
         self._close_file()
+
+
+# ---------------------------------------------------------------- columnar
+
+
+class ColumnarSource(Source):
+    """``source``'s records, which must be dict rows, as one column batch per poll: its
+    partitions, resume states, rate, gates and timestamps unchanged (e.g. ``ColumnarSource(TestingSource(
+    rows))`` in tests; a source that reads columns natively skips the conversion)."""
+
+    def __init__(self, source: Source) -> None:
+        if not isinstance(source, Source):
+            raise ColumnarError(f"ColumnarSource wraps an engine.io.sources.Source; got "
+                                f"{type(source).__name__}")
+        self.source = source
+
+    def partitions(self, parallelism: int) -> list[str]:
+        return self.source.partitions(parallelism)
+
+    def open_partition(self, partition: str, resume: Any, clock: Any) -> SourceReader:
+        return _ColumnarReader(self.source.open_partition(partition, resume, clock))
+
+
+class _ColumnarReader(SourceReader):
+    def __init__(self, inner: SourceReader) -> None:
+        self.inner = inner
+
+    def poll(self, max_records: int) -> SourceBatch | None:
+        import numpy
+
+        b = self.inner.poll(max_records)
+        from engine.columnar.batches import ColumnBatch
+
+        if b is None or not len(b.values) or type(b.values) is ColumnBatch:
+            return b
+        assert isinstance(b.values, Sequence), "rows, when not a ColumnBatch"
+        return SourceBatch(ColumnBatch.from_rows(b.values),
+                           numpy.asarray(b.timestamps, dtype=numpy.int64))
+
+    def offset(self) -> Any:
+        return self.inner.offset()
+
+    def seconds_until_ready(self) -> float:
+        return self.inner.seconds_until_ready()
+
+    def close(self) -> None:
+        self.inner.close()

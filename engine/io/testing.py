@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.errors import ConfigError, ReflowError
+from engine.errors import ConfigError, GateError, GateTimeout
 from engine.io.sinks import PendingFiles, Sink, SinkWriter
 from engine.io.sources import (
     Source,
@@ -178,19 +178,6 @@ class _TestingReader(SourceReader):
 # ============================================================================ source gate
 
 _GATE_POLL_S = 0.01  # how often a held reader and a waiting test look at the gate's files
-
-
-class GateError(ConfigError):
-    """A ``SourceGate``, or the gates given to a ``TestingSource``, are invalid; the message
-    says what to change (a ``ValueError`` too, as every ``ConfigError``)."""
-
-    __test__ = False
-
-
-class GateTimeout(ReflowError, TimeoutError):
-    """``SourceGate.wait_reached`` waited longer than its timeout."""
-
-    __test__ = False
 
 
 def _new_gate_directory() -> str:

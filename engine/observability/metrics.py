@@ -262,10 +262,10 @@ class JobCollector:
              "propagation_delay_s"),
         ]
         for name, doc, field in live:
-            fam = GaugeMetricFamily(name, doc, labels=["job", "operator"])
+            gauge = GaugeMetricFamily(name, doc, labels=["job", "operator"])
             for r in self.rescales.values():
-                fam.add_metric([self.job, r.operator], getattr(r, field))
-            yield fam
+                gauge.add_metric([self.job, r.operator], getattr(r, field))
+            yield gauge
         sub = HistogramMetricFamily("reflow_rescale_subscale_seconds",
                                     "Duration of each completed subscale", labels=["job", "operator"])
         for op, durations in self.subscale_seconds.items():
@@ -346,8 +346,8 @@ class JobCollector:
         now = self.clock()
         for op, r in self.rescales.items():
             since = self.rescale_started.get(op)
-            running = r.running and since is not None
-            g.add_metric([self.job, op], max(0.0, now - since) if running else 0.0)
+            g.add_metric([self.job, op],
+                         max(0.0, now - since) if r.running and since is not None else 0.0)
         yield g
         t = GaugeMetricFamily("reflow_rescale_timeout_seconds",
                               "The job's rescale_timeout_s: how long a rescale phase may take",

@@ -24,12 +24,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ReflowError
+from engine.errors import PrometheusError
 from engine.observability.dashboards import Dashboard, Panel, expand
-
-
-class PrometheusError(ReflowError):
-    """A Prometheus server refused a query or could not be reached."""
 
 
 @dataclass(frozen=True)

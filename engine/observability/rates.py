@@ -64,6 +64,10 @@ class TaskRates:
     key_groups: int
     source_backlog: int | None = None
     backlog_change: int | None = None
+    # CPU seconds the task's thread ran, and seconds it was runnable but waited for a CPU
+    # (starved), over the window; None where the task does not report them
+    cpu_s: float | None = None
+    cpu_wait_s: float | None = None
 
     @property
     def utilisation(self) -> float:
@@ -212,15 +216,26 @@ def _task_rates(before: TaskMetrics | None, after: TaskMetrics, seconds: float) 
         a = getattr(after, name)
         return a - getattr(before, name) if before is not None else a
 
+    # a backlog is a level, not a counter: without one at the start its change is unknown
+    # (counting it from zero read a whole backlog as growth within one window)
     change = None
-    if after.source_backlog is not None:
-        prior = before.source_backlog if before is not None else None
-        change = after.source_backlog - (prior if prior is not None else 0)
+    prior = before.source_backlog if before is not None else None
+    if after.source_backlog is not None and prior is not None:
+        change = after.source_backlog - prior
+
+    def optional(name: str) -> float | None:
+        a = getattr(after, name, None)
+        if a is None:
+            return None
+        b = getattr(before, name, None) if before is not None else 0.0
+        return None if b is None else float(a - b)
+
     return TaskRates(
         after.task, after.vertex, after.task_index, seconds,
         int(diff("records_in")), int(diff("records_out")), float(diff("useful_seconds")),
         float(diff("idle_seconds")), float(diff("backpressured_seconds")),
-        after.queued_frames, after.state_bytes, after.key_groups, after.source_backlog, change)
+        after.queued_frames, after.state_bytes, after.key_groups, after.source_backlog, change,
+        optional("cpu_seconds"), optional("cpu_wait_seconds"))
 
 
 def sink_latency(before: Snapshot, after: Snapshot) -> LatencyHistogram:

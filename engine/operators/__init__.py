@@ -1,7 +1,71 @@
 """What runs on records: the user function interfaces (``functions``:
 ``KeyedProcessFunction``, ``Context``), the built-in operators (``builtin``: map, filter,
-flat_map, reduce, process, sinks), windows (``windows``, ``window_aggregates``) and operator
-chaining (``chain``).
+flat_map, reduce, process, sinks), windows (``windows``, ``window_aggregates``), the vectorised operators of the columnar path
+(``vectorised``: ``Count``, ``Sum``, ``Mean``, ``map_batches``) and operator chaining
+(``chain``).
 
-May import: ``engine.errors``, ``engine.names``, ``engine.dataflow``, ``engine.state.keyed``,
-``engine.time.event_time``, ``engine.io``, ``engine.columnar.batches``."""
+May import: ``engine.errors``, ``engine.names``, ``engine.wire``, ``engine.time``,
+``engine.dataflow``, ``engine.state``, ``engine.observability``, ``engine.columnar``,
+``engine.io``."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.operators.functions import (
+        Context,
+        KeyedProcessFunction,
+        ReduceFunction,
+        RuntimeContext,
+        TimerService,
+    )
+    from engine.operators.vectorised import Aggregation, Count, Max, Mean, Min, Sum
+    from engine.operators.windows import AggregateFunction
+
+# name -> its module, imported on first use: importing the package loads none of its
+# modules, so it costs nothing and closes no import cycle; the imports above are the same
+# names for type checkers and the layer test (tests/unit/test_public_api.py checks both agree)
+_EXPORTS: dict[str, str] = {
+    "Context": "engine.operators.functions",
+    "KeyedProcessFunction": "engine.operators.functions",
+    "ReduceFunction": "engine.operators.functions",
+    "RuntimeContext": "engine.operators.functions",
+    "TimerService": "engine.operators.functions",
+    "Aggregation": "engine.operators.vectorised",
+    "Count": "engine.operators.vectorised",
+    "Max": "engine.operators.vectorised",
+    "Mean": "engine.operators.vectorised",
+    "Min": "engine.operators.vectorised",
+    "Sum": "engine.operators.vectorised",
+    "AggregateFunction": "engine.operators.windows",
+}
+
+__all__ = [
+    "AggregateFunction",
+    "Aggregation",
+    "Context",
+    "Count",
+    "KeyedProcessFunction",
+    "Max",
+    "Mean",
+    "Min",
+    "ReduceFunction",
+    "RuntimeContext",
+    "Sum",
+    "TimerService",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

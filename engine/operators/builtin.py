@@ -13,13 +13,15 @@ the job fails naming the operator, the task and the batch's first record.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from engine.columnar.batches import ColumnBatch, as_rows
 from engine.dataflow import graph as g
-from engine.errors import InternalError, JobDefinitionError, UserFunctionError
+from engine.errors import JobDefinitionError, UnknownKeyGroupError, UserFunctionError
 from engine.io.sinks import SinkWriter
 from engine.operators.functions import (
     Context,
@@ -28,10 +30,15 @@ from engine.operators.functions import (
     RuntimeContext,
     TimerService,
 )
-from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
+from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend, Table
 from engine.time.clock import Clock, now_ms
 
-Batch = tuple[list[Any], list[int]]
+# A batch of records and their timestamps (ms), what runners take and emit: rows (a list;
+# a tuple when decoded from a frame) with a sequence of stamps, or on the columnar path a
+# ``ColumnBatch`` with a numpy array of stamps.
+Records = Sequence[Any] | ColumnBatch
+Stamps = Sequence[int] | np.ndarray
+Batch = tuple[Records, Stamps]
 _MISSING = object()
 
 
@@ -87,21 +94,23 @@ class StatelessRunner:
         self.policy = policy
         self.writer = writer
 
-    def process(self, values: list[Any], timestamps: list[int]) -> Batch:
-        if type(values) is ColumnBatch and not (
-                self.kind == g.SINK and getattr(self.writer, "accepts_columns", False)):
-            values, timestamps = as_rows(values, timestamps)  # the edge to per-record code
+    def process(self, values: Records, timestamps: Stamps) -> Batch:
         if self.kind == g.SINK:
+            if type(values) is ColumnBatch and not getattr(self.writer, "accepts_columns",
+                                                           False):
+                values, timestamps = as_rows(values, timestamps)
             self._write(values, timestamps)
             return [], []
+        rows, stamps = as_rows(values, timestamps)  # the edge to per-record code
         try:
-            return self._fast(values, timestamps)
+            return self._fast(rows, stamps)
         except UserFunctionError:
             raise
         except Exception:
-            return self._slow(values, timestamps)
+            return self._slow(rows, stamps)
 
-    def _fast(self, values: list[Any], timestamps: list[int]) -> Batch:
+    def _fast(self, values: Sequence[Any], timestamps: Sequence[int]
+              ) -> tuple[Sequence[Any], Sequence[int]]:
         fn = self.fn
         if self.kind == g.MAP:
             return list(map(fn, values)), timestamps
@@ -119,17 +128,20 @@ class StatelessRunner:
             return out, out_ts
         raise AssertionError(self.kind)
 
-    def _write(self, values: list[Any], timestamps: list[int]) -> None:
+    def _write(self, values: Records, timestamps: Stamps) -> None:
         """One write of the batch; never retried (see the module doc)."""
         assert self.writer is not None
         if not values:
             return
         try:
-            self.writer.write(values, timestamps)
+            # a ColumnBatch only reaches a writer with ``accepts_columns``, which takes it as
+            # it is (SinkWriter's contract; ``write``'s signature names the row form only)
+            self.writer.write(values, timestamps)  # type: ignore[arg-type]
         except Exception as exc:
             self.policy.on_batch_error(*as_rows(values, timestamps), exc)
 
-    def _slow(self, values: list[Any], timestamps: list[int]) -> Batch:
+    def _slow(self, values: Sequence[Any], timestamps: Sequence[int]
+              ) -> tuple[Sequence[Any], Sequence[int]]:
         out: list[Any] = []
         out_ts: list[int] = []
         for v, t in zip(values, timestamps, strict=True):
@@ -183,11 +195,6 @@ def with_function(op: g.OperatorDef, fn: Any) -> g.OperatorDef:
                              f"{fn!r:.80}")
 
 
-class UnknownKeyGroupError(InternalError, RuntimeError):
-    """A record reached a task that does not own its key group: a routing bug (the task
-    fails with this message; it never reaches user code)."""
-
-
 class KeyedRunner:
     """process and reduce: per-record calls with the record's key as current key."""
 
@@ -210,7 +217,7 @@ class KeyedRunner:
         self.held: dict[int, list[tuple[int, Any, int]]] = {}
         self.ctx._late = self._on_late
         self.is_reduce = isinstance(self.fn, ReduceFunction)
-        self._reduce_cache: list[dict[Any, Any] | None] = []  # see _reduce_tables
+        self._reduce_cache: list[Table | None] = []  # see _reduce_tables
         self._reduce_cache_at = -1
         self.runtime_context = RuntimeContext(backend, op.name, task_index, op.parallelism)
         self.fn.open(self.runtime_context)
@@ -230,12 +237,12 @@ class KeyedRunner:
         if self.late_writer is not None:
             self.late_writer.write([value], [timestamp])
 
-    def process(self, values: list[Any], timestamps: list[int], keys: list[Any], kgs: list[int],
+    def process(self, values: Records, timestamps: Stamps, keys: Any, kgs: Any,
                 port: int = 0) -> Batch:
         if type(values) is ColumnBatch:  # the edge from the columnar path
-            values, timestamps = as_rows(values, timestamps)
             keys = keys.to_pylist() if hasattr(keys, "to_pylist") else list(keys)
             kgs = kgs.tolist() if hasattr(kgs, "tolist") else list(kgs)
+        values, timestamps = as_rows(values, timestamps)  # rows pass through
         self.ctx.port = port
         self.ctx.time_domain = None
         out: list[Any] = []
@@ -256,7 +263,7 @@ class KeyedRunner:
                 self.pos += 1
         return out, out_ts
 
-    def _group(self, kg: int) -> dict[str, dict[Any, Any]]:
+    def _group(self, kg: int) -> dict[str, Table]:
         try:
             return self.backend.groups[kg]
         except KeyError:
@@ -267,7 +274,9 @@ class KeyedRunner:
 
     def _reduce_from(self, values: list[Any], timestamps: list[int], keys: list[Any],
                      kgs: list[int], out: list[Any], out_ts: list[int]) -> None:
-        fn = self.fn.fn  # type: ignore[attr-defined]
+        reducer = self.fn
+        assert isinstance(reducer, ReduceFunction)  # only then is_reduce
+        fn = reducer.fn
         tables = self._reduce_tables()
         note = self.backend.note_changed if self.backend.tracked() else None
         start = self.pos
@@ -294,7 +303,7 @@ class KeyedRunner:
             out_ts.extend(timestamps[start:i])
             self.pos = i
 
-    def _reduce_tables(self) -> list[dict[Any, Any] | None]:
+    def _reduce_tables(self) -> list[Table | None]:
         """Per key group the reduce state table, or None where not looked up yet; kept
         while the backend's layout (groups, installs) is unchanged."""
         b = self.backend
@@ -303,14 +312,14 @@ class KeyedRunner:
             self._reduce_cache_at = b.layout_version
         return self._reduce_cache
 
-    def _reduce_table(self, tables: list[dict[Any, Any] | None], kg: int) -> dict[Any, Any]:
+    def _reduce_table(self, tables: list[Table | None], kg: int) -> Table:
         owned = self.backend.groups.get(kg)
         if owned is None:
             owned = self._group(kg)
         name = ReduceFunction.STATE
         table = owned.get(name)
         if table is None:
-            table = owned[name] = {}
+            table = owned.setdefault(name, {})  # the live table on every backend
         tables[kg] = table
         return table
 

@@ -7,7 +7,7 @@ apart keeps the core about scheduling, and gives one place that opens, flushes a
 every writer a task owns (sinks, late-data sinks, dead-letter sinks).
 
 Format: ``process``/``process_rest`` take and return (values, timestamps), as the runners
-do (``engine.operators.builtin``, ``engine.columnar.vectorised``): parallel lists, or a
+do (``engine.operators.builtin``, ``engine.operators.vectorised``): parallel lists, or a
 ``engine.columnar.batches.ColumnBatch`` with a numpy array of timestamps; what comes out is for
 the task's output router.
 
@@ -22,15 +22,25 @@ what they do.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from engine.columnar.vectorised import AggregateRunner, MapBatchesRunner
 from engine.dataflow import graph as g
+from engine.dataflow.config import JobConfig
 from engine.io.sinks import SinkWriter
-from engine.operators.builtin import Batch, ErrorPolicy, KeyedRunner, StatelessRunner
+from engine.operators.builtin import (
+    Batch,
+    ErrorPolicy,
+    KeyedRunner,
+    Records,
+    Stamps,
+    StatelessRunner,
+)
+from engine.operators.vectorised import AggregateRunner, MapBatchesRunner
 from engine.operators.window_aggregates import WindowAggregateRunner
+from engine.state.backends import make_keyed_backend
 from engine.state.keyed import KeyedStateBackend
 from engine.time.clock import Clock
 
@@ -62,11 +72,14 @@ class OperatorChain:
     """The operators of task ``task_index`` of ``parallelism`` (a source head is not run
     here). ``keyed``/``backend``: the keyed head and its state backend, owning
     ``key_groups`` (None when the head is not keyed); ``runners``: the operators after it.
-    ``watermark``: the watermark user code sees."""
+    ``watermark``: the watermark user code sees. ``config``/``job_id``/``task_name``: which
+    state backend the keyed head gets and where (``engine.state.backends``; no config: the
+    in-memory one); ``close_state`` releases it."""
 
     def __init__(self, operators: tuple[g.OperatorDef, ...], task_index: int, parallelism: int,
                  num_key_groups: int, key_groups: tuple[int, ...], clock: Clock,
-                 watermark: Callable[[], int]) -> None:
+                 watermark: Callable[[], int], config: JobConfig | None = None,
+                 job_id: str = "", task_name: str = "") -> None:
         self.task_index, self.parallelism, self.clock = task_index, parallelism, clock
         self.writers: dict[str, SinkWriter] = {}
         self.policies: list[ErrorPolicy] = []
@@ -77,7 +90,11 @@ class OperatorChain:
             if op.kind == g.SINK:
                 self.writers[op.name] = op.fn.open(task_index, parallelism, clock)
         if head.keyed:
-            self.backend = KeyedStateBackend(num_key_groups)
+            self.backend = (KeyedStateBackend(num_key_groups) if config is None else
+                            make_keyed_backend(config, num_key_groups, job_id, task_name))
+            # a chain dropped without close_state (a task replaced in this process) or the
+            # process exiting still releases a RocksDB backend's files
+            weakref.finalize(self, self.backend.close)
             for kg in key_groups:
                 self.backend.own(kg)
             late = None
@@ -121,14 +138,14 @@ class OperatorChain:
                 return
         raise ValueError(f"operator {operator!r} is not in this task's chain")
 
-    def process(self, values: list[Any], timestamps: list[int], keys: Any = None,
+    def process(self, values: Records, timestamps: Stamps, keys: Any = None,
                 kgs: Any = None, port: int = 0) -> Batch:
         """Records through the whole chain (the keyed head needs ``keys`` and ``kgs``)."""
         if self.keyed is not None:
             values, timestamps = self.keyed.process(values, timestamps, keys, kgs, port)
         return self.process_rest(values, timestamps)
 
-    def process_rest(self, values: list[Any], timestamps: list[int]) -> Batch:
+    def process_rest(self, values: Records, timestamps: Stamps) -> Batch:
         """Records through the operators after the head (a source's or timers' output)."""
         for r in self.runners:
             if not values:
@@ -176,6 +193,13 @@ class OperatorChain:
     def close(self) -> None:
         for w in self.all_writers().values():
             w.close()
+
+    def close_state(self) -> None:
+        """Release the state backend (a RocksDB one's DB and files) once the task is gone:
+        apart from ``close``, which closes the writers when the input ends, while the
+        task's state may still be snapshotted or measured. Idempotent."""
+        if self.backend is not None:
+            self.backend.close()
 
     @property
     def dead_letters(self) -> int:

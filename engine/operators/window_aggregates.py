@@ -7,7 +7,7 @@ instead of a Python call per record and window as the per-record window operator
 (``engine.operators.windows.WindowOperator``) makes.
 
 Meaning: exactly that of the per-record window operator with an ``AggregateFunction``
-computing the same aggregations (``engine.columnar.vectorised``'s Count, Sum, Min, Max, Mean):
+computing the same aggregations (``engine.operators.vectorised``'s Count, Sum, Min, Max, Mean):
 
 * the same window assignment (``WindowAssigner.assign``: tumbling or sliding, with offset);
 * the same lateness rule: a record is dropped from every window whose ``max_timestamp +
@@ -25,7 +25,7 @@ per aggregation (``count()``, ``sum(v)``, ...), timestamped with the window's
 
 State (keyed state of the key-group backend, so every protocol migrates it and checkpoints
 include it): per key group and window, one table per aggregation state table
-(``engine.columnar.vectorised.state_tables``) named ``win/<start>/open/<table>`` while the window is
+(``engine.operators.vectorised.state_tables``) named ``win/<start>/open/<table>`` while the window is
 pending and ``win/<start>/fired/<table>`` after it fired (kept for the allowed lateness);
 key -> accumulator. Timers are per key group, not per key: ``(max_timestamp, None,
 EVENT_TIME)`` fires every key of the group's window at once (and the cleanup timer
@@ -43,8 +43,13 @@ from typing import Any
 
 import numpy as np
 
-from engine.columnar.batches import ColumnarError, ColumnBatch, group_runs
-from engine.columnar.vectorised import (
+from engine.columnar.batches import ColumnBatch, group_runs
+from engine.dataflow import graph as g
+from engine.errors import ColumnarError, UserFunctionError
+from engine.io.sinks import SinkWriter
+from engine.names import NameEnum
+from engine.operators.builtin import Batch, ErrorPolicy, KeyedRunner, describe
+from engine.operators.vectorised import (
     Aggregation,
     ColumnAggregate,
     factorize,
@@ -52,12 +57,7 @@ from engine.columnar.vectorised import (
     numeric_columns,
     state_tables,
 )
-from engine.dataflow import graph as g
-from engine.errors import UserFunctionError
-from engine.io.sinks import SinkWriter
-from engine.names import NameEnum
-from engine.operators.builtin import Batch, ErrorPolicy, KeyedRunner, describe
-from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
+from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend, Table
 from engine.time.clock import Clock
 from engine.time.event_time import WindowAssigner
 
@@ -189,13 +189,13 @@ class WindowAggregateRunner(KeyedRunner):
         return self._batch(key_col, e_start, out_cols), e_start + (size - 1)
 
     def _lookup(self, g_key: list[Any], g_start: list[int], g_kg: list[int], wm: int
-                ) -> tuple[list[dict[str, dict[Any, Any]] | None], np.ndarray]:
+                ) -> tuple[list[dict[str, Table] | None], np.ndarray]:
         """Per group the tables holding its accumulators (None: none yet) and whether it
         fires at once (its window fired, or the watermark passed its ``max_timestamp``)."""
         spec, size = self.spec, self.spec.assigner.size_ms
         first = spec.tables[0]
         groups_of = self.backend.groups
-        source: list[dict[str, dict[Any, Any]] | None] = []
+        source: list[dict[str, Table] | None] = []
         fired = np.zeros(len(g_key), dtype=bool)
         for i, (key, start, kg) in enumerate(zip(g_key, g_start, g_kg, strict=True)):
             tables = groups_of.get(kg)
@@ -215,7 +215,7 @@ class WindowAggregateRunner(KeyedRunner):
         return source, fired
 
     @staticmethod
-    def _bases(source: list[dict[str, dict[Any, Any]] | None], name: str, g_key: list[Any],
+    def _bases(source: list[dict[str, Table] | None], name: str, g_key: list[Any],
                default: Any) -> np.ndarray:
         if isinstance(default, list):
             return np.asarray([d if s is None else s[name][k]
@@ -224,7 +224,7 @@ class WindowAggregateRunner(KeyedRunner):
                            for s, k in zip(source, g_key, strict=True)])
 
     def _store(self, g_key: list[Any], g_start: list[int], g_kg: list[int],
-               source: list[dict[str, dict[Any, Any]] | None], fired: np.ndarray,
+               source: list[dict[str, Table] | None], fired: np.ndarray,
                finals: dict[str, list[Any]]) -> None:
         """Write each group's accumulators to its window's open or fired tables (a group
         that fired at once leaves the open ones) and set the group's timers."""
@@ -240,7 +240,7 @@ class WindowAggregateRunner(KeyedRunner):
                 tname = spec.table(start, phase, name)
                 t = tables.get(tname)
                 if t is None:
-                    t = tables[tname] = {}
+                    t = tables.setdefault(tname, {})  # the live table on every backend
                 if old is not None and old[name] is not t:
                     del old[name][key]  # it fired at once: it leaves the open table
                     if not old[name]:
@@ -253,8 +253,8 @@ class WindowAggregateRunner(KeyedRunner):
                 timers.add((kg, end))
             if lateness:
                 timers.add((kg, end + lateness))
-        for kg, t in timers:
-            backend.add_timer(kg, t, None, EVENT_TIME)
+        for kg, at in timers:
+            backend.add_timer(kg, at, None, EVENT_TIME)
 
     def _batch(self, keys: list[Any], starts: np.ndarray, aggs: list[Any]) -> ColumnBatch:
         import pyarrow as pa
@@ -289,10 +289,11 @@ class WindowAggregateRunner(KeyedRunner):
                 keys.extend(fired_keys)
                 starts.extend([start] * len(fired_keys))
                 for name, table in zip(spec.tables, opened, strict=True):
-                    columns[name].extend(table.values())  # type: ignore[union-attr]
+                    assert table is not None, "a window's tables are written together"
+                    columns[name].extend(table.values())
                     if lateness:
                         kept = tables.setdefault(spec.table(start, OpenOrFired.FIRED, name), {})
-                        kept.update(table)  # type: ignore[arg-type]
+                        kept.update(table)
                 self._changed(kg, fired_keys)
             if lateness:
                 gone = t - lateness + 1 - size

@@ -8,13 +8,15 @@ the job's final checkpoint) how their checkpoint ended.
 
 Checkpoints and rescales (docs/architecture.md, "the life of a checkpoint"): a checkpoint
 is consistent only over a dataflow that does not change under it, so the two exclude each
-other at the JobMaster, at subscale granularity. A checkpoint is triggered only when no
-rescale has a change in flight (``Rescaler.quiescent``: no subscale running, no task being
-added or removed); while one is pending, or due and waiting for running subscales to
-finish (``wanted``), a rescale waits at ``gate`` before it starts anything new. So a
-checkpoint taken during a live rescale holds the job between two subscales, as it is:
-tasks added for the rescale, the assignment so far; recovery from it restores exactly
-that, and the rescale request, retried, plans the rest.
+other at the JobMaster, at subscale granularity, as the job's arbiter
+(``engine.control.arbiter``) decides: a checkpoint is triggered only when no rescale has a
+change in flight (no subscale running, no task being added or removed); while one is
+pending, or due and waiting for running subscales to finish, a rescale waits at the
+arbiter's gate before it starts anything new. Nothing polls: the arbiter's decisions wake
+the waiters (``engine.runtime.arbitration``). So a checkpoint taken during a live rescale
+holds the job between two subscales, as it is: tasks added for the rescale, the
+assignment so far; recovery from it restores exactly that, and the rescale request,
+retried, plans the rest.
 
 Guarantees: one checkpoint at a time; ``take`` returns the metadata of a complete
 checkpoint or raises ``CheckpointFailed`` (the job goes on), within
@@ -29,8 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from engine.checkpoints.coordinator import (
     CheckpointCoordinator,
@@ -45,8 +47,11 @@ from engine.checkpoints.coordinator import (
 )
 from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
 from engine.checkpoints.store import default_root, discard, join, write_metadata
+from engine.control.arbiter import Action, ActionKind, Verdict
 from engine.errors import CheckpointFailed
 from engine.names import JobState
+from engine.runtime.arbitration import Arbitration
+from engine.runtime.ports import JobPort
 from engine.wire.messages import (
     CheckpointAborted,
     CheckpointAck,
@@ -55,95 +60,94 @@ from engine.wire.messages import (
     TriggerCheckpoint,
 )
 
-if TYPE_CHECKING:
-    from engine.runtime.job_master import JobMaster
-
 log = logging.getLogger(__name__)
-_POLL_S = 0.01  # how often a waiter looks again (quiescence, settling)
+
+
+class CheckpointPort(JobPort, Protocol):
+    """What checkpoints ask of the JobMaster beyond ``JobPort``."""
+
+    def checkpoint_completed(self, meta: CheckpointMetadata) -> None:
+        """``meta`` is the job's last complete checkpoint (its record says so)."""
+        ...
+
+    def notify(self) -> None: ...
 
 
 class Checkpointing:
     """One job's checkpoints on the JobMaster (see the module doc)."""
 
-    def __init__(self, master: JobMaster) -> None:
-        self.m = master
-        cfg = master.config
-        self.root = join(cfg.checkpoint_dir or default_root(), master.job_id)
-        self.coord = CheckpointCoordinator(master.job_id, master.graph.name,
-                                           master.graph_plan.num_key_groups, cfg,
-                                           master.clock, self.root)
-        self.wanted = False  # due, waiting for running subscales to finish
-        self._lock = asyncio.Lock()
+    def __init__(self, port: CheckpointPort, arbitration: Arbitration) -> None:
+        self.port = port
+        self.arbitration = arbitration
+        cfg, record = port.config, port.record
+        self.root = join(cfg.checkpoint_dir or default_root(), port.job_id)
+        self.coord = CheckpointCoordinator(port.job_id, record.graph.name,
+                                           record.graph_plan.num_key_groups, cfg,
+                                           port.clock, self.root)
         self._waiters: dict[int, asyncio.Future[Outcome]] = {}
-
-    # -- the rescales' side
-    @property
-    def settled(self) -> bool:
-        """No checkpoint pending or waiting to start: a rescale may change the dataflow."""
-        return self.coord.pending is None and not self.wanted
-
-    async def gate(self, still: Callable[[], None]) -> None:
-        """Wait until ``settled``; ``still()`` raises when the caller must give up (the job
-        restarted or failed meanwhile)."""
-        while not self.settled:
-            still()
-            await asyncio.sleep(_POLL_S)
-        still()
 
     # -- taking checkpoints
     async def loop(self) -> None:
         """Periodic checkpoints, each when due and the rescales let it."""
-        m = self.m
-        interval = m.config.checkpoint_interval_s
+        p = self.port
+        interval = p.config.checkpoint_interval_s
         assert interval is not None
         tick = min(0.1, interval / 10)
-        while m.state.active:
+        while p.record.status.active:
             await asyncio.sleep(tick)
-            if m.state != JobState.RUNNING or m.finishing or not self.coord.due():
+            if (p.record.status != JobState.RUNNING or self.arbitration.core.finishing
+                    or not self.coord.due()):
                 continue
             with contextlib.suppress(CheckpointFailed):
                 await self.take(CheckpointKind.CHECKPOINT)
 
     async def take(self, kind: CheckpointKind, location: str | None = None,
                    stop: bool = False, exclusive: bool = False) -> CheckpointMetadata:
-        """Trigger a checkpoint (or savepoint, at ``location``) once no rescale has a change
-        in flight, and wait until it is complete: its metadata, or ``CheckpointFailed``.
-        ``exclusive``: the caller is the stop-restart rescale, which runs alone (it does
-        not wait for itself)."""
-        m = self.m
-        async with self._lock:
-            self.wanted = True
-            try:
-                while (m.state == JobState.RUNNING and not exclusive
-                       and not m.rescaler.quiescent()):
-                    await asyncio.sleep(_POLL_S)
-                if m.state != JobState.RUNNING:
-                    raise CheckpointFailed(f"job {m.job_id} is {m.state}: no {kind} taken",
-                                           reason=f"job {m.state}")
-                cmds = self.coord.trigger(m.dep, kind, location, stop)
-            finally:
-                self.wanted = False
+        """Trigger a checkpoint (or savepoint, at ``location``) once the arbiter lets it (no
+        rescale has a change in flight, no other checkpoint runs), and wait until it is
+        complete: its metadata, or ``CheckpointFailed``. ``exclusive``: the caller is the
+        stop-restart rescale, which runs alone (it does not wait for itself)."""
+        p = self.port
+        d = await self.arbitration.acquire(Action(ActionKind.CHECKPOINT, exclusive=exclusive))
+        try:
+            status = p.record.status
+            if d.verdict is not Verdict.RUN or status != JobState.RUNNING:
+                raise CheckpointFailed(f"job {p.job_id} is {status}: no {kind} taken",
+                                       reason=f"job {status}")
+            cmds = self.coord.trigger(p.dep, kind, location, stop)
             first = cmds[0]
             assert isinstance(first, TriggerTasks)
             cid = first.checkpoint_id
             fut: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
             self._waiters[cid] = fut
             await self.run(cmds)
-            while not fut.done():
-                await asyncio.wait([fut], timeout=0.25)
+            while not fut.done():  # until complete, failed, or checkpoint_timeout_s passed
+                await asyncio.wait([fut], timeout=self._until_timeout())
                 if not fut.done():
                     await self.run(self.coord.check())
             outcome = fut.result()
+        finally:
+            if d.verdict is Verdict.RUN:
+                self.arbitration.release(d.ticket)
         if outcome.metadata is None:
-            raise CheckpointFailed(f"{kind} {cid} of job {m.job_id} failed: {outcome.reason}",
+            raise CheckpointFailed(f"{kind} {cid} of job {p.job_id} failed: {outcome.reason}",
                                    checkpoint_id=cid, task=outcome.task, reason=outcome.reason)
         return outcome.metadata
+
+    def _until_timeout(self) -> float:
+        """Seconds until the pending checkpoint times out; at least a quarter of a second
+        (one writing its metadata does not time out: it is looked at again then)."""
+        pending = self.coord.pending
+        if pending is None:
+            return 0.25
+        limit = self.port.config.checkpoint_timeout_s
+        return max(0.25, pending.started + limit - self.port.clock.monotonic())
 
     async def final(self) -> bool:
         """The job's input ended everywhere: a last checkpoint commits what the sinks wrote
         since the previous one (Flink's final checkpoint). True once one completed; False
         when the job stopped running first (failures beyond the tolerable fail it)."""
-        while self.m.state == JobState.RUNNING:
+        while self.port.record.status == JobState.RUNNING:
             with contextlib.suppress(CheckpointFailed):
                 await self.take(CheckpointKind.CHECKPOINT)
                 return True
@@ -161,7 +165,7 @@ class Checkpointing:
     # -- commands
     async def run(self, cmds: Sequence[Command]) -> None:
         """Execute the coordinator's commands in order (each result fed back)."""
-        m = self.m
+        p = self.port
         for cmd in cmds:
             match cmd:
                 case TriggerTasks(checkpoint_id=cid, location=loc, stop=stop, tasks=tasks):
@@ -184,26 +188,26 @@ class Checkpointing:
                         except Exception as exc:  # noqa: BLE001 - a leftover directory only
                             log.warning("could not delete checkpoint %s: %s", loc, exc)
                 case FailJob(reason=reason):
-                    log.error("job %s: %s", m.job_id, reason)
-                    asyncio.ensure_future(m.fail(reason))
+                    log.error("job %s: %s", p.job_id, reason)
+                    asyncio.ensure_future(p.fail(reason))
         self._resolve()
 
     async def _send(self, tasks: Sequence[str], msg: Any) -> None:
         """``msg`` to each live task at once, each within ``control_timeout_s``; one that
         does not answer or died is not waited for (see the module doc)."""
-        m = self.m
-        live = [t for t in tasks if t in m.handles]
+        p = self.port
+        live = [t for t in tasks if t in p.handles]
         results = await asyncio.gather(*(
-            asyncio.wait_for(m.call(t, msg), m.deadlines.control_s) for t in live),
+            asyncio.wait_for(p.call(t, msg), p.deadlines.control_s) for t in live),
             return_exceptions=True)
         for t, r in zip(live, results, strict=True):
             if isinstance(r, BaseException):
-                log.warning("job %s: task %s did not take %s: %s", m.job_id, t,
+                log.warning("job %s: task %s did not take %s: %s", p.job_id, t,
                             type(msg).__name__, type(r).__name__)
 
     def _resolve(self) -> None:
-        """Outcomes to their waiters and to the metrics."""
-        c = self.m.collector
+        """Outcomes to their waiters, to the metrics and to the job's record."""
+        c = self.port.collector
         for out in self.coord.take_outcomes():
             key = "completed" if out.completed else "failed"
             c.checkpoints_total[key] = c.checkpoints_total.get(key, 0) + 1
@@ -213,13 +217,14 @@ class Checkpointing:
                 c.checkpoint_bytes = meta.bytes
                 c.checkpoint_alignment = {t.task: (t.vertex, t.index, t.alignment_s)
                                           for t in meta.tasks}
+                self.port.checkpoint_completed(meta)
             else:
-                log.warning("job %s: %s %d failed: %s", self.m.job_id, out.kind,
+                log.warning("job %s: %s %d failed: %s", self.port.job_id, out.kind,
                             out.checkpoint_id, out.reason)
             fut = self._waiters.pop(out.checkpoint_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(out)
-        self.m.notify()
+        self.port.notify()
 
 
-__all__ = ["Checkpointing"]
+__all__ = ["CheckpointPort", "Checkpointing"]

@@ -21,14 +21,11 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from engine.errors import DownstreamDied
 from engine.task.core import TaskCore
 from engine.wire.transport import DataClient, DataServer, ServerConnection
 
 _ACTIVE = ("created", "running")
-
-
-class DownstreamDied(Exception):
-    """A task this one sends to went away (the task fails naming it)."""
 
 
 class DataConnections:

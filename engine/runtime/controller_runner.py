@@ -28,10 +28,9 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.control.reconfiguration import (
     DECISION_TYPES,
@@ -54,17 +53,17 @@ from engine.control.reconfiguration import (
 from engine.errors import ControllerError, JobFailedError, ReflowError, RescaleRefused
 from engine.names import JobState
 from engine.observability.rates import MetricsHistory, MetricsWindow
+from engine.runtime.ports import JobPort
 from engine.wire.messages import GroupStatsRequest
-from migration.assignment import requested_strategy
+from migration.assignment import AssignmentSpec, requested_strategy
+from migration.report import RescaleReport
 
 if TYPE_CHECKING:
     from engine.dataflow.physical import PhysicalPlan
-    from engine.runtime.job_master import JobMaster
 
 log = logging.getLogger("reflow.controllers")
 
 HISTORY_MIN_S = 120.0   # metrics snapshots kept at least this long
-RESCALE_RECORDS = 100   # measured rescales kept for the controllers' views
 SETTLE_POLLS = 3        # metrics polls after a rescale before its cost is measured
 
 
@@ -113,29 +112,62 @@ def neighbourhoods(plan: PhysicalPlan, per_op: dict[str, list[Any]]) -> list[lis
     return list(groups.values())
 
 
+class ControllerPort(JobPort, Protocol):
+    """What the controllers' decisions ask of the JobMaster beyond ``JobPort``: the same
+    validated paths as the ``JobHandle``'s calls, and the job's record of what happened."""
+
+    @property
+    def nodes(self) -> dict[str, str]:
+        """Task name -> the Ray node it runs on, where known."""
+        ...
+
+    @property
+    def rescaling_operators(self) -> frozenset[str]: ...
+
+    async def placement(self, operator: str) -> list[str]: ...
+
+    def alive_nodes(self) -> list[str]: ...
+
+    async def run_rescale(self, operator: str, parallelism: int | None, protocol: str,
+                          assignment: Any, planning: Any, by: str,
+                          strategy: AssignmentSpec | None) -> RescaleReport: ...
+
+    async def run_placement(self, operator: str, task_index: int, node: str, protocol: str,
+                            by: str) -> RescaleReport: ...
+
+    async def run_change_logic(self, operator: str, fn: Any) -> Any: ...
+
+    def rescale_measured(self, record: RescaleRecord) -> None:
+        """Keep ``record`` in the job's rescale history."""
+        ...
+
+    def decided(self, records: tuple[DecisionRecord, ...]) -> None:
+        """The controllers' decisions so far (the job's record keeps them)."""
+        ...
+
+
 class ControllerRunner:
     """Runs one job's controllers inside its JobMaster (see the module doc)."""
 
-    def __init__(self, master: JobMaster) -> None:
-        self.m = master
-        poll = master.config.metrics_poll_interval_s
+    def __init__(self, port: ControllerPort) -> None:
+        self.port = port
+        poll = port.config.metrics_poll_interval_s
         self.settle_s = SETTLE_POLLS * poll
         self.history = MetricsHistory(HISTORY_MIN_S)
-        self.records: deque[RescaleRecord] = deque(maxlen=RESCALE_RECORDS)
         self.decision_log = DecisionLog()
         self.last_rescale_end: float | None = None
         self._entries: dict[str, _Entry] = {}
         self._finished: list[_Finished] = []
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        master.collector.decisions = self.decision_log.counts
+        port.collector.decisions = self.decision_log.counts
 
     # ------------------------------------------------------------------ controllers
     def add(self, controller: Any) -> str:
         """Run ``controller`` from now on (its first call after ``interval_s``); returns its
         name. ``ControllerError`` when it is no controller or its name is taken."""
         name = check_controller(controller, tuple(self._entries))
-        now = self.m.clock.monotonic()
+        now = self.port.clock.monotonic()
         self._entries[name] = _Entry(name, controller, now + float(controller.interval_s))
         keep = max(HISTORY_MIN_S, 3 * max(float(e.controller.window_s)
                                           for e in self._entries.values()))
@@ -157,16 +189,21 @@ class ControllerRunner:
     def decisions(self, controller: str | None = None) -> tuple[DecisionRecord, ...]:
         return self.decision_log.records(controller)
 
+    @property
+    def records(self) -> tuple[RescaleRecord, ...]:
+        """The measured rescales (the latest ``RESCALE_RECORDS``: the job's record)."""
+        return self.port.record.rescales
+
     # ------------------------------------------------------------------ observations
     def observe(self) -> None:
         """After each metrics poll: keep the snapshot; measure rescales that settled."""
-        now = self.m.clock.monotonic()
-        self.history.add(now, self.m.collector.tasks)
+        now = self.port.clock.monotonic()
+        self.history.add(now, self.port.collector.tasks)
         done = [f for f in self._finished if now >= f.ended + self.settle_s]
         for f in done:
             self._finished.remove(f)
             r = f.report
-            self.records.append(measure_rescale(
+            self.port.rescale_measured(measure_rescale(
                 self.history, operator=r.operator, protocol=r.protocol,
                 old_parallelism=r.old_parallelism, new_parallelism=r.new_parallelism,
                 requested_at=f.started, completed_at=f.ended,
@@ -180,13 +217,13 @@ class ControllerRunner:
 
     # ------------------------------------------------------------------ the loop
     async def _loop(self) -> None:
-        m = self.m
-        while m.state.active:
+        p = self.port
+        while p.record.status.active:
             if not self._entries:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            now = m.clock.monotonic()
+            now = p.clock.monotonic()
             due = [e for e in self._entries.values() if e.next_at <= now]
             if not due:
                 wait = min(e.next_at for e in self._entries.values()) - now
@@ -195,9 +232,9 @@ class ControllerRunner:
                     await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
                 continue
             for e in due:
-                if e.name not in self._entries or not m.state.active:
+                if e.name not in self._entries or not p.record.status.active:
                     continue
-                e.next_at = m.clock.monotonic() + float(e.controller.interval_s)
+                e.next_at = p.clock.monotonic() + float(e.controller.interval_s)
                 try:
                     await self._tick(e)
                 except Exception as exc:  # never let a controller's tick end the runner
@@ -205,10 +242,10 @@ class ControllerRunner:
                                  f"the runner failed: {type(exc).__name__}: {exc}")
 
     async def _tick(self, e: _Entry) -> None:
-        m = self.m
-        if m.state != JobState.RUNNING:
+        p = self.port
+        if p.record.status != JobState.RUNNING:
             return
-        order = [v.name for v in m.dep.plan.vertices]
+        order = [v.name for v in p.dep.plan.vertices]
         since = self.last_rescale_end if self.last_rescale_end is not None else -math.inf
         window = self.history.window(float(e.controller.window_s), since, order)
         if window is None:
@@ -231,7 +268,7 @@ class ControllerRunner:
             else:
                 per_op.setdefault(d.operator, []).append(d)
         await asyncio.gather(*(self._run_all(e.name, ds)
-                               for ds in neighbourhoods(self.m.dep.plan, per_op)))
+                               for ds in neighbourhoods(self.port.dep.plan, per_op)))
 
     async def _run_all(self, controller: str, decisions: Sequence[Any]) -> None:
         for d in decisions:
@@ -239,70 +276,70 @@ class ControllerRunner:
 
     async def execute(self, controller: str, d: Any) -> DecisionRecord:
         """Carry out one decision and record what became of it."""
-        m = self.m
-        t0 = m.clock.monotonic()
+        p = self.port
+        t0 = p.clock.monotonic()
         try:
             detail = await self._carry_out(controller, d)
         except RescaleRefused as exc:
             return self._record(controller, d, DecisionOutcome.REFUSED, str(exc),
-                                m.clock.monotonic() - t0)
+                                p.clock.monotonic() - t0)
         except JobFailedError as exc:
             return self._record(controller, d, DecisionOutcome.FAILED, str(exc),
-                                m.clock.monotonic() - t0)
+                                p.clock.monotonic() - t0)
         except ReflowError as exc:
             return self._record(controller, d, DecisionOutcome.REFUSED,
-                                f"{type(exc).__name__}: {exc}", m.clock.monotonic() - t0)
+                                f"{type(exc).__name__}: {exc}", p.clock.monotonic() - t0)
         except Exception as exc:
-            outcome = (DecisionOutcome.FAILED if m.state == JobState.FAILED
+            outcome = (DecisionOutcome.FAILED if p.record.status == JobState.FAILED
                        else DecisionOutcome.REFUSED)
             return self._record(controller, d, outcome, f"{type(exc).__name__}: {exc}",
-                                m.clock.monotonic() - t0)
+                                p.clock.monotonic() - t0)
         return self._record(controller, d, DecisionOutcome.EXECUTED, detail,
-                            m.clock.monotonic() - t0)
+                            p.clock.monotonic() - t0)
 
     async def _carry_out(self, controller: str, d: Any) -> str:
-        m = self.m
-        if d.operator in m.rescaler.running_operators:
+        p = self.port
+        if d.operator in p.rescaling_operators:
             raise RescaleRefused(f"a rescale of {d.operator!r} is running; a controller does "
                                  "not supersede it (decide again once it ended)")
         by = f"controller {controller}"
         if isinstance(d, (Scale, Rebalance)):
-            if isinstance(d, Scale) and d.assignment is None and d.operator in m.dep.tasks \
-                    and len(m.dep.tasks[d.operator]) == d.parallelism:
+            if isinstance(d, Scale) and d.assignment is None and d.operator in p.dep.tasks \
+                    and len(p.dep.tasks[d.operator]) == d.parallelism:
                 raise RescaleRefused(f"{d.operator!r} already runs {d.parallelism} tasks")
             strategy = requested_strategy(d.strategy, d.balance, d.projected_costs)
-            report = await m.rescaler.rescale(
+            report = await p.run_rescale(
                 d.operator, d.parallelism, d.protocol,
-                None if strategy is not None else d.assignment, d.planning, by=by,
-                strategy=strategy)
+                None if strategy is not None else d.assignment, d.planning, by, strategy)
             return str(report)
         if isinstance(d, Place):
-            report = await m.rescaler.place(d.operator, d.task_index, d.node, "drrs", by=by)
+            report = await p.run_placement(d.operator, d.task_index, d.node, "drrs", by)
             return str(report)
         if isinstance(d, ChangeLogic):
-            return str(await m.logic.change(d.operator, d.fn))
+            return str(await p.run_change_logic(d.operator, d.fn))
         raise ControllerError(f"unknown decision {d!r}")
 
     def _record(self, controller: str, d: Any, outcome: DecisionOutcome, detail: str = "",
                 seconds: float = 0.0) -> DecisionRecord:
-        rec = self.decision_log.add(record_of(self.m.clock.now(), controller, d, outcome,
+        rec = self.decision_log.add(record_of(self.port.clock.now(), controller, d, outcome,
                                               detail, seconds))
         level = {DecisionOutcome.NO_CHANGE: logging.DEBUG, DecisionOutcome.EXECUTED: logging.INFO
                  }.get(outcome, logging.WARNING)
-        log.log(level, "job %s: %s", self.m.job_id, rec)
+        log.log(level, "job %s: %s", self.port.job_id, rec)
+        self.port.decided(self.decision_log.records())
         return rec
 
     # ------------------------------------------------------------------ the view
     async def view(self, group_stats: bool = False) -> JobView:
         """The job as a controller sees it now (per key group load and size when asked:
         one ``GroupStatsRequest`` per keyed task, within ``Deadlines.task_poll_s``)."""
-        m = self.m
-        dep, plan = m.dep, m.dep.plan
+        p = self.port
+        dep, plan = p.dep, p.dep.plan
         nkg = plan.num_key_groups
         ops: dict[str, OperatorView] = {}
         for v in plan.vertices:  # asks each task's node once, later calls read the cache
-            await m.placement(v.name)
-        dep, plan = m.dep, m.dep.plan
+            await p.placement(v.name)
+        dep, plan = p.dep, p.dep.plan
         for v in plan.vertices:
             tasks = dep.tasks[v.name]
             ops[v.name] = OperatorView(
@@ -310,7 +347,7 @@ class ControllerRunner:
                 len(tasks), nkg, tuple(e.src for e in plan.inputs_of(v.name)),
                 tuple(e.dst for e in plan.outputs_of(v.name)), tuple(tasks),
                 tuple(dep.assignments.get(v.name, ())),
-                tuple(m.nodes.get(t, "") for t in tasks),
+                tuple(p.nodes.get(t, "") for t in tasks),
                 tuple(sorted({e.dst if e.src == v.name else e.src
                               for e in plan.forward_edges_of(v.name)})),
                 plan.forward_root(v.name))
@@ -318,20 +355,20 @@ class ControllerRunner:
         sizes: dict[str, tuple[int, ...]] = {}
         if group_stats:
             loads, sizes = await self._group_stats([v.name for v in plan.vertices if v.keyed])
-        return JobView(m.job_id, m.clock.monotonic(), nkg, ops,
-                       frozenset(m.rescaler.running_operators), bool(m.finished),
+        return JobView(p.job_id, p.clock.monotonic(), nkg, ops,
+                       p.rescaling_operators, bool(p.finished),
                        self.last_rescale_end, tuple(self.records), loads, sizes,
-                       tuple(m.alive_nodes()))
+                       tuple(p.alive_nodes()))
 
     async def _group_stats(self, vertices: list[str]
                            ) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[int, ...]]]:
-        m = self.m
-        nkg = m.dep.plan.num_key_groups
-        calls = {(v, t): asyncio.ensure_future(m.call(t, GroupStatsRequest()))
-                 for v in vertices for t in m.dep.tasks[v] if t in m.handles}
+        p = self.port
+        nkg = p.dep.plan.num_key_groups
+        calls = {(v, t): asyncio.ensure_future(p.call(t, GroupStatsRequest()))
+                 for v in vertices for t in p.dep.tasks[v] if t in p.handles}
         if not calls:
             return {}, {}
-        await asyncio.wait(calls.values(), timeout=m.deadlines.task_poll_s)
+        await asyncio.wait(calls.values(), timeout=p.deadlines.task_poll_s)
         loads: dict[str, list[float]] = {v: [0.0] * nkg for v in vertices}
         sizes: dict[str, list[int]] = {v: [0] * nkg for v in vertices}
         complete = set(vertices)
@@ -348,7 +385,7 @@ class ControllerRunner:
 
     # ------------------------------------------------------------------ the driver's view
     def window(self, seconds: float) -> MetricsWindow | None:
-        order = [v.name for v in self.m.dep.plan.vertices]
+        order = [v.name for v in self.port.dep.plan.vertices]
         return self.history.window(seconds, order=order)
 
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -32,6 +33,7 @@ from engine.errors import (
     ChangeLogicRefused,
     ControlTimeout,
     JobFailedError,
+    JobNotFound,
     ReflowError,
     RescaleRefused,
     UserFunctionError,
@@ -113,7 +115,7 @@ class JobHandle:
         d = self.deadlines
         if location is not None:
             location = _location(location, "savepoint")
-        return self._get(self._master.savepoint.remote(location),  # type: ignore[no-any-return]
+        return self._get(self._master.savepoint.remote(location),
                          "savepoint", d.savepoint_s)
 
     def stop(self, savepoint: str | None = None) -> str | None:
@@ -249,7 +251,7 @@ class JobHandle:
                 f"serialised to ship it ({type(exc).__name__}: {exc}); define it at module "
                 "level and keep what it holds picklable", operator=operator) from exc
         return decode_message(self._get(ref, "change_logic",
-                                        2 * d.rescale_s + d.control_s))  # type: ignore[no-any-return]
+                                        2 * d.rescale_s + d.control_s))
 
     def placement(self, operator: str) -> list[str]:
         """The Ray node id of each task of ``operator``, by task index ("" for a task that
@@ -381,6 +383,7 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
         name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
         scheduling_strategy=here,
     ).remote(graph, config, job_id, restore_from, allow_non_restored_state)
+    assert isinstance(master, ActorHandle)  # ray's annotation of .remote() allows the class too
     d = Deadlines.of(config)
     try:
         url = ray.get(master.start.remote(), timeout=d.for_ray(d.start_s))
@@ -399,6 +402,20 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
         with contextlib.suppress(Exception):
             handle.stop()
         raise
+    return handle
+
+
+def find(job: str, address: str | None = None, config: JobConfig | None = None) -> JobHandle:
+    """A ``JobHandle`` on the running job ``job`` (``registry.resolve`` finds it by name or
+    id, on this machine or on the cluster at ``address``); ``JobNotFound`` says why not.
+    ``config`` gives the handle's deadlines (default ``JobConfig()``'s)."""
+    job_id, ray_address = registry.resolve(job, address)
+    try:
+        master = ray.get_actor(f"{job_id}{registry.MASTER_SUFFIX}", namespace=NAMESPACE)
+    except ValueError:
+        raise JobNotFound(f"job {job_id} is no longer running on {ray_address}") from None
+    handle = JobHandle(master, job_id, "", config)
+    handle.metrics_url = handle.status().metrics_url
     return handle
 
 

@@ -11,6 +11,13 @@ timeout before the first change) leaves the job untouched and raises ``RescaleRe
 a failure after that fails the job with the phase named; a newer request for the same
 operator supersedes the running one; a stop-restart excludes every other rescale.
 
+The job's state is one value, ``engine.control.job_state.JobRecord``, which this class
+alone writes; its helpers (rescales, recovery, checkpoints, controllers, changes of logic,
+replicas, the watch) hold a narrow port (``engine.runtime.ports.JobPort`` and each
+helper's extension of it, all implemented here) instead of the JobMaster, and what may run
+together is decided by the job's arbiter (``engine.control.arbiter``, its futures in
+``engine.runtime.arbitration``).
+
 The driver's calls never wait for a task without a deadline (``engine.runtime.deadlines``):
 a task that does not answer a metrics poll in time is reported as unresponsive
 (``engine.runtime.health``), with the seconds since it last answered, in ``status``,
@@ -29,19 +36,19 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from engine.checkpoints.metadata import CheckpointKind
+from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
+from engine.control.arbiter import Action, ActionKind, Arbiter, Verdict
+from engine.control.job_state import JobRecord
+from engine.control.reconfiguration import DecisionRecord, RescaleRecord
 from engine.dataflow import graph as g
 from engine.dataflow.config import JobConfig
 from engine.dataflow.deployment import (
     ChannelIds,
     Deployment,
-    connect_messages,
-    initial_deployment,
     source_partitions,
-    start_messages,
 )
 from engine.dataflow.guarantees import sink_guarantees
-from engine.dataflow.physical import PhysicalPlan, plan_physical
+from engine.dataflow.physical import PhysicalPlan
 from engine.errors import (
     CheckpointFailed,
     FailurePhase,
@@ -52,6 +59,7 @@ from engine.errors import (
 )
 from engine.names import JobState
 from engine.observability.metrics import JobCollector, MetricsEndpoint
+from engine.runtime.arbitration import Arbitration
 from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
@@ -75,18 +83,20 @@ from engine.wire.messages import (
     decode_message,
     encode_message,
 )
+from migration.assignment import AssignmentSpec
 from migration.coordinator import SubscaleIds
+from migration.report import RescaleReport
 
 NAMESPACE = "reflow"
 
 
 class JobMaster:
-    """Deploys the job, runs rescales, watches tasks, serves metrics."""
+    """Deploys the job, runs rescales, watches tasks, serves metrics; the one writer of
+    the job's ``JobRecord`` and the implementation of its helpers' ports."""
 
     def __init__(self, graph: g.JobGraph, config: JobConfig, job_id: str,
                  restore_from: str | None = None,
                  allow_non_restored_state: bool = False) -> None:
-        self.graph = graph
         self.config = config
         self.job_id = job_id
         self.restore_from = restore_from
@@ -97,42 +107,114 @@ class JobMaster:
         self.pool = StandbyPool(f"{job_id}/standby", config.warm_standby_tasks,
                                 self._new_standby, lambda a: a.ping.remote(), ray.kill,
                                 self.deadlines.task_poll_s)
-        self.graph_plan: PhysicalPlan = plan_physical(graph)  # as the user built it
-        self.plan: PhysicalPlan = self.graph_plan
-        # the sources' partitions are asked when deploying (user code: errors go to start)
-        self.dep: Deployment = initial_deployment(self.plan, job_id, partitions={})
+        self.record = JobRecord.initial(job_id, graph)  # written by this class alone
+        self.arbitration = Arbitration(Arbiter(), self._actions_changed)
         self.ids = ChannelIds()
         self.subscale_ids = SubscaleIds()
         self.handles: dict[str, Any] = {}
-        self.state = JobState.CREATED
         self.failure: TaskFailed | None = None
         # a task that failed while the job was being deployed or restarted (the deploy
         # takes it up once the tasks run: dropping it left a job 'running' for ever)
         self.deferred_failure: TaskFailed | None = None
-        self.error = ""
-        self.error_suffix = ""  # why the restart strategy gave up, when it did
         self.finished: set[str] = set()
-        self.finishing = False  # the final checkpoint of a finished job is running
         self.collector = JobCollector(job_id, self.clock.monotonic)
         self.collector.rescale_timeout_s = config.rescale_timeout_s
         # counters start at 0 for every operator, so increase()/changes() see the first one
-        self.collector.rescales_total = {v.name: 0 for v in self.plan.vertices}
+        self.collector.rescales_total = {v.name: 0 for v in self.record.plan.vertices}
         self.endpoint: MetricsEndpoint | None = None
-        self.replicas = ReplicaKeeper(self)
-        self.rescaler = Rescaler(self)
-        self.checkpointing = Checkpointing(self)
-        self.recovery = Recovery(self)
-        self.controllers = ControllerRunner(self)
-        self.logic = LogicChanger(self)
         self.nodes: dict[str, str] = {}  # task name -> the Ray node it runs on, where known
+        self.checkpointing = Checkpointing(self, self.arbitration)
+        self.recovery = Recovery(self, self.arbitration, self.checkpointing)
+        self.replicas = ReplicaKeeper(self, self.arbitration)
+        self.rescaler = Rescaler(self, self.arbitration, self.recovery, self.replicas,
+                                 self.checkpointing)
+        self.controllers = ControllerRunner(self)
+        self.logic = LogicChanger(self, self.arbitration)
         self.watch = Watch(self)
         self.health = self.watch.health
         self._changed = asyncio.Event()
-        self._vertex_locks: dict[str, asyncio.Lock] = {}
         self._configuring: dict[str, Any] = {}
         self._background: list[asyncio.Task[None]] = []
+        self._restart_task: asyncio.Future[None] | None = None
 
-    # -- plumbing
+    # -- the job's record (every write goes through here)
+    @property
+    def dep(self) -> Deployment:
+        return self.record.deployment
+
+    @property
+    def plan(self) -> PhysicalPlan:
+        return self.record.plan
+
+    @property
+    def graph(self) -> g.JobGraph:
+        return self.record.graph
+
+    @property
+    def state(self) -> JobState:
+        return self.record.status
+
+    @property
+    def error(self) -> str:
+        return self.record.error
+
+    def _write(self, record: JobRecord) -> None:
+        """The job's state is ``record`` from now on; the arbiter hears whether it runs."""
+        was, self.record = self.record.status, record
+        running = record.status == JobState.RUNNING
+        if running != (was == JobState.RUNNING):
+            self.arbitration.event(lambda a: a.job_running(running))
+
+    def _set_state(self, state: JobState, error: str | None = None) -> None:
+        self._write(self.record.with_status(state, error))
+
+    def _actions_changed(self) -> None:
+        self.record = self.record.with_actions(self.arbitration.core.running)
+
+    # -- the helpers' ports: requests that change the job's record
+    def deploying(self, dep: Deployment) -> None:
+        self._write(self.record.deployed(dep))
+        self.finished.clear()
+
+    def update_deployment(self, dep: Deployment) -> None:
+        self._write(self.record.deployed(dep))
+
+    def logic_changed(self, op: g.OperatorDef, plan: PhysicalPlan) -> None:
+        self._write(self.record.logic_changed(op, plan))
+
+    def checkpoint_completed(self, meta: CheckpointMetadata) -> None:
+        self._write(self.record.checkpoint_completed(meta))
+
+    def restart_began(self, cause: str) -> None:
+        self._write(self.record.restart_began(cause))
+
+    def restart_retried(self) -> None:
+        self._write(self.record.restart_retried())
+
+    def restarted(self) -> None:
+        self._write(self.record.restarted())
+        self.collector.restarts = self.record.restarts
+        self._notify()
+
+    def restart_gave_up(self, suffix: str) -> None:
+        self._write(self.record.gave_up(suffix))
+
+    def restart_abandoned(self) -> None:
+        self._set_state(JobState.RUNNING)
+
+    def note_failure(self, note: str) -> None:
+        self._write(self.record.noted(note))
+
+    def name_in_error(self, error: str) -> None:
+        self._write(self.record.with_status(self.record.status, error))
+
+    def rescale_measured(self, record: RescaleRecord) -> None:
+        self._write(self.record.rescale_measured(record))
+
+    def decided(self, records: tuple[DecisionRecord, ...]) -> None:
+        self._write(self.record.with_decisions(records))
+
+    # -- the helpers' ports: the task actors and the rest of the runtime
     def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -141,9 +223,9 @@ class JobMaster:
         """Wake whoever waits on ``changed()``."""
         self._notify()
 
-    def next_generation(self) -> int:
-        """The generation of the next set of task names (a rescale's or a restart's)."""
-        return self.dep.generation + 1
+    def changed(self) -> asyncio.Event:
+        """Set at the next change of the job (a report, a failure, a stop)."""
+        return self._changed
 
     def create_task(self, name: str, spec: TaskSpec) -> None:
         """A new task actor for ``spec`` (a deploy or a restart)."""
@@ -161,14 +243,24 @@ class JobMaster:
         self.handles.clear()
         self._configuring.clear()
         self.finished.clear()
-        self.finishing = False
 
-    def vertex_lock(self, vertex: str) -> asyncio.Lock:
-        return self._vertex_locks.setdefault(vertex, asyncio.Lock())
+    def forget_tasks(self) -> None:
+        """A restart: every task is killed, the failures they reported are void, running
+        rescales give up what they did, and no replica exists any more."""
+        self.kill_tasks()
+        self.deferred_failure = None
+        self.rescaler.restarted()
+        self.replicas.reset()
 
-    def changed(self) -> asyncio.Event:
-        """Set at the next change of the job (a report, a failure, a stop)."""
-        return self._changed
+    def remove_task(self, name: str) -> None:
+        """Task ``name`` is removed (a rescale): its actor killed, no more metrics or
+        health."""
+        h = self.handles.pop(name, None)
+        if h is not None:
+            ray.kill(h)
+        self.watch.forget(name)
+        self.finished.discard(name)
+        self.nodes.pop(name, None)
 
     async def create_task_actor(self, vertex: str, name: str, dep: Deployment,
                                 node: str | None = None, index: int | None = None) -> None:
@@ -186,17 +278,52 @@ class JobMaster:
         self.handles[name] = handle
         self.health.created(name)
 
-    def forget_task(self, name: str) -> None:
-        """Task ``name`` was removed (its actor killed): no more metrics or health."""
-        self.watch.forget(name)
-        self.finished.discard(name)
-        self.nodes.pop(name, None)
+    async def stage_logic(self, task: str, version: int, operator: str, fn: Any) -> None:
+        """Task ``task`` keeps ``fn`` (after its configuration, for a standby actor)."""
+        pending = self._configuring.get(task)
+        if pending is not None:
+            await pending
+        await self.handles[task].stage_logic.remote(version, operator, fn)
 
     def refill_standby_later(self) -> None:
         self._refill_standby_later()
 
+    async def check_standby(self) -> bool:
+        return bool(len(self.pool)) and bool(await self.pool.check())
+
+    def last_answered(self, task: str) -> float:
+        return self.health.since(task)
+
+    def metrics_polled(self) -> None:
+        self.controllers.observe()
+
     async def maybe_finish(self) -> None:
         await self._maybe_finish()
+
+    @property
+    def rescaling(self) -> bool:
+        return self.rescaler.running
+
+    @property
+    def rescaling_operators(self) -> frozenset[str]:
+        return self.rescaler.running_operators
+
+    async def run_rescale(self, operator: str, parallelism: int | None, protocol: str,
+                          assignment: Any, planning: Any, by: str,
+                          strategy: AssignmentSpec | None) -> RescaleReport:
+        return await self.rescaler.rescale(operator, parallelism, protocol, assignment,
+                                           planning, by=by, strategy=strategy)
+
+    async def run_placement(self, operator: str, task_index: int, node: str, protocol: str,
+                            by: str) -> RescaleReport:
+        return await self.rescaler.place(operator, task_index, node, protocol, by)
+
+    async def run_change_logic(self, operator: str, fn: Any) -> Any:
+        return await self.logic.change(operator, fn)
+
+    def rescale_finished(self, report: RescaleReport, started: float, ended: float,
+                         by: str) -> None:
+        self.controllers.rescale_finished(report, started, ended, by)
 
     async def call(self, task: str, msg: Any, introduce: Any = ()) -> Any:
         """Send a control message to ``task`` (after its configuration, for a standby
@@ -255,7 +382,8 @@ class JobMaster:
                                                      self.allow_non_restored_state)
                 await self.recovery.deploy(plan.deployment, plan.tasks)
                 self.checkpointing.coord.restored(plan.checkpoint)
-                self.state = JobState.RUNNING
+                self.checkpoint_completed(plan.checkpoint)
+                self._set_state(JobState.RUNNING)
             else:
                 await self._deploy()
             failed = self.take_deferred_failure()
@@ -288,21 +416,10 @@ class JobMaster:
         return self.endpoint.url if self.endpoint else ""
 
     async def _deploy(self) -> None:
-        self.dep = self.dep.with_partitions(source_partitions(self.plan))
-        for v in self.plan.vertices:
-            for i, name in enumerate(self.dep.tasks[v.name]):
-                self._create(name, TaskSpec.of(self.dep, v.name, i, name, self.config))
-        msgs = connect_messages(self.dep, self.ids)
-        deadline = self.clock.monotonic() + self.deadlines.deploy_s
-        # receivers first, so a channel exists before anything is sent on it
-        order = [t for v in reversed(self.dep.plan.vertices) for t in self.dep.tasks[v.name]]
-        await self._each(order, lambda t: self.call(
-            t, msgs[t], [c.target for e in msgs[t].outputs for c in e.channels]), deadline)
-        self.state = JobState.RUNNING
-        starts = start_messages(self.dep)
-        for v in reversed(self.plan.vertices):  # sources last
-            await self._each(self.dep.tasks[v.name], lambda t: self.call(t, starts[t]),
-                             deadline)
+        """The first deploy (``engine.control.steps.DeploySteps``, run by ``Recovery``):
+        the job runs from the moment its first task is started."""
+        dep = self.dep.with_partitions(source_partitions(self.plan))
+        await self.recovery.deploy(dep, {}, on_start=lambda: self._set_state(JobState.RUNNING))
 
     async def _each(self, tasks: list[str], call: Any, deadline: float) -> None:
         """``call(task)`` for every task at once, all answered by ``deadline``; else raise
@@ -316,7 +433,7 @@ class JobMaster:
         failed = {t: f.exception() for t, f in futs.items() if f not in pending
                   and f.exception() is not None}
         for exc in failed.values():
-            mine = reflow_error_in(exc)  # type: ignore[arg-type]
+            mine = reflow_error_in(exc)
             if mine is not None:
                 raise mine
         # after a failure the others were not waited for: only a timeout names them
@@ -353,25 +470,29 @@ class JobMaster:
         await self.replicas.set_policy(operator, policy, period_s, hot_fraction)
 
     async def _maybe_finish(self) -> None:
-        """The job is finished when every task is; a running rescale defers the teardown.
-        With checkpoints on, a final checkpoint commits the sinks' last output first
-        (Flink's final checkpoint); then the tasks close their writers."""
-        if self.rescaling or self.finishing:
+        """The job is finished when every task is; a running rescale defers the teardown
+        (the arbiter refuses the finish while one runs, or while it runs already). With
+        checkpoints on, a final checkpoint commits the sinks' last output first (Flink's
+        final checkpoint); then the tasks close their writers."""
+        if self.rescaling or self.arbitration.core.finishing:
             return
-        if self.state == JobState.RUNNING and all(n in self.finished
-                                                  for n in self.dep.task_names()):
-            if self.config.checkpointing:
-                self.finishing = True
-                try:
-                    if not await self.checkpointing.final():
-                        return
-                finally:
-                    self.finishing = False
-                await self._stop_tasks()
-                if self.state != JobState.RUNNING:
+        if self.state != JobState.RUNNING or not all(n in self.finished
+                                                     for n in self.dep.task_names()):
+            return
+        if self.config.checkpointing:
+            d = await self.arbitration.acquire(Action(ActionKind.FINISH))
+            if d.verdict is not Verdict.RUN:
+                return
+            try:
+                if not await self.checkpointing.final():
                     return
-            self.state = JobState.FINISHED
-            await self._teardown()
+            finally:
+                self.arbitration.release(d.ticket)
+            await self._stop_tasks()
+            if self.state != JobState.RUNNING:
+                return
+        self._set_state(JobState.FINISHED)
+        await self._teardown()
 
     async def task_failed(self, msg: TaskFailed) -> None:
         """Task ``msg.task`` failed: the job fails (and restarts, if its strategy says so)."""
@@ -403,17 +524,15 @@ class JobMaster:
         await self.fail_for_good(error)
 
     def _restart_running(self) -> bool:
-        t = getattr(self, "_restart_task", None)
+        t = self._restart_task
         return t is not None and not t.done()
 
     async def fail_for_good(self, error: str) -> None:
         if self.state.active:
-            await self._fail(error + self.error_suffix)
+            await self._fail(error + self.record.error_suffix)
 
     async def _fail(self, error: str | None = None) -> None:
-        if error is not None:
-            self.error = error
-        self.state = JobState.FAILED
+        self._set_state(JobState.FAILED, error)
         self._notify()
         await self._teardown()
 
@@ -434,8 +553,8 @@ class JobMaster:
             self.job_id, str(self.state), self.error,
             f.operator if f else "", f.task_index if f else -1, f.record if f else "",
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
-            len(self.pool), self.watch.unresponsive(), self.recovery.restarts,
-            self.recovery.last_failure, self.checkpointing.coord.stats(),
+            len(self.pool), self.watch.unresponsive(), self.record.restarts,
+            self.record.last_failure, self.checkpointing.coord.stats(),
             self.sink_guarantees,
         ))
 
@@ -512,7 +631,7 @@ class JobMaster:
         actor."""
         if self.state.active:
             await self._stop_tasks()
-            self.state = JobState.STOPPED
+            self._set_state(JobState.STOPPED)
         await self._teardown()
         await self._stop_background()
         if self.endpoint is not None:
@@ -538,10 +657,6 @@ class JobMaster:
                                                           assignment, planning,
                                                           strategy=strategy))
 
-    @property
-    def rescaling(self) -> bool:
-        return self.rescaler.running
-
     # -- controllers (``engine.runtime.controller_runner``)
     async def add_controller(self, controller: Any) -> str:
         """Run ``controller`` on this job; returns the name it runs under."""
@@ -557,7 +672,7 @@ class JobMaster:
         return pack_exact([encode_message(r) for r in self.controllers.decisions(controller)])
 
     def rescale_history(self) -> bytes:
-        return pack_exact([encode_message(r) for r in self.controllers.records])
+        return pack_exact([encode_message(r) for r in self.record.rescales])
 
     def alive_nodes(self) -> list[str]:
         """The ids of the Ray nodes alive now."""

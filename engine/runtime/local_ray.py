@@ -90,7 +90,8 @@ def _recorded_cluster_is_gone() -> bool:
         recorded = utils.read_ray_address(None)
         if not recorded:
             return False
-        services.find_gcs_addresses.cache_clear()
+        # an lru_cache'd function, which ray annotates as a plain callable
+        services.find_gcs_addresses.cache_clear()  # type: ignore[attr-defined]
         return recorded not in services.find_gcs_addresses()
     except Exception:
         return False

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from engine.checkpoints.metadata import CheckpointMetadata
 from engine.checkpoints.restore import (
@@ -40,58 +41,121 @@ from engine.checkpoints.restore import (
     plan_restore,
 )
 from engine.checkpoints.store import read_metadata, resolve
-from engine.dataflow.deployment import connect_messages, source_partitions, start_message
+from engine.control.arbiter import Action, ActionKind, Verdict
+from engine.control.steps import DeploySteps, ReplaceDeployment, StepMachine
+from engine.dataflow.deployment import ChannelIds, Deployment, source_partitions
 from engine.dataflow.restart import RestartStrategy
-from engine.errors import JobFailedError, RestoreError
+from engine.errors import JobFailedError, JobRestarted, RestoreError
 from engine.names import JobState
+from engine.runtime.arbitration import Arbitration
+from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.failures import reflow_error_in
+from engine.runtime.ports import JobPort
 from engine.task.core import TaskSpec
-from engine.wire.messages import RestoreState
-
-if TYPE_CHECKING:
-    from engine.runtime.job_master import JobMaster
+from engine.wire.messages import TaskFailed
+from migration.coordinator import CreateTasks, Phase, RemoveTasks, SendControl, Sleep
 
 
-class JobRestarted(Exception):  # noqa: N818 - a signal inside the JobMaster, never raised to users
-    """The job restarted from a checkpoint under a running rescale or wait: what it did is
-    gone; the rescale tries again once the job runs (``Recovery.wait_running``)."""
+class RecoveryPort(JobPort, Protocol):
+    """What recovery asks of the JobMaster beyond ``JobPort``: the record's restart
+    transitions, the task actors, and the rest of the job forgetting its tasks."""
+
+    @property
+    def ids(self) -> ChannelIds: ...
+
+    def create_task(self, name: str, spec: TaskSpec) -> None: ...
+
+    def kill_tasks(self) -> None: ...
+
+    def deploying(self, dep: Deployment) -> None:
+        """The job runs ``dep`` from now on (its tasks are being created)."""
+        ...
+
+    def forget_tasks(self) -> None:
+        """Every task is killed for a restart: their failures, the rescales' work and the
+        replicas go with them."""
+        ...
+
+    def take_deferred_failure(self) -> TaskFailed | None: ...
+
+    def restart_began(self, cause: str) -> None: ...
+
+    def restart_retried(self) -> None: ...
+
+    def restarted(self) -> None: ...
+
+    def restart_gave_up(self, suffix: str) -> None: ...
+
+    def restart_abandoned(self) -> None:
+        """Restarting failed for good: the job is running again, for its failure to be
+        recorded as that of a running job."""
+        ...
+
+    def note_failure(self, note: str) -> None: ...
+
+    def checkpoint_completed(self, meta: CheckpointMetadata) -> None: ...
+
+    async def fail_for_good(self, error: str) -> None: ...
 
 
 class Recovery:
     """Restarts of one job (see the module doc)."""
 
-    def __init__(self, master: JobMaster) -> None:
-        self.m = master
-        self.strategy = RestartStrategy(master.config)
-        self.epoch = 0
-        self.restarts = 0
-        self.last_failure = ""
-        self.restarting = False
+    def __init__(self, port: RecoveryPort, arbitration: Arbitration,
+                 checkpoints: Checkpointing) -> None:
+        self.port = port
+        self.arbitration = arbitration
+        self.checkpoints = checkpoints
+        self.strategy = RestartStrategy(port.config)
+        self._ticket: int | None = None  # the arbiter's grant of the running restart
+
+    # -- reads (the job's record keeps them)
+    @property
+    def epoch(self) -> int:
+        return self.port.record.epoch
+
+    @property
+    def restarts(self) -> int:
+        return self.port.record.restarts
+
+    @property
+    def last_failure(self) -> str:
+        return self.port.record.last_failure
+
+    @property
+    def restarting(self) -> bool:
+        return self.arbitration.core.restarting
 
     # -- failures
     def begin(self, cause: str) -> bool:
         """The job failed with ``cause``: True when the strategy restarts it (the job is
         ``restarting`` from now on and ``run`` must be awaited), False when the job fails."""
-        m = self.m
+        p = self.port
         if self.restarting:
             return True  # a failure of what we are killing, or during the restart
-        if m.state != JobState.RUNNING:
+        if p.record.status != JobState.RUNNING:
             return False
         decision = self.strategy.on_failure(cause)
         if not decision.restart:
-            if self.restarts:
-                m.error_suffix = f" (after {self.restarts} restarts: {decision.reason})"
+            if p.record.restarts:
+                p.restart_gave_up(f" (after {p.record.restarts} restarts: {decision.reason})")
             return False
-        self.restarting = True
-        self.epoch += 1
-        self.last_failure = cause
-        m.state = JobState.RESTARTING
+        d = self.arbitration.core.request(Action(ActionKind.RECOVERY))
+        assert d.verdict is Verdict.RUN, d
+        self._ticket = d.ticket
+        p.restart_began(cause)
+        self.arbitration.deliver()
         return True
+
+    def _end(self) -> None:
+        if self._ticket is not None:
+            ticket, self._ticket = self._ticket, None
+            self.arbitration.release(ticket)
 
     async def run(self, cause: str) -> None:
         """Restart the job (``begin`` said so); a failure while restarting asks the strategy
         again, and fails the job when it gives up."""
-        m = self.m
+        p = self.port
         first, failed = cause, 0
         while True:
             try:
@@ -105,51 +169,47 @@ class Recovery:
                          f"{type(exc).__name__}: {exc}")
                 decision = self.strategy.on_failure(cause)
                 if not decision.restart:
-                    self.restarting = False
-                    m.state = JobState.RUNNING  # so that the failure is recorded as such
-                    await m.fail_for_good(f"{cause} ({decision.reason})")
+                    self._end()
+                    p.restart_abandoned()
+                    await p.fail_for_good(f"{cause} ({decision.reason})")
                     return
-                self.epoch += 1
+                p.restart_retried()
 
     async def _restart(self, cause: str) -> None:
-        m = self.m
-        await m.checkpointing.abort(f"the job restarts after a failure: {cause}")
-        m.kill_tasks()
-        m.deferred_failure = None
-        m.rescaler.restarted()
-        m.replicas.reset()
+        p = self.port
+        await self.checkpoints.abort(f"the job restarts after a failure: {cause}")
+        p.forget_tasks()
         await asyncio.sleep(self.strategy.delay_s)
-        latest = m.checkpointing.coord.latest
+        latest = self.checkpoints.coord.latest
         if latest is None:  # from the start of the input, with no state
-            await self.deploy(fresh_deployment(m.graph_plan, m.job_id, m.next_generation(),
-                                               m.dep.partitions), {})
+            record = p.record
+            await self.deploy(fresh_deployment(record.graph_plan, p.job_id,
+                                               record.next_generation, p.dep.partitions), {})
         else:
             await self._deploy_newest_readable(latest)
-        failed = m.take_deferred_failure()
+        failed = p.take_deferred_failure()
         if failed is not None:  # a task of the new deployment failed while it was deployed
             raise JobFailedError(f"task {failed.task} of operator {failed.operator!r} failed "
                                  f"as it was restored: {failed.cause}",
                                  operator=failed.operator, task=failed.task)
-        self.restarts += 1
-        m.collector.restarts = self.restarts
-        self.restarting = False
-        m.state = JobState.RUNNING
-        m.notify()
+        self._end()
+        p.restarted()
 
     async def _deploy_newest_readable(self, latest: CheckpointMetadata) -> None:
         """Restore from ``latest``; when its files do not read back whole (missing, short,
         corrupt: ``RestoreError``), from the newest older retained checkpoint that does,
         saying so in the job's ``last_failure`` and in the checkpoint stats. Raises the
         last ``RestoreError`` when none reads back."""
-        m = self.m
-        coord = m.checkpointing.coord
+        p = self.port
+        coord = self.checkpoints.coord
         candidates = [latest, *(c for c in reversed(coord.retained)
                                 if c.checkpoint_id < latest.checkpoint_id)]
         skipped: list[str] = []
         for i, meta in enumerate(candidates):
-            plan = plan_restore(meta, checkpoint_layout(m.graph_plan, meta), m.job_id,
-                                m.next_generation(), allow_non_restored_state=True,
-                                partitions=m.dep.partitions)
+            record = p.record
+            plan = plan_restore(meta, checkpoint_layout(record.graph_plan, meta), p.job_id,
+                                record.next_generation, allow_non_restored_state=True,
+                                partitions=p.dep.partitions)
             try:
                 await self.deploy(plan.deployment, plan.tasks)
             except Exception as exc:  # noqa: BLE001 - only an unreadable checkpoint falls back
@@ -157,67 +217,105 @@ class Recovery:
                 if not isinstance(err, RestoreError) or i == len(candidates) - 1:
                     raise
                 skipped.append(f"checkpoint {meta.checkpoint_id} ({err})")
-                m.kill_tasks()
+                p.kill_tasks()
                 continue
             if skipped:
                 coord.latest = meta  # the one a next failure goes back to
                 coord.retained = [c for c in coord.retained
                                   if c.checkpoint_id <= meta.checkpoint_id]
+                p.checkpoint_completed(meta)
                 note = (f"restored from checkpoint {meta.checkpoint_id}: "
                         + "; ".join(skipped) + " did not read back whole")
                 coord.last_failure = note
-                self.last_failure = f"{self.last_failure}; {note}" if self.last_failure else note
+                last = p.record.last_failure
+                p.note_failure(f"{last}; {note}" if last else note)
             return
 
     async def wait_running(self, epoch: int) -> None:
         """Until the job runs again after the restart that ended ``epoch`` (or raise the
         job's failure)."""
-        m = self.m
-        while self.restarting or m.state == JobState.RESTARTING:
+        p = self.port
+        while self.restarting or p.record.status == JobState.RESTARTING:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(m.changed().wait(), 0.5)
-        if m.state != JobState.RUNNING:
-            raise JobFailedError(m.error or f"job {m.job_id} is {m.state}")
+                await asyncio.wait_for(p.changed().wait(), 0.5)
+        if p.record.status != JobState.RUNNING:
+            raise JobFailedError(p.record.error or f"job {p.job_id} is {p.record.status}")
 
     # -- restores
     async def plan_from(self, location: str, allow_non_restored_state: bool) -> RestorePlan:
         """The restore of the savepoint or checkpoint at ``location`` (a job's checkpoint
         directory: its latest complete checkpoint) into this job; ``RestoreError`` says why
         not."""
-        m = self.m
+        record = self.port.record
         path = await asyncio.to_thread(resolve, location)
         meta: CheckpointMetadata = await asyncio.to_thread(read_metadata, path)
         # a source the checkpoint does not know gets its own list (asked of it, once)
         known = {v.name for v in meta.vertices if v.source and v.partitions}
-        fresh = {k: p for k, p in source_partitions(m.graph_plan).items() if k not in known} \
-            if any(v.is_source and v.name not in known for v in m.graph_plan.vertices) else {}
-        return plan_restore(meta, m.graph_plan, m.job_id, m.next_generation(),
-                            allow_non_restored_state, partitions={**m.dep.partitions, **fresh})
+        graph_plan = record.graph_plan
+        fresh = {k: p for k, p in source_partitions(graph_plan).items() if k not in known} \
+            if any(v.is_source and v.name not in known for v in graph_plan.vertices) else {}
+        return plan_restore(meta, graph_plan, record.job_id, record.next_generation,
+                            allow_non_restored_state,
+                            partitions={**record.deployment.partitions, **fresh})
 
-    async def deploy(self, dep: Any, restore: Mapping[str, TaskRestore]) -> None:
+    async def deploy(self, dep: Any, restore: Mapping[str, TaskRestore],
+                     on_start: Callable[[], None] | None = None) -> None:
         """Deploy ``dep`` (new task actors), each task with its ``restore``: create, wire
-        (receivers first), restore state, start (sources last). Within ``deploy_s``."""
-        m = self.m
-        m.dep = dep
-        m.plan = dep.plan
-        m.finished.clear()
-        for v in dep.plan.vertices:
-            for i, name in enumerate(dep.tasks[v.name]):
-                m.create_task(name, TaskSpec.of(dep, v.name, i, name, m.config))
-        msgs = connect_messages(dep, m.ids)
-        deadline = m.clock.monotonic() + m.deadlines.deploy_s
-        order = [t for v in reversed(dep.plan.vertices) for t in dep.tasks[v.name]]
-        await m.each(order, lambda t: m.call(
-            t, msgs[t], [c.target for e in msgs[t].outputs for c in e.channels]), deadline)
-        restoring = [t for t, r in restore.items() if r.groups or r.transactions]
-        if restoring:
-            await m.each(restoring, lambda t: m.call(
-                t, RestoreState(restore[t].groups, restore[t].transactions)), deadline)
-        resume = {t: r.source_state for t, r in restore.items() if r.source_state}
-        for v in reversed(dep.plan.vertices):  # sources last
-            await m.each(list(dep.tasks[v.name]), lambda t, v=v: m.call(
-                t, start_message(dep, v.name, dep.tasks[v.name].index(t), resume.get(t))),
-                deadline)
+        (receivers first), restore state, start (sources last), as
+        ``engine.control.steps.DeploySteps`` says (the one copy of that choreography,
+        which the in-process test harness runs too). Within ``deploy_s``. ``on_start``:
+        called once before the first task is started (a first deploy: the job runs)."""
+        await self.run_steps(DeploySteps(dep, self.port.ids, self.port.clock, restore),
+                             on_start)
+
+    async def run_steps(self, machine: StepMachine,
+                        on_start: Callable[[], None] | None = None) -> Any:
+        """Execute a deploy-like step machine's commands (``engine.control.steps``, the
+        module doc says how each applies) within ``Deadlines.deploy_s``; its report. A
+        task's own error goes to the machine (``on_error``), which raises it unless it
+        goes on."""
+        p = self.port
+        deadline = p.clock.monotonic() + p.deadlines.deploy_s
+        queue: deque[Any] = deque(machine.start())
+        started = on_start is None
+        while not machine.done:
+            cmd = queue.popleft()
+            if not started and isinstance(cmd, SendControl) and cmd.phase == Phase.START:
+                started = True
+                assert on_start is not None
+                on_start()
+            try:
+                result = await self._apply(cmd, deadline)
+            except Exception as exc:
+                err = reflow_error_in(exc)
+                if err is None:
+                    raise
+                queue.extend(machine.on_error(cmd, err))
+                continue
+            queue.extend(machine.on_result(cmd, result))
+        return machine.report()
+
+    async def _apply(self, cmd: Any, deadline: float) -> Any:
+        """One command of a deploy-like machine, on the job's task actors."""
+        p = self.port
+        match cmd:
+            case SendControl(calls=calls):
+                by_task = {c.task: c for c in calls}
+                await p.each(list(by_task), lambda t: p.call(
+                    t, by_task[t].message, by_task[t].introduce), deadline)
+            case CreateTasks(vertex=vertex, names=names, deployment=dep):
+                for name in names:
+                    p.create_task(name, TaskSpec.of(dep, vertex, dep.tasks[vertex].index(name),
+                                                    name, p.config))
+            case RemoveTasks():
+                p.kill_tasks()
+            case ReplaceDeployment(deployment=dep):
+                p.deploying(dep)
+            case Sleep(seconds=seconds):
+                await asyncio.sleep(seconds)
+            case _:
+                raise TypeError(f"unknown deploy step {cmd!r}")
+        return None
 
 
 __all__ = ["JobRestarted", "Recovery"]

@@ -18,8 +18,10 @@ Lifetime: the JobMaster is not detached. A job lives as long as its driver (the 
 or the entrypoint of a Ray job submission), as in Flink's attached mode; this module never
 prolongs it.
 
-Guarantees: ``find`` returns a ``JobHandle`` on a running or finished job's JobMaster or
-raises ``JobNotFound`` (a ``ReflowError``) saying which jobs it knows and what to pass.
+Guarantees: ``resolve`` returns the id and Ray address of a running or finished job or
+raises ``JobNotFound`` (a ``ReflowError``) saying which jobs it knows and what to pass
+(``engine.runtime.handle.find`` turns it into a ``JobHandle``: this module does not import
+the handle, so the runtime's imports have no cycle).
 """
 
 from __future__ import annotations
@@ -29,11 +31,9 @@ import json
 import os
 import socket
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import ray
 
-from engine.dataflow.config import JobConfig
 from engine.errors import JobNotFound, RayUnavailable
 from engine.runtime import local_ray
 from engine.runtime.job_master import NAMESPACE
@@ -138,7 +138,7 @@ def connect(address: str, auth_mode: str = "") -> None:
         os.environ[AUTH_MODE] = auth_mode
         # Ray read the variable when it was imported; make it read it again (what ray.init
         # does itself when it turns token mode on for a cluster it starts)
-        from ray._raylet import Config
+        from ray._raylet import Config  # type: ignore[attr-defined]  # not in ray's stub
 
         Config.initialize("")
     if not ray.is_initialized():
@@ -199,30 +199,15 @@ def resolve(job: str, address: str | None = None) -> tuple[str, str]:
                           "RAY_ADDRESS) to look among its jobs")
     connect(address)
     ids = cluster_jobs()
-    hits = [j for j in ids if j == job] or [j for j in ids if name_of(j) == job]
-    if len(hits) == 1:
-        return hits[0], address
-    if hits:
-        raise JobNotFound(f"{len(hits)} jobs named {job!r} run on {address}: "
-                          f"{', '.join(hits)}; pass the job id")
+    found = [j for j in ids if j == job] or [j for j in ids if name_of(j) == job]
+    if len(found) == 1:
+        return found[0], address
+    if found:
+        raise JobNotFound(f"{len(found)} jobs named {job!r} run on {address}: "
+                          f"{', '.join(found)}; pass the job id")
     raise JobNotFound(f"no job {job!r} on the Ray cluster at {address} (jobs there: "
                       f"{', '.join(ids) or 'none'})")
 
 
-def find(job: str, address: str | None = None, config: JobConfig | None = None) -> Any:
-    """A ``JobHandle`` on the running job ``job`` (see ``resolve``). ``config`` gives the
-    handle's deadlines (default ``JobConfig()``'s)."""
-    from engine.runtime.handle import JobHandle
-
-    job_id, ray_address = resolve(job, address)
-    try:
-        master = ray.get_actor(f"{job_id}{MASTER_SUFFIX}", namespace=NAMESPACE)
-    except ValueError:
-        raise JobNotFound(f"job {job_id} is no longer running on {ray_address}") from None
-    handle = JobHandle(master, job_id, "", config)
-    handle.metrics_url = handle.status().metrics_url
-    return handle
-
-
-__all__ = ["JobAddress", "JobNotFound", "cluster_jobs", "find", "forget", "jobs_dir",
+__all__ = ["MASTER_SUFFIX", "JobAddress", "JobNotFound", "cluster_jobs", "forget", "jobs_dir",
            "record", "recorded", "resolve"]

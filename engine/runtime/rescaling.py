@@ -30,13 +30,15 @@ import contextlib
 import dataclasses
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import ray
 
 from engine.checkpoints.metadata import CheckpointKind
 from engine.checkpoints.restore import plan_restore
+from engine.control.arbiter import Action, ActionKind, Verdict
 from engine.dataflow.config import check_count
+from engine.dataflow.deployment import ChannelIds, Deployment
 from engine.errors import (
     CheckpointFailed,
     JobFailedError,
@@ -45,9 +47,13 @@ from engine.errors import (
     RescaleTimeout,
 )
 from engine.names import JobState
+from engine.runtime.arbitration import Arbitration
+from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.failures import reflow_error_in, unwrap
 from engine.runtime.headroom import CpuHeadroom
-from engine.runtime.recovery import JobRestarted
+from engine.runtime.ports import JobPort
+from engine.runtime.recovery import JobRestarted, Recovery
+from engine.runtime.replicas import ReplicaKeeper
 from engine.wire.messages import (
     DescribeTask,
     TaskState,
@@ -70,6 +76,7 @@ from migration.coordinator import (
     SendControl,
     Sleep,
     SubscaleCompleted,
+    SubscaleIds,
     TakeSavepoint,
     UpdateVertex,
     coordinator_for,
@@ -77,9 +84,6 @@ from migration.coordinator import (
 from migration.protocols import PROTOCOLS, RescaleProtocol
 from migration.report import RescaleReport
 from migration.requests import validate_request
-
-if TYPE_CHECKING:
-    from engine.runtime.job_master import JobMaster
 
 log = logging.getLogger(__name__)
 
@@ -91,41 +95,80 @@ def what_needs_the_job(req: RescaleRequest) -> str:
     return f"rescale of source {req.operator!r}"
 
 
-class Rescaler:
-    """The JobMaster's rescales: at most one per operator, a stop-restart alone."""
+class RescalePort(JobPort, Protocol):
+    """What rescales ask of the JobMaster beyond ``JobPort``."""
 
-    def __init__(self, master: JobMaster) -> None:
-        self.m = master
-        self._exclusive = asyncio.Lock()
-        self._alone_running = False
-        self._alone_kind: RescaleProtocol | None = None  # stop-restart, or a source's
-        self._live_running = 0
+    @property
+    def ids(self) -> ChannelIds: ...
+
+    @property
+    def subscale_ids(self) -> SubscaleIds: ...
+
+    async def create_task_actor(self, vertex: str, name: str, dep: Deployment,
+                                node: str | None = None, index: int | None = None) -> None: ...
+
+    def remove_task(self, name: str) -> None:
+        """Kill task ``name``'s actor and forget it."""
+        ...
+
+    def update_deployment(self, dep: Deployment) -> None:
+        """The job runs ``dep`` from now on (a rescale step recorded it)."""
+        ...
+
+    def kill_tasks(self) -> None: ...
+
+    def refill_standby_later(self) -> None: ...
+
+    async def maybe_finish(self) -> None: ...
+
+    def alive_nodes(self) -> list[str]: ...
+
+    async def placement(self, operator: str) -> list[str]: ...
+
+    def last_answered(self, task: str) -> float:
+        """When ``task`` last answered anything (monotonic seconds)."""
+        ...
+
+    def name_in_error(self, error: str) -> None:
+        """The job's error says ``error`` (it failed already; a rescale adds its name)."""
+        ...
+
+    def rescale_finished(self, report: RescaleReport, started: float, ended: float,
+                         by: str) -> None:
+        """A rescale ended: the controllers measure what it cost."""
+        ...
+
+
+class Rescaler:
+    """The JobMaster's rescales: at most one per operator, a stop-restart alone (as the
+    job's arbiter decides: ``engine.control.arbiter``)."""
+
+    def __init__(self, port: RescalePort, arbitration: Arbitration, recovery: Recovery,
+                 replicas: ReplicaKeeper, checkpoints: Checkpointing) -> None:
+        self.port = port
+        self.arbitration = arbitration
+        self.recovery = recovery
+        self.replicas = replicas
+        self.checkpoints = checkpoints
         self._coordinators: dict[str, RescaleCoordinator] = {}  # vertex -> its rescale
         self._headroom: dict[str, CpuHeadroom] = {}  # vertex -> its rescale's CPU meter
         self._inbox: dict[str, deque[Command]] = {}
         self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
         self.ticks = 0  # commands run, over all rescales of the job
-        # checkpoints and rescales exclude each other (engine.runtime.checkpointing)
+        # checkpoints and rescales exclude each other: the arbiter hears what is in flight
         self._changes: dict[str, DataflowChanges] = {}  # vertex -> what it has in flight
-        self._gated: set[str] = set()  # vertices whose rescale waits for a checkpoint
         self._epochs: dict[str, int] = {}  # vertex -> the restart epoch its rescale began in
 
     @property
     def running(self) -> bool:
-        return self._alone_running or self._live_running > 0
+        """A rescale, a placement or a change of logic runs."""
+        return self.arbitration.core.rescaling
 
-    def quiescent(self) -> bool:
-        """No rescale has a change of the dataflow in flight (a subscale injected and not
-        done, tasks being added or removed, a stop-restart): a checkpoint may start."""
-        if self._alone_running and self._alone_kind == RescaleProtocol.STOP_RESTART:
-            return False  # a source's rescale says when it changes the dataflow (its phases)
-        for vertex, coord in self._coordinators.items():
-            changes = self._changes.get(vertex)
-            if vertex in self._gated or changes is None:
-                continue
-            if not changes.quiet(coord.phase):
-                return False
-        return True
+    def _sync(self, vertex: str) -> None:
+        """Tell the arbiter whether the rescale of ``vertex`` has a change in flight."""
+        coord, changes = self._coordinators.get(vertex), self._changes.get(vertex)
+        quiet = True if coord is None or changes is None else changes.quiet(coord.phase)
+        self.arbitration.event(lambda a: a.rescale_changes(vertex, quiet))
 
     def restarted(self) -> None:
         """The job restarts (its tasks were killed): every running rescale gives up what it
@@ -138,19 +181,19 @@ class Rescaler:
     def _still(self, vertex: str) -> None:
         """Raise when the rescale of ``vertex`` must give up: the job restarted under it
         (``JobRestarted``) or is no longer running."""
-        m = self.m
-        if m.recovery.epoch != self._epochs.get(vertex, m.recovery.epoch):
+        record = self.port.record
+        if record.epoch != self._epochs.get(vertex, record.epoch):
             raise JobRestarted(f"the job restarted during the rescale of {vertex!r}")
-        if m.state == JobState.RESTARTING:
+        if record.status == JobState.RESTARTING:
             raise JobRestarted(f"the job restarts during the rescale of {vertex!r}")
-        if not m.state.active:
-            raise JobFailedError(m.error or f"job {m.job_id} is {m.state}")
+        if not record.status.active:
+            raise JobFailedError(record.error or f"job {self.port.job_id} is {record.status}")
 
     def busy_neighbour(self, vertex: str) -> str | None:
         """A vertex that exchanges records with ``vertex`` or its forward partners (an
         input or output edge, through stateless operators: ``PhysicalPlan.neighbours``)
         and has a rescale running, else None."""
-        near = self.m.dep.plan.neighbours(vertex)
+        near = self.port.dep.plan.neighbours(vertex)
         return next((v for v in sorted(near) if v in self._coordinators), None)
 
     def _refuse_beside_neighbour(self, vertex: str) -> None:
@@ -177,6 +220,7 @@ class Rescaler:
                 self._inbox[vertex].extend(coord.on_report(msg))
             except Exception as exc:  # its executor raises it
                 self._broken[vertex] = exc
+            self._sync(vertex)
 
     # -- validation
     def validate(self, operator: str, parallelism: int | None, protocol: str,
@@ -186,14 +230,15 @@ class Rescaler:
         ``parallelism`` None: the operator's current one (a rebalance by ``strategy``).
         What depends on the running job is checked here, the rest by the pure
         ``migration.requests.validate_request`` (forward edges kept included)."""
-        m = self.m
-        if m.state != JobState.RUNNING:
-            raise RescaleRefused(f"job {m.job_id} is {m.state}, not running; nothing to rescale")
-        if m.finishing:
-            raise RescaleRefused(f"job {m.job_id} is finishing (its input ended everywhere); "
+        p = self.port
+        status = p.record.status
+        if status != JobState.RUNNING:
+            raise RescaleRefused(f"job {p.job_id} is {status}, not running; nothing to rescale")
+        if self.arbitration.core.finishing:
+            raise RescaleRefused(f"job {p.job_id} is finishing (its input ended everywhere); "
                                  "there is nothing left to rescale")
-        return validate_request(m.dep.plan, operator, parallelism, protocol, assignment,
-                                planning, strategy, live_rescaling=m.config.live_rescaling)
+        return validate_request(p.dep.plan, operator, parallelism, protocol, assignment,
+                                planning, strategy, live_rescaling=p.config.live_rescaling)
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
@@ -203,10 +248,10 @@ class Rescaler:
         """Run the rescale (see the module doc); ``by``: who asked, for the records of what
         rescales cost (``engine.runtime.controller_runner``); ``strategy``: how to choose the
         target assignment (``parallelism`` None: the current one)."""
-        started = self.m.clock.monotonic()
+        started = self.port.clock.monotonic()
         report = await self._rescale_retried(operator, parallelism, protocol, assignment,
                                              planning, strategy)
-        self.m.controllers.rescale_finished(report, started, self.m.clock.monotonic(), by)
+        self.port.rescale_finished(report, started, self.port.clock.monotonic(), by)
         return report
 
     async def _rescale_retried(self, operator: str, parallelism: int | None, protocol: str,
@@ -216,78 +261,45 @@ class Rescaler:
         died), what it did is gone with the tasks, so it runs again, planned from the
         restored assignment, once the job runs: it returns when the operator runs as asked
         (or raises the job's failure when the restart strategy gave up)."""
-        m = self.m
         while True:
-            if m.state == JobState.RESTARTING:
-                await m.recovery.wait_running(m.recovery.epoch)
-            epoch = m.recovery.epoch
+            if self.port.record.status == JobState.RESTARTING:
+                await self.recovery.wait_running(self.recovery.epoch)
+            epoch = self.recovery.epoch
             try:
                 return await self._rescale(operator, parallelism, protocol, assignment,
                                            planning, strategy)
             except JobRestarted:
-                await m.recovery.wait_running(epoch)
+                await self.recovery.wait_running(epoch)
 
     async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
                        assignment: tuple[int, ...] | None, planning: Any,
                        strategy: AssignmentSpec | None = None) -> RescaleReport:
-        m = self.m
+        p = self.port
         req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
-        if PROTOCOLS[req.protocol].live and not m.dep.plan.vertex(req.operator).is_source:
+        if PROTOCOLS[req.protocol].live and not p.dep.plan.vertex(req.operator).is_source:
             self._refuse_beside_neighbour(req.operator)  # before superseding anything
             running = self._coordinators.get(req.operator)
             if running is not None:
                 running.supersede()
-            async with self._group_locks(req.operator):
-                if self._alone_running:
-                    raise RescaleRefused("a stop-restart or source rescale is running; try "
-                                         "again after it")
-                self._live_running += 1
-                try:
-                    req = self.validate(operator, parallelism, protocol, assignment, planning,
-                                        strategy)
-                    return await self._execute(req)
-                finally:
-                    self._live_running -= 1
-                    m.refill_standby_later()
-                    await m.maybe_finish()
-        async with self._exclusive:  # stop-restart, and a source's rescale
-            if self._live_running:
-                raise RescaleRefused(f"a live rescale is running; a {what_needs_the_job(req)} "
-                                     "needs the job to itself: try again after it")
-            self._alone_running = True
-            try:
-                req = self.validate(operator, parallelism, protocol, assignment, planning,
-                                    strategy)
-                self._alone_kind = req.protocol
-                return await self._execute(req)
-            finally:
-                self._alone_running = False
-                self._alone_kind = None
-                m.refill_standby_later()
-                await m.maybe_finish()
-
-    @contextlib.asynccontextmanager
-    async def _group_locks(self, vertex: str) -> Any:
-        """The locks of ``vertex`` and its forward partners (a rescale may take them along;
-        no change of logic or replica refresh runs on them meanwhile), in one order, as
-        the change of logic takes them, so no two deadlock."""
-        async with contextlib.AsyncExitStack() as stack:
-            for v in sorted(self.m.dep.plan.forward_group(vertex)):
-                await stack.enter_async_context(self.m.vertex_lock(v))
-            yield
-
-    @contextlib.asynccontextmanager
-    async def excluding_stop_restart(self) -> Any:
-        """While in it, no stop-restart runs (``RescaleRefused`` now if one does): a change
-        that needs the tasks to stay (a change of logic) counts as a live rescale."""
-        if self._alone_running:
-            raise RescaleRefused("a stop-restart or source rescale is running; try again "
-                                 "after it")
-        self._live_running += 1
+            # the vertex and its forward partners (a rescale may take them along: no change
+            # of logic or replica refresh runs on them meanwhile)
+            group = frozenset(p.dep.plan.forward_group(req.operator)) or {req.operator}
+            action = Action(ActionKind.RESCALE, frozenset(group))
+        else:  # stop-restart, and a source's rescale: the job to itself
+            action = Action(ActionKind.EXCLUSIVE_RESCALE,
+                            stop_restart=req.protocol == RescaleProtocol.STOP_RESTART,
+                            label=what_needs_the_job(req))
+        d = await self.arbitration.acquire(action)
+        if d.verdict is not Verdict.RUN:
+            raise RescaleRefused(d.reason)
         try:
-            yield
+            req = self.validate(operator, parallelism, protocol, assignment, planning,
+                                strategy)
+            return await self._execute(req)
         finally:
-            self._live_running -= 1
+            self.arbitration.release(d.ticket)
+            p.refill_standby_later()
+            await p.maybe_finish()
 
     async def place(self, operator: str, task_index: int, node: str, protocol: str,
                     by: str = "handle") -> RescaleReport:
@@ -295,24 +307,28 @@ class Rescaler:
         (``migration.coordinator.Placement``). Refused (job untouched) when the operator is
         not keyed, the task or node does not exist, the task runs there already, or a
         rescale of the operator runs (a placement never supersedes one)."""
-        m = self.m
-        started = m.clock.monotonic()
+        p = self.port
+        started = p.clock.monotonic()
         req = await self._placement(operator, task_index, node, protocol)
-        async with m.vertex_lock(req.operator), self.excluding_stop_restart():
+        d = await self.arbitration.acquire(Action(ActionKind.PLACEMENT,
+                                                  frozenset({req.operator})))
+        if d.verdict is not Verdict.RUN:
+            raise RescaleRefused(d.reason)
+        try:
             req = await self._placement(operator, task_index, node, protocol)  # still valid
-            try:
-                report = await self._execute(req)
-            finally:
-                await m.maybe_finish()
-        m.controllers.rescale_finished(report, started, m.clock.monotonic(), by)
+            report = await self._execute(req)
+        finally:
+            self.arbitration.release(d.ticket)
+            await p.maybe_finish()
+        p.rescale_finished(report, started, p.clock.monotonic(), by)
         return report
 
     async def _placement(self, operator: str, task_index: int, node: str,
                          protocol: str) -> RescaleRequest:
-        m = self.m
-        p = len(m.dep.tasks.get(operator, ())) or 1  # validate names what is wrong
-        req = self.validate(operator, p, protocol, None, None)
-        v = m.dep.plan.vertex(req.operator)
+        p = self.port
+        n = len(p.dep.tasks.get(operator, ())) or 1  # validate names what is wrong
+        req = self.validate(operator, n, protocol, None, None)
+        v = p.dep.plan.vertex(req.operator)
         if not v.keyed or not PROTOCOLS[req.protocol].live:
             raise RescaleRefused(f"operator {operator!r} is not keyed, or {protocol!r} is not "
                                  "a live protocol: placement moves a task with its key groups, "
@@ -322,17 +338,17 @@ class Rescaler:
                             error=RescaleRefused)
         # the replacement runs beside the task it replaces until its groups moved: refused
         # when forward partners would need one more task too
-        m.dep.plan.check_placement(req.operator)
-        if index >= p:
+        p.dep.plan.check_placement(req.operator)
+        if index >= n:
             raise RescaleRefused(f"operator {operator!r} has no task {index}; its tasks are "
-                                 f"0..{p - 1}", operator=operator)
-        if not isinstance(node, str) or node not in m.alive_nodes():
+                                 f"0..{n - 1}", operator=operator)
+        if not isinstance(node, str) or node not in p.alive_nodes():
             raise RescaleRefused(f"no alive Ray node {node!r}; alive: "
-                                 f"{', '.join(m.alive_nodes())}", operator=operator)
+                                 f"{', '.join(p.alive_nodes())}", operator=operator)
         if operator in self._coordinators:
             raise RescaleRefused(f"a rescale of {operator!r} is running; a placement does not "
                                  "supersede it: try again after it", operator=operator)
-        where = (await m.placement(operator))[index]
+        where = (await p.placement(operator))[index]
         if where == node:
             raise RescaleRefused(f"task {index} of {operator!r} runs on node {node} already",
                                  operator=operator)
@@ -342,29 +358,30 @@ class Rescaler:
     def _max_subscales(self) -> int:
         """Subscales of one operator at once: the configured number, else as many as the
         cluster's CPUs."""
-        if self.m.config.drrs_max_subscales is not None:
-            return self.m.config.drrs_max_subscales
+        if self.port.config.drrs_max_subscales is not None:
+            return self.port.config.drrs_max_subscales
         return max(1, int(ray.cluster_resources().get("CPU", 1)))
 
     # -- the executor
     async def _execute(self, req: RescaleRequest) -> RescaleReport:
-        m, vertex = self.m, req.operator
+        p, vertex = self.port, req.operator
         self._refuse_beside_neighbour(vertex)
         ctx = RescaleContext(
-            m.job_id, m.dep, m.config, m.ids, m.subscale_ids, m.replicas.of(vertex),
-            vertex in m.replicas.policies, self._max_subscales(), frozenset(m.finished))
-        coord = coordinator_for(req, ctx, m.clock)
+            p.job_id, p.dep, p.config, p.ids, p.subscale_ids, self.replicas.of(vertex),
+            vertex in self.replicas.policies, self._max_subscales(), frozenset(p.finished))
+        coord = coordinator_for(req, ctx, p.clock)
         self._coordinators[vertex] = coord
-        self._epochs[vertex] = m.recovery.epoch
+        self._epochs[vertex] = self.recovery.epoch
         changes = self._changes[vertex] = DataflowChanges()
         self._headroom[vertex] = CpuHeadroom()
-        m.collector.rescale_started[vertex] = m.clock.monotonic()
+        p.collector.rescale_started[vertex] = p.clock.monotonic()
         inbox: deque[Command] = deque()
         self._inbox[vertex] = inbox
         try:
             inbox.extend(coord.start())
+            self._sync(vertex)
             while not coord.done:
-                m.collector.rescales[vertex] = coord.progress()
+                p.collector.rescales[vertex] = coord.progress()
                 if vertex in self._broken:
                     raise self._broken.pop(vertex)
                 if not inbox:
@@ -376,13 +393,11 @@ class Rescaler:
                     await self._await_reports(coord, cmd)
                     continue
                 if changes.gates(cmd):  # not while a checkpoint is pending or due
-                    self._gated.add(vertex)
-                    try:
-                        await m.checkpointing.gate(lambda: self._still(vertex))
-                    finally:
-                        self._gated.discard(vertex)
+                    await self._gate(vertex)
                 changes.on_command(cmd)
+                self._sync(vertex)
                 inbox.extend(coord.on_result(cmd, await self._run(cmd)))
+                self._sync(vertex)
         except (RescaleRefused, JobRestarted):
             raise
         except Exception as exc:
@@ -394,9 +409,19 @@ class Rescaler:
             self._broken.pop(vertex, None)
             self._changes.pop(vertex, None)
             self._epochs.pop(vertex, None)
-        m.collector.rescales[vertex] = coord.progress()
-        m.collector.rescales_total[vertex] = m.collector.rescales_total.get(vertex, 0) + 1
+            self.arbitration.event(lambda a: a.rescale_changes(vertex, None))
+        p.collector.rescales[vertex] = coord.progress()
+        p.collector.rescales_total[vertex] = p.collector.rescales_total.get(vertex, 0) + 1
         return coord.report()
+
+    async def _gate(self, vertex: str) -> None:
+        """Wait until the arbiter lets the rescale of ``vertex`` start a change (no
+        checkpoint pending or due); raise when it must give up instead (``_still``)."""
+        self._still(vertex)
+        d = await self.arbitration.gate(vertex)
+        self._still(vertex)
+        if d.verdict is not Verdict.RUN:
+            raise JobRestarted(f"the rescale of {vertex!r} may not go on: {d.reason}")
 
     def _pace(self, coord: RescaleCoordinator) -> None:
         """Hand the coordinator the machine's idle cores about every half second."""
@@ -408,29 +433,29 @@ class Rescaler:
     async def _await_reports(self, coord: RescaleCoordinator, cmd: AwaitReports) -> None:
         """Until a report gave the coordinator its next command (``on_report`` puts it in
         the inbox), the job failed, or ``cmd.timeout_s`` passed (``on_timeout`` raises)."""
-        m = self.m
+        p = self.port
         inbox = self._inbox[coord.vertex]
-        deadline = m.clock.monotonic() + cmd.timeout_s
+        deadline = p.clock.monotonic() + cmd.timeout_s
         while not inbox and not coord.done:
             broken = self._broken.pop(coord.vertex, None)
             if broken is not None:
                 raise broken
             self._still(coord.vertex)
-            left = deadline - m.clock.monotonic()
+            left = deadline - p.clock.monotonic()
             if left <= 0:
                 coord.on_timeout()
             self._pace(coord)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(m.changed().wait(), max(0.0, min(0.5, left)))
+                await asyncio.wait_for(p.changed().wait(), max(0.0, min(0.5, left)))
 
     async def _run(self, cmd: Command, timeout: float | None = None) -> Any:
         """Execute one coordinator command; its result goes back to the coordinator.
         ``timeout``: the bound of a ``SendControl`` (default ``rescale_timeout_s``)."""
-        m = self.m
+        p = self.port
         match cmd:
             case SendControl(calls=calls, phase=phase):
-                limit = m.config.rescale_timeout_s if timeout is None else timeout
-                futs = [asyncio.ensure_future(m.call(c.task, c.message, c.introduce))
+                limit = p.config.rescale_timeout_s if timeout is None else timeout
+                futs = [asyncio.ensure_future(p.call(c.task, c.message, c.introduce))
                         for c in calls]
                 _, pending = await asyncio.wait(futs, timeout=limit)
                 if pending:
@@ -453,41 +478,37 @@ class Rescaler:
                              indices=indices):
                 at, index = dict(nodes), dict(indices)
                 for name in names:
-                    await m.create_task_actor(vertex, name, dep, at.get(name), index.get(name))
+                    await p.create_task_actor(vertex, name, dep, at.get(name), index.get(name))
             case RemoveTasks(names=names):
                 for n in names:
-                    h = m.handles.pop(n, None)
-                    if h is not None:
-                        ray.kill(h)
-                    m.forget_task(n)
+                    p.remove_task(n)
             case UpdateVertex():
-                m.dep = cmd.apply(m.dep)
-                m.plan = m.dep.plan
+                p.update_deployment(cmd.apply(p.dep))
             case Sleep(seconds=s):
                 await asyncio.sleep(s)
             case SubscaleCompleted(vertex=vertex, key_groups=kgs, new_owner=owner, seconds=s):
-                m.collector.subscale_seconds.setdefault(vertex, []).append(s)
-                m.replicas.forget(vertex, kgs, keep_at=owner)
+                p.collector.subscale_seconds.setdefault(vertex, []).append(s)
+                self.replicas.forget(vertex, kgs, keep_at=owner)
             case ReleaseReplicas(vertex=vertex, gone=gone, clear=clear):
-                await m.replicas.release(vertex, gone, clear)
+                await self.replicas.release(vertex, gone, clear)
             case EnableReplication(vertex=vertex, policy=policy, hot_fraction=frac):
-                m.replicas.enable(vertex, policy, frac)
+                self.replicas.enable(vertex, policy, frac)
             case TakeSavepoint(stop=stop):
-                return await m.checkpointing.take(CheckpointKind.CHECKPOINT, stop=stop,
-                                                  exclusive=True)
+                return await self.checkpoints.take(CheckpointKind.CHECKPOINT, stop=stop,
+                                                   exclusive=True)
             case RestoreJob(checkpoint=meta, parallelism=parallelism, assignments=assignments):
-                plan = m.graph_plan
+                plan = p.record.graph_plan
                 changed: dict[str, int] = {}
                 for v in plan.vertices:
-                    p = parallelism.get(v.name) or meta.vertex(v.name).parallelism
-                    if p != v.parallelism:
-                        changed[v.name] = p
+                    wanted = parallelism.get(v.name) or meta.vertex(v.name).parallelism
+                    if wanted != v.parallelism:
+                        changed[v.name] = wanted
                 plan = plan.with_parallelism(changed)  # forward edges keep equal sides
-                restore = plan_restore(meta, plan, m.job_id, m.next_generation(),
-                                       assignments=assignments, partitions=m.dep.partitions)
-                m.kill_tasks()
-                m.replicas.reset()
-                await m.recovery.deploy(restore.deployment, restore.tasks)
+                restore = plan_restore(meta, plan, p.job_id, p.record.next_generation,
+                                       assignments=assignments, partitions=p.dep.partitions)
+                p.kill_tasks()
+                self.replicas.reset()
+                await self.recovery.deploy(restore.deployment, restore.tasks)
                 return restore.deployment
             case _:
                 raise TypeError(f"unknown coordinator command {cmd!r}")
@@ -496,12 +517,13 @@ class Rescaler:
     async def _failed(self, coord: RescaleCoordinator, exc: Exception) -> None:
         """Refuse the rescale when nothing changed yet (the job goes on); otherwise fail the
         job naming the rescale and its phase. Always raises."""
-        m, req = self.m, coord.request
-        if _died(exc) and m.state == JobState.RUNNING:  # a task died: the strategy decides
-            await m.fail(f"a task died during the rescale of {req.operator!r}: "
+        p, req = self.port, coord.request
+        if _died(exc) and p.record.status == JobState.RUNNING:  # a task died: the strategy decides
+            await p.fail(f"a task died during the rescale of {req.operator!r}: "
                          f"{type(unwrap(exc)).__name__}: {unwrap(exc)}")
-        if (m.state == JobState.RESTARTING
-                or m.recovery.epoch != self._epochs.get(req.operator, m.recovery.epoch)):
+        epoch = p.record.epoch
+        if (p.record.status == JobState.RESTARTING
+                or epoch != self._epochs.get(req.operator, epoch)):
             raise JobRestarted(f"the job restarted during the rescale of {req.operator!r}")
         what = f"rescale of {req.operator!r} to parallelism {req.parallelism} ({req.protocol})"
         tasks: tuple[str, ...] = ()
@@ -512,44 +534,44 @@ class Rescaler:
         elif isinstance(exc, JobFailedError) and exc.task:  # e.g. a new task's open() raised
             tasks = (exc.task,)
         if not isinstance(exc, ReflowError):  # reflow's own bug: keep where it happened
-            log.error("job %s: %s failed in phase %s", m.job_id, what, coord.phase,
+            log.error("job %s: %s failed in phase %s", p.job_id, what, coord.phase,
                       exc_info=exc)
         cause = (f"{type(exc).__name__}: {exc}" if isinstance(exc, ReflowError)
                  else f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-        if not coord.committed and m.state == JobState.RUNNING:
+        if not coord.committed and p.record.status == JobState.RUNNING:
             for cmd in coord.release_commands():
                 with contextlib.suppress(Exception):
-                    await self._run(cmd, timeout=m.deadlines.task_poll_s)
+                    await self._run(cmd, timeout=p.deadlines.task_poll_s)
             raise RescaleRefused(f"{what} refused in phase {coord.phase} before anything "
                                  f"changed; the job goes on unchanged: {cause}",
                                  operator=req.operator, phase=str(coord.phase),
                                  tasks=tasks) from exc
         msg = f"{what} failed in phase {coord.phase}: {cause}"
-        if m.state != JobState.FAILED:
-            await m.fail(msg)
-        elif "rescale of" not in m.error:  # e.g. a task died: name the rescale too
-            m.error = f"{m.error} (during the {what}, phase {coord.phase})"
-        raise JobFailedError(m.error or msg, operator=req.operator, phase=str(coord.phase),
+        if p.record.status != JobState.FAILED:
+            await p.fail(msg)
+        elif "rescale of" not in p.record.error:  # e.g. a task died: name the rescale too
+            p.name_in_error(f"{p.record.error} (during the {what}, phase {coord.phase})")
+        raise JobFailedError(p.record.error or msg, operator=req.operator, phase=str(coord.phase),
                              cause=cause) from exc
 
     async def _describe(self, names: set[str]) -> str:
         """Each task's own account of its migrations (a stuck rescale's error message),
         all asked at once within ``Deadlines.task_poll_s``; a task that does not answer is
         named with the seconds since it last answered anything."""
-        m = self.m
-        order = sorted(n for n in names if n in m.handles)
+        p = self.port
+        order = sorted(n for n in names if n in p.handles)
 
         async def ask(n: str) -> TaskState:
-            return decode_message(  # type: ignore[no-any-return]
-                await m.handles[n].control.remote(encode_message(DescribeTask())))
+            return decode_message(
+                await p.handles[n].control.remote(encode_message(DescribeTask())))
 
         replies = await asyncio.gather(
-            *(asyncio.wait_for(ask(n), m.deadlines.task_poll_s) for n in order),
+            *(asyncio.wait_for(ask(n), p.deadlines.task_poll_s) for n in order),
             return_exceptions=True)
         out = []
         for n, st in zip(order, replies, strict=True):
             if isinstance(st, BaseException):  # a dead or hung task: the error is the point
-                silent = m.clock.monotonic() - m.health.since(n)
+                silent = p.clock.monotonic() - p.last_answered(n)
                 out.append(f"{n} [no answer ({type(st).__name__}); last answered "
                            f"{silent:.1f} s ago: stuck in user code, overloaded or dead]")
             else:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
+import functools
 import gc
 from collections import deque
 from typing import Any
@@ -32,29 +32,19 @@ from ray.exceptions import RayActorError
 from engine.checkpoints.snapshot import TaskSnapshot, persist, restore_messages
 from engine.errors import (
     DataChannelError,
+    DownstreamDied,
     FailurePhase,
     JobFailedError,
     OutputCodecError,
     ReflowError,
 )
-from engine.runtime.connections import DataConnections, DownstreamDied
+from engine.runtime.connections import DataConnections
 from engine.runtime.failures import open_failure
 from engine.task.channel import CreditGate
-from engine.task.core import FAILED, RUNNING, TaskCore, TaskSpec
+from engine.task.core import RUNNING, TaskCore, TaskSpec
 from engine.time.clock import SystemClock
 from engine.wire.messages import (
-    Ack,
     PriorityBatch,
-    RefreshReplicas,
-    ReleaseSource,
-    RemoveOutputChannels,
-    ReplaceOutputChannel,
-    ReplicasRefreshed,
-    ReplicaUpdate,
-    RestoreState,
-    Start,
-    StopTask,
-    TaskFailed,
     decode_message,
     encode_message,
 )
@@ -161,49 +151,48 @@ class TaskActor(DataConnections):
         return str(ray.get_runtime_context().get_node_id())
 
     async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
+        """Carry out a control message on the core, then what its reply's effects ask for
+        (``engine.task.reply``), and answer once what the call queued was sent."""
         if self._broken is not None:
             raise self._broken
         msg = decode_message(payload)
         wake = self._event()
         if handles:
             self._new_handles(handles)
-        if isinstance(msg, RestoreState):  # read the groups here, in a thread; the core installs
-            for inner in await asyncio.to_thread(restore_messages, msg):
-                self.core.handle(inner)
-            self._send_reports()
-            return encode_message(Ack())
+        core = self.core
+        asked = len(core.priority_out)
         try:
-            reply = self.core.handle(msg)
+            reply = core.control(msg)
         except Exception as exc:  # a source's open() runs at Start: name its operator
-            spec = self.core.spec
+            spec = core.spec
             err = open_failure(exc, spec.operators, spec.task_name, spec.task_index)
             if err is None or err is exc:
                 raise
             raise err from exc
-        if isinstance(msg, RefreshReplicas):
-            reply = await self._send_replicas(reply)
-        if isinstance(msg, Start) and self._loop_task is None:
+        fx = reply.effects
+        if fx.restore is not None:  # read the groups here, in a thread; the core installs
+            for inner in await asyncio.to_thread(restore_messages, fx.restore):
+                core.handle(inner)
+            self._send_reports()
+            return encode_message(reply.message)
+        answer = reply.message if reply.then is None else reply.then(await self._ask(asked))
+        if fx.start_loop and self._loop_task is None:
             self._loop_task = asyncio.get_running_loop().create_task(self._loop())
         self._send_priority()
         # a task no longer running (finished: e.g. a source whose input ended, while a rescale
         # injects barriers) has a loop that is gone or past its last send: what this call
         # queued would never leave, so send everything now, waiting for credits if need be
         loop_ended = self._loop_task is not None and self._loop_task.done()
-        blocking = (loop_ended or self.core.status != RUNNING
-                    or isinstance(msg, (StopTask, RemoveOutputChannels, ReplaceOutputChannel,
-                                        ReleaseSource)))
-        await self._send_outbox(block=blocking)
-        if isinstance(msg, RemoveOutputChannels):
-            await self._settle_in_flight(set(msg.channel_ids))
-        if isinstance(msg, ReplaceOutputChannel):  # the retired task took all it was sent
-            await self._settle_in_flight({msg.retired})
-        if isinstance(msg, (StopTask, ReleaseSource)):
+        await self._send_outbox(block=loop_ended or core.status != RUNNING or fx.flush_all)
+        if fx.settle_all:
             await self._settle_in_flight()
+        elif fx.settle:
+            await self._settle_in_flight(set(fx.settle))
         self._persist_snapshots()
         self._send_reports()
         self._ack_consumed()
         wake.set()
-        return encode_message(reply)
+        return encode_message(answer)
 
     def _persist_snapshots(self) -> None:
         """Write the core's checkpoint parts to the store in a thread (the task goes on
@@ -215,26 +204,26 @@ class TaskActor(DataConnections):
                 self._report_snapshot(snap)
                 continue
             fut = asyncio.get_running_loop().run_in_executor(None, persist, snap, self.clock)
-            fut.add_done_callback(lambda f, s=snap: self._written(s, f))
+            fut.add_done_callback(functools.partial(self._written, snap))
 
     def _report_snapshot(self, snap: TaskSnapshot) -> None:
-        self.core.reports.append(persist(snap, self.clock))
+        self.core.report(persist(snap, self.clock))
         self._send_reports()
 
     def _written(self, snap: TaskSnapshot, fut: asyncio.Future[Any]) -> None:
-        self.core.reports.append(fut.result())  # persist never raises
+        self.core.report(fut.result())  # persist never raises
         self._send_reports()
 
-    async def _send_replicas(self, reply: ReplicasRefreshed) -> ReplicasRefreshed:
-        """Send the replica refreshes and wait for the holders: a refresh is complete (and
-        a migration may rely on it) once the holder has applied it."""
+    async def _ask(self, start: int) -> list[Any]:
+        """Send the priority messages the call queued (``priority_out[start:]``), one call
+        each, and wait for every answer (e.g. replica holders: a refresh is complete, and a
+        migration may rely on it, once the holder applied it)."""
         out = self.core.priority_out
-        updates = [(t, m) for t, m in out if isinstance(m, ReplicaUpdate)]
-        out[:] = [(t, m) for t, m in out if not isinstance(m, ReplicaUpdate)]
-        acks = await asyncio.gather(*(self.handles[t].control.remote(encode_message(m))
-                                      for t, m in updates))
-        dropped = tuple(a.key_group for a in map(decode_message, acks) if not a.kept)
-        return dataclasses.replace(reply, dropped=dropped)
+        asks = out[start:]
+        del out[start:]
+        answers = await asyncio.gather(*(self.handles[t].control.remote(encode_message(m))
+                                         for t, m in asks))
+        return [decode_message(a) for a in answers]
 
     def _send_priority(self) -> None:
         """Priority messages (DRRS triggers, state) jump every data queue: control calls,
@@ -324,7 +313,7 @@ class TaskActor(DataConnections):
                 t0 = self.clock.monotonic()
                 await asyncio.wait([*waits, kick], return_when=asyncio.FIRST_COMPLETED)
                 kick.cancel()
-                self.core.backpressured_s += self.clock.monotonic() - t0
+                self.core.counters.on_backpressured(self.clock.monotonic() - t0)
 
     async def _await_ack(self, fut: Any) -> None:
         try:
@@ -355,12 +344,13 @@ class TaskActor(DataConnections):
 
     async def _loop(self) -> None:
         core, clock = self.core, self.clock
+        counters = core.counters
         cfg = core.spec.config
         marker_every = cfg.latency_marker_interval_ms / 1000.0
         timer_every = cfg.timer_check_interval_ms / 1000.0
         next_marker = clock.monotonic() + marker_every
         next_timer_check = 0.0
-        strategy = core.wm_strategy
+        strategy = None if core.source is None else core.source.strategy
         wm_every = None if strategy is None else strategy.interval_ms / 1000.0
         next_wm = clock.monotonic()
         outbox = core.router.outbox
@@ -386,7 +376,7 @@ class TaskActor(DataConnections):
                 core.flush_due()
                 t1 = clock.monotonic()
                 if did or len(outbox) != framed:
-                    core.useful_s += t1 - t0
+                    counters.on_busy(t1 - t0)
                 self._ack_consumed()
                 if core.priority_out:
                     self._send_priority()
@@ -409,19 +399,15 @@ class TaskActor(DataConnections):
                     t2 = clock.monotonic()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), timeout)
-                    core.idle_s += clock.monotonic() - t2
+                    counters.on_idle(clock.monotonic() - t2)
             await self._send_outbox()
             await self._settle_in_flight()
         except DownstreamDied as exc:
-            core.status = FAILED
-            core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
-                                           f"a downstream task died: {exc}"))
+            core.fail_internal(f"a downstream task died: {exc}")
         except OutputCodecError as exc:  # flushed outside an operator call: same report
             core.fail_output(exc)
         except Exception as exc:  # an engine bug: fail loudly with the task named
-            core.status = FAILED
-            core.reports.append(TaskFailed(core.name, core.spec.vertex, core.spec.task_index, "",
-                                           f"internal error {type(exc).__name__}: {exc}"))
+            core.fail_internal(f"internal error {type(exc).__name__}: {exc}")
         finally:
             self._ack_consumed()
             self._persist_snapshots()
@@ -435,8 +421,8 @@ class TaskActor(DataConnections):
         deadline = core.router.next_deadline()
         if deadline is not None:
             candidates.append(deadline - now)
-        if core.is_source:
-            candidates.append(core.seconds_until_source_ready())
+        if core.source is not None:
+            candidates.append(1.0 if core.paused else core.source.seconds_until_ready())
             candidates.append(next_marker - now)
         if core.keyed is not None and core.next_timer_ms() is not None:
             candidates.append(timer_every)

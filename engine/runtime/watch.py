@@ -18,30 +18,45 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ray.exceptions import RayActorError
 
 from engine.names import JobState
 from engine.observability.metrics import TaskMetrics
 from engine.runtime.health import TaskHealth
+from engine.runtime.ports import JobPort
 from engine.wire.messages import decode_message
 
-if TYPE_CHECKING:
-    from engine.runtime.job_master import JobMaster
+
+class WatchPort(JobPort, Protocol):
+    """What the watch asks of the JobMaster beyond ``JobPort``."""
+
+    @property
+    def rescaling(self) -> bool: ...
+
+    async def check_standby(self) -> bool:
+        """Ping the standby pool's actors: True when a dead one was dropped."""
+        ...
+
+    def refill_standby_later(self) -> None: ...
+
+    def metrics_polled(self) -> None:
+        """A metrics poll ended (the controllers keep its snapshot)."""
+        ...
 
 
 class Watch:
     """Metrics polls and health of one job's tasks (and its standby pool)."""
 
-    def __init__(self, master: JobMaster) -> None:
-        self.m = master
-        self.health = TaskHealth(master.clock)
+    def __init__(self, port: WatchPort) -> None:
+        self.port = port
+        self.health = TaskHealth(port.clock)
         self._polls: dict[str, tuple[Any, asyncio.Future[TaskMetrics]]] = {}
 
     def forget(self, task: str) -> None:
         """``task`` was removed: no more polls, metrics or health."""
-        c = self.m.collector
+        c = self.port.collector
         c.tasks.pop(task, None)
         c.unresponsive.pop(task, None)
         self.health.forget(task)
@@ -51,29 +66,29 @@ class Watch:
         """Every ``metrics_poll_interval_s``: poll the tasks (a task that died fails the
         job: the restart strategy may restart it) and check the standby pool (a dead actor
         is dropped and replaced)."""
-        m = self.m
-        while m.state.active:
-            await asyncio.sleep(m.config.metrics_poll_interval_s)
+        p = self.port
+        while p.record.status.active:
+            await asyncio.sleep(p.config.metrics_poll_interval_s)
             for n, exc in await self.poll():
-                if m.state == JobState.RUNNING:
-                    await m.fail(f"task {n} died: {type(exc).__name__}: {exc}")
+                if p.record.status == JobState.RUNNING:
+                    await p.fail(f"task {n} died: {type(exc).__name__}: {exc}")
                     break
-            m.controllers.observe()  # the controllers' metrics history
-            if len(m.pool) and await m.pool.check() and not m.rescaling:
-                m.refill_standby_later()
+            p.metrics_polled()  # the controllers' metrics history
+            if await p.check_standby() and not p.rescaling:
+                p.refill_standby_later()
 
     async def poll(self) -> list[tuple[str, BaseException]]:
         """Ask every live task for its metrics and wait ``Deadlines.task_poll_s``. Returns
         the tasks whose actor died."""
-        m = self.m
+        p = self.port
         # finished tasks are asked too: for their final figures (one that finished before
         # its first poll would otherwise never show in the metrics), and because a finished
         # task that dies must be noticed like any other (checkpoints wait for its ack and
         # would time out, one after the other, while the job said "running")
-        names = [n for n in m.dep.task_names() if n in m.handles]
+        names = [n for n in p.dep.task_names() if n in p.handles]
         futs: dict[str, tuple[Any, asyncio.Future[TaskMetrics]]] = {}
         for n in names:
-            h = m.handles[n]
+            h = p.handles[n]
             if n not in self._polls or self._polls[n][0] is not h:
                 fut = asyncio.ensure_future(_ask_metrics(h))
                 # a poll of an actor killed meanwhile (stop-restart, removal) is dropped
@@ -82,8 +97,8 @@ class Watch:
                 self._polls[n] = (h, fut)
             futs[n] = self._polls[n]
         if futs:
-            await asyncio.wait([f for _, f in futs.values()], timeout=m.deadlines.task_poll_s)
-        where = {t: (v, i) for v, ts in m.dep.tasks.items() for i, t in enumerate(ts)}
+            await asyncio.wait([f for _, f in futs.values()], timeout=p.deadlines.task_poll_s)
+        where = {t: (v, i) for v, ts in p.dep.tasks.items() for i, t in enumerate(ts)}
         died: list[tuple[str, BaseException]] = []
         for n, (h, f) in futs.items():
             if not f.done():
@@ -91,10 +106,10 @@ class Watch:
                 continue
             if self._polls.get(n, (None, None))[1] is f:
                 del self._polls[n]
-            if m.handles.get(n) is not h:  # replaced or removed meanwhile
+            if p.handles.get(n) is not h:  # replaced or removed meanwhile
                 continue
             exc = f.exception()
-            if isinstance(exc, RayActorError) and n in m.dep.task_names():
+            if isinstance(exc, RayActorError) and n in p.dep.task_names():
                 died.append((n, exc))
             elif exc is None:
                 self.health.answered(n)
@@ -103,19 +118,19 @@ class Watch:
                     # labelled by its place in the deployment: a task replacing another
                     # (placement) carries the other's index in its spec meanwhile
                     snap = dataclasses.replace(snap, task_index=where[n][1])
-                m.collector.tasks[n] = snap
-        m.collector.tasks = {k: v for k, v in m.collector.tasks.items() if k in where}
-        m.collector.unresponsive = {t: (*where[t], self.health.since(t))
+                p.collector.tasks[n] = snap
+        p.collector.tasks = {k: v for k, v in p.collector.tasks.items() if k in where}
+        p.collector.unresponsive = {t: (*where[t], self.health.since(t))
                                     for t, _ in self.health.unresponsive() if t in where}
         return died
 
     def unresponsive(self) -> tuple[tuple[str, float], ...]:
         """``(task, seconds since it last answered)`` of the live tasks that did not answer
         the latest poll; none once the job ended."""
-        m = self.m
-        if not m.state.active:
+        p = self.port
+        if not p.record.status.active:
             return ()
-        live = set(m.dep.task_names())
+        live = set(p.dep.task_names())
         return tuple(e for e in self.health.unresponsive() if e[0] in live)
 
 
@@ -125,7 +140,7 @@ def _consume(fut: asyncio.Future[Any]) -> None:
 
 
 async def _ask_metrics(handle: Any) -> TaskMetrics:
-    return decode_message(await handle.metrics.remote())  # type: ignore[no-any-return]
+    return decode_message(await handle.metrics.remote())
 
 
 __all__ = ["Watch"]

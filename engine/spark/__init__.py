@@ -1,4 +1,4 @@
-"""Spark Structured Streaming bridges (how to use them: "Spark at both ends" in README.md).
+"""Spark Structured Streaming bridges (how to use them: docs/guide/spark.md).
 
 Spark -> reflow: ``SparkSource`` (a reflow source fed through a bridge actor), fed by
 ``SparkLink.feed`` with ``foreachBatch`` or the ``"reflow"`` Data Source stream writer.
@@ -7,14 +7,20 @@ reflow -> Spark: ``OutputLogSink`` (a durable log of Parquet segments with offse
 
 ``ReflowDataSource`` and ``local_spark`` import pyspark; the rest does not (Ray task actors
 import this package).
+
+May import: ``engine.errors``, ``engine.names``, ``engine.wire``, ``engine.time``,
+``engine.columnar``, ``engine.io``; the connectors that talk to the bridge actor
+(``bridge`` and the modules importing it) belong to the runtime layer and may import
+``engine.runtime``.
 """
 
 from typing import Any
 
-from engine.spark.bridge import BridgeClient, BridgeError, SparkQueryFailed, SparkSource
+from engine.errors import BridgeError, SchemaError, SparkQueryFailed
+from engine.spark.bridge import BridgeClient, SparkSource
 from engine.spark.link import SparkLink, local_spark, register
 from engine.spark.outlog import OutputLogSink
-from engine.spark.schema import ColumnSchema, SchemaError, parse_schema
+from engine.spark.schema import ColumnSchema, parse_schema
 
 __all__ = [
     "BridgeClient",

@@ -61,6 +61,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from engine.errors import BridgeError, SparkQueryFailed
 from engine.io.sources import (
     Source,
     SourceBatch,
@@ -75,14 +76,6 @@ from engine.wire.codec import pack_exact, unpack_exact
 
 NAMESPACE = "reflow"
 log = logging.getLogger(__name__)
-
-
-class BridgeError(RuntimeError):
-    """The bridge refused data or failed (the reflow job or a Spark query failed)."""
-
-
-class SparkQueryFailed(RuntimeError):
-    """Raised in a reflow source task when the Spark side failed; carries Spark's message."""
 
 
 # ====================================================================== the actor
@@ -358,15 +351,15 @@ class BridgeActor:
                     "needs that query restarted from its checkpoint too")])
             while lane.chunks and lane.chunks[0][0] <= consumed:
                 gone = lane.chunks.popleft()
-                if self.spooling:
-                    self.spool.drop(lane_index, lanes, gone[0])  # type: ignore[union-attr]
+                if self.spooling and self.spool is not None:
+                    self.spool.drop(lane_index, lanes, gone[0])
             lane.trimmed = max(lane.trimmed, min(consumed, after))
             while not any(c[0] > after for c in lane.chunks) and self.failed is None \
                     and not self.ended:
                 await cond.wait()
             if self.failed is not None:
                 return pack_exact(["failed", self.failed])
-            out = []
+            out: list[list[Any]] = []
             now = int(time.time() * 1000)
             st = self.stats
             for c in lane.chunks:
@@ -411,14 +404,15 @@ class BridgeActor:
             cond.notify_all()
 
     def get_stats(self) -> bytes:
-        s = dict(self.stats)
+        s: dict[str, Any] = dict(self.stats)
         s["queued_chunks"] = sum(lane.waiting() for lane in self.lanes)
         s["ended"] = self.ended
         s["failed"] = self.failed or ""
         s["wait_ms_mean"] = (round(s["wait_ms_sum"] / s["chunks_taken"], 1)
                              if s["chunks_taken"] else None)
         s["spooling"] = self.spooling
-        s["spool_chunks"], s["spool_bytes"] = self.spool.size() if self.spooling else (0, 0)
+        s["spool_chunks"], s["spool_bytes"] = (self.spool.size() if self.spooling and self.spool
+                                               is not None else (0, 0))
         return pack_exact(s)
 
 
@@ -439,7 +433,7 @@ def ensure_ray(address: str | None, auth_mode: str | None = None) -> None:
     if auth_mode and "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = auth_mode
         with contextlib.suppress(Exception):  # refresh Ray's cached config (as ray.init does)
-            from ray._raylet import Config
+            from ray._raylet import Config  # type: ignore[attr-defined]  # not in ray's stub
 
             Config.initialize("")
     ray.init(address=address or "auto", namespace=NAMESPACE, configure_logging=False,

@@ -110,14 +110,16 @@ class BridgeStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[Any]) -> BridgeCommit:
         from pyspark import TaskContext
 
-        from engine.spark.bridge import BridgeClient, BridgeError
+        from engine.errors import BridgeError
+        from engine.spark.bridge import BridgeClient
 
         tc = TaskContext.get()
         batch = tc.getLocalProperty("streaming.sql.batchId") if tc is not None else None
-        if batch is None:
+        if tc is None or batch is None:
             raise BridgeError("format('reflow') writes streaming queries only "
                               "(df.writeStream...); no micro-batch id is set")
-        stream = self.stream or tc.getLocalProperty("sql.streaming.queryId")
+        # Spark sets the query id wherever it sets the micro-batch id
+        stream = self.stream or tc.getLocalProperty("sql.streaming.queryId") or ""
         client = BridgeClient.cached(self.bridge, self.address, self.auth_mode)
         counts = client.push(stream, int(batch), tc.partitionId(), iterator)
         return BridgeCommit(stream, int(batch), tc.partitionId(), counts["rows"],
@@ -154,10 +156,11 @@ class OutputLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
         self.ddl = parse_schema(schema).ddl()
         self._target: dict[str, int] | None = None
 
-    def initialOffset(self) -> dict:
+    # offsets: output-log writer -> segments read (Spark keeps them as JSON)
+    def initialOffset(self) -> dict[str, int]:
         return {}
 
-    def _available(self, start: dict) -> dict:
+    def _available(self, start: dict[str, int]) -> dict[str, int]:
         from engine.spark.outlog import failure, latest_offset
 
         err = failure(self.path)
@@ -172,7 +175,7 @@ class OutputLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             latest = {w: n for w, n in latest.items() if n > 0}
         return latest
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         latest = self._available(start)
         budget = limit.max_files if isinstance(limit, ReadMaxFiles) else None
         if budget is None:
@@ -191,7 +194,7 @@ class OutputLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_segments) if self.max_segments > 0 else ReadAllAvailable()
 
-    def reportLatestOffset(self) -> dict | None:
+    def reportLatestOffset(self) -> dict[str, int] | None:
         from engine.spark.outlog import latest_offset
 
         return latest_offset(self.path)
@@ -201,7 +204,7 @@ class OutputLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
 
         self._target = latest_offset(self.path)
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         from engine.spark.outlog import segments_between
 
         parts: list[InputPartition] = []
@@ -221,7 +224,7 @@ class OutputLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
             table = pq.read_table(path, columns=schema.names)
             yield from table.cast(schema).to_batches()
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, int]) -> None:
         from engine.spark.outlog import record_commit
 
         record_commit(self.path, self.reader_name, end)

@@ -25,6 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.errors import SchemaError
+
 _SPARK_TO_ARROW: dict[str, Any] = {
     "STRING": pa.string(),
     "BIGINT": pa.int64(),
@@ -63,10 +65,6 @@ def _spark_type(t: pa.DataType) -> str:
             return name
     raise ValueError(f"column type {t} is not supported by the reflow Spark bridges; use one of "
                      f"{', '.join(sorted(set(_SPARK_TO_ARROW)))}")
-
-
-class SchemaError(ValueError):
-    """A declared schema cannot be parsed or uses an unsupported type."""
 
 
 _FIELD = re.compile(
@@ -146,7 +144,9 @@ def parse_schema(schema: Any) -> ColumnSchema:
 
 
 def _split_top(ddl: str) -> list[str]:
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in ddl:
         if ch == "(":
             depth += 1

@@ -1,6 +1,6 @@
 """Dense keyed-state tables: one table of a task's keyed state held as numpy arrays.
 
-Why: a vectorised aggregation (``engine.columnar.vectorised``) touches thousands of distinct keys per
+Why: a vectorised aggregation (``engine.operators.vectorised``) touches thousands of distinct keys per
 batch. Read and written one Python dict operation at a time, per key group, that was 42 %
 of the columnar running count's time. A ``DenseTable`` holds one table (one state name)
 for all key groups of a task, as three arrays sorted by key: keys, their key groups and
@@ -32,7 +32,7 @@ task (``drop_group``) leaves nothing behind.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +40,7 @@ import numpy as np
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
-def _ints(xs: list[Any]) -> bool:
+def _ints(xs: Sequence[Any]) -> bool:
     return all(type(x) is int and _INT64_MIN <= x <= _INT64_MAX for x in xs)
 
 

@@ -21,22 +21,29 @@ full timer set; ``apply_delta(base, delta)`` turns the snapshot taken at the las
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import heapq
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any
 
+from engine.errors import CodecError
 from engine.wire.codec import pack_exact, unpack_exact
 
 if TYPE_CHECKING:
     from engine.state.dense import DenseTable
+
+# One state table of one key group (key -> value): a dict, or a ``DenseGroupView`` of a
+# dense table (engine.state.dense), which reads and writes like one.
+Table = MutableMapping[Any, Any]
 
 _SAMPLE = 32
 _RESAMPLE_PER_CALL = 2
 _SAMPLES_PER_CALL = 8  # new or grown tables sampled per estimated_bytes call
 
 
-def _entry_size(table: dict[Any, Any], sample_size: int = _SAMPLE) -> float:
+def _entry_size(table: Table, sample_size: int = _SAMPLE) -> float:
     """Mean encoded bytes of an entry of ``table`` (non-empty), from its first entries."""
     sample = list(itertools.islice(table.items(), sample_size))
     return len(pack_exact(sample)) / len(sample)
@@ -50,14 +57,14 @@ class KeyedStateBackend:
 
     def __init__(self, num_key_groups: int) -> None:
         self.num_key_groups = num_key_groups
-        self.groups: dict[int, dict[str, dict[Any, Any]]] = {}
+        self.groups: dict[int, dict[str, Table]] = {}
         self.timers: dict[int, set[tuple[int, Any, int]]] = {}
         # per time domain: (time, key_group, tie-breaker, key); keys are never compared
         self._heaps: tuple[list[tuple[int, int, int, Any]], ...] = ([], [])
         self._tie = 0
         self.current_key: Any = None
         self.current_group: int = -1
-        self._tables: dict[str, dict[Any, Any]] = {}
+        self._tables: dict[str, Table] = {}
         # change tracking: key group -> keys possibly changed since its last
         # mark_replicated; empty when no group is tracked (set_current tests it once)
         self._changes: dict[int, set[Any]] = {}
@@ -92,7 +99,7 @@ class KeyedStateBackend:
             if changed is not None:
                 changed.add(key)
 
-    def table(self, name: str) -> dict[Any, Any]:
+    def table(self, name: str) -> Table:
         """The ``name`` table of the current key group (key -> value)."""
         t = self._tables.get(name)
         if t is None:
@@ -180,25 +187,22 @@ class KeyedStateBackend:
 
     # -- single key groups
     def snapshot(self, key_group: int) -> bytes:
-        """Encode one key group (all its tables and timers)."""
-        tables = self.groups.get(key_group, {})
-        return pack_exact(
-            [
-                [[name, list(t.items())] for name, t in tables.items() if t],
-                sorted(self.timers.get(key_group, ()), key=repr),
-            ]
-        )
+        """Encode one key group (all its tables and timers) as a key-group blob
+        (``encode_group``)."""
+        return encode_group(self.groups.get(key_group, {}), self.timers.get(key_group, ()))
 
     def install(self, key_group: int, data: bytes) -> None:
-        """Install an encoded key group, replacing anything held for it."""
-        tables_enc, timers = unpack_exact(data)
+        """Install a key-group blob of either backend (``decode_group``), replacing
+        anything held for it."""
+        decoded, timers = decode_group(data)
         changed = self._changes.get(key_group)
         if changed is not None:
             self._note_all(key_group, changed)
         self.layout_version += 1
         for t in self._dense.values():
             t.drop_group(key_group)
-        self.groups[key_group] = tables = {name: dict(items) for name, items in tables_enc}
+        tables: dict[str, Table] = dict(decoded)
+        self.groups[key_group] = tables
         for name in list(self._dense):
             d = tables.get(name)
             if d is not None:
@@ -209,9 +213,9 @@ class KeyedStateBackend:
                     self.undense(name)
         if changed is not None:
             self._note_all(key_group, changed)
-        self.timers[key_group] = {(int(t), k, int(d)) for t, k, d in timers}
-        for t, k, d in self.timers[key_group]:
-            self._push_timer(t, key_group, k, d)
+        self.timers[key_group] = {(int(at), k, int(domain)) for at, k, domain in timers}
+        for at, k, domain in self.timers[key_group]:
+            self._push_timer(at, key_group, k, domain)
         if key_group == self.current_group:
             self._tables = self.groups[key_group]
 
@@ -320,8 +324,27 @@ class KeyedStateBackend:
         for t in self.groups.get(key_group, {}).values():
             changed.update(t)
 
+    def flush(self) -> None:
+        """Write back values held outside the tables (nothing here: the tables are the
+        dicts; the RocksDB backend writes back the mutable values it lent). Idempotent."""
+
+    def close(self) -> None:
+        """Release what the backend holds outside the process's memory (nothing here; the
+        RocksDB backend closes its DB and deletes its files). Idempotent."""
+
     def size_bytes(self, key_group: int) -> int:
         return len(self.snapshot(key_group))
+
+    def estimated_group_bytes(self, key_group: int) -> int:
+        """Cheap estimate of one key group's encoded size, for planning (a migration ships
+        and counts the exact bytes): per table, a sample of 32 entries stands for the rest,
+        so a call costs one ``len`` and one small encode per table."""
+        total = 0
+        for t in self.groups.get(key_group, {}).values():
+            if t:
+                sample = list(itertools.islice(t.items(), 32))
+                total += len(pack_exact(sample)) * len(t) // len(sample)
+        return total
 
     def estimated_bytes(self) -> int:
         """Cheap estimate of the encoded size of all state: each table's length times its
@@ -337,9 +360,10 @@ class KeyedStateBackend:
         cache = self._entry_bytes
         total = 0.0
         budget = _SAMPLES_PER_CALL
-        stale: list[tuple[int, str, dict[Any, Any]]] = []
+        stale: list[tuple[int, str, Table]] = []
         unsampled: list[tuple[str, int]] = []  # (name, length): estimated below
         by_name: dict[str, list[float]] = {}  # name -> [entry bytes, entries] of sampled
+        acc: list[float] | None
         for kg, tables in self.groups.items():
             for name, t in tables.items():
                 n = len(t)
@@ -409,8 +433,8 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
     the owner's ``snapshot`` at the time the delta was encoded (as tables and timer set;
     the order of keys inside a table may differ)."""
     _, entries, timers = _decode_delta(delta)
-    tables_enc, _ = unpack_exact(base)
-    tables: dict[str, dict[Any, Any]] = {name: dict(items) for name, items in tables_enc}
+    tables, _ = decode_group(base)
+    t: dict[Any, Any] | None
     for key, present in entries:
         for t in tables.values():
             t.pop(key, None)
@@ -419,17 +443,86 @@ def apply_delta(base: bytes, delta: bytes) -> bytes:
             if t is None:
                 t = tables[name] = {}
             t[key] = value
-    return pack_exact([[[name, list(t.items())] for name, t in tables.items() if t], timers])
+    return encode_group(tables, [(int(at), k, int(d)) for at, k, d in timers])
 
 
 def decode_snapshot(data: bytes) -> tuple[dict[str, dict[Any, Any]], set[tuple[int, Any, int]]]:
     """A snapshot as ``({table: {key: value}}, timer set)``, empty tables left out: the
     form in which two snapshots of one group compare equal."""
-    tables_enc, timers = unpack_exact(data)
+    tables, timers = decode_group(data)
     return (
-        {name: dict(items) for name, items in tables_enc if items},
+        {name: t for name, t in tables.items() if t},
         {(int(t), k, int(d)) for t, k, d in timers},
     )
+
+
+# ---------------------------------------------------------------- key-group blobs
+#
+# One key group as bytes, the same format for both backends (engine.state.rocksdb writes
+# it too), so a checkpoint or a migrated group installs into either:
+#
+#   msgpack [GROUP_TAG, [[name, flat, lengths?], ...], [[time, key, domain], ...]]
+#
+# ``flat`` is the table as one array ``[key1, value1, key2, value2, ...]`` (exact codec),
+# so the in-memory backend encodes a group with one ``pack_exact`` and decodes it with one
+# ``unpack_exact`` plus ``dict(zip(it, it))``: no per-entry tuple (a tuple goes through the
+# codec's extension hook, in Python, which made the old ``list(t.items())`` format 10-40x
+# slower on small entries) and no map (msgpack interns every str map key). Because msgpack
+# is concatenative, the RocksDB backend writes ``flat`` by splicing its stored key and value
+# bytes, and adds ``lengths`` (bin: little-endian uint32 per key and value) so that it reads
+# its own blobs back by slicing, without decoding; a reader that decodes ignores it.
+# Timers are sorted by ``repr``, so a backend encodes the same state to the same bytes.
+# The two backends' blobs of one group differ in bytes (lengths, table order) and decode
+# equal (``decode_snapshot``).
+# The old format (``[[[name, [[k, v], ...]], ...], timers]``, checkpoints written before
+# this one) still decodes.
+
+GROUP_TAG = "reflow-kg/2"
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic GC while a group is encoded or decoded: it allocates millions of objects
+    and no cycles, and each allocation burst would otherwise run collections over the
+    task's whole heap (its other state); measured 2x on small entries."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def encode_group(tables: Mapping[str, Table], timers: Iterable[tuple[int, Any, int]]) -> bytes:
+    """A key group's blob from its tables (empty ones left out) and timers."""
+    chain = itertools.chain.from_iterable
+    with _gc_paused():
+        return pack_exact([
+            GROUP_TAG,
+            [[name, list(chain(t.items()))] for name, t in tables.items() if t],
+            sorted(timers, key=repr),
+        ])
+
+
+def decode_group(data: bytes) -> tuple[dict[str, dict[Any, Any]], list[Any]]:
+    """A key group's tables (``{name: {key: value}}``) and timers (``[time, key, domain]``
+    lists) from a blob of either backend, or of the format before it."""
+    with _gc_paused():
+        return _decode_group(data)
+
+
+def _decode_group(data: bytes) -> tuple[dict[str, dict[Any, Any]], list[Any]]:
+    dec = unpack_exact(data)
+    if isinstance(dec, list) and len(dec) == 3 and dec[0] == GROUP_TAG:
+        tables: dict[str, dict[Any, Any]] = {}
+        for entry in dec[1]:
+            it = iter(entry[1])
+            tables[entry[0]] = dict(zip(it, it, strict=True))
+        return tables, dec[2]
+    if isinstance(dec, list) and len(dec) == 2 and isinstance(dec[0], list):
+        return {name: dict(items) for name, items in dec[0]}, dec[1]
+    raise CodecError("bytes are not a key-group snapshot (encode_group)")
 
 
 # ---------------------------------------------------------------- state handles
@@ -484,10 +577,14 @@ class MapState:
     def __init__(self, backend: KeyedStateBackend, name: str) -> None:
         self._b, self._name = backend, name
 
-    def _map(self, create: bool = False) -> dict[Any, Any] | None:
+    def _map(self) -> dict[Any, Any] | None:
+        return self._b.table(self._name).get(self._b.current_key)
+
+    def _made_map(self) -> dict[Any, Any]:
+        """The current key's map, made empty when it has none."""
         t = self._b.table(self._name)
         m = t.get(self._b.current_key)
-        if m is None and create:
+        if m is None:
             m = t[self._b.current_key] = {}
         return m
 
@@ -496,7 +593,7 @@ class MapState:
         return default if m is None else m.get(key, default)
 
     def put(self, key: Any, value: Any) -> None:
-        self._map(create=True)[key] = value  # type: ignore[index]
+        self._made_map()[key] = value
 
     def contains(self, key: Any) -> bool:
         m = self._map()

@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.columnar.batches import ColumnBatch, ColumnKey, as_rows, column_key_groups, stable_order
 from engine.dataflow.keygroups import KeyGroupCache
-from engine.errors import CodecError, OutputCodecError
+from engine.errors import CodecError, KeyFunctionError, OutputCodecError
 from engine.wire.messages import (
     ChannelEvent,
     Frame,
@@ -138,17 +138,10 @@ class _ChannelBuffer:
         self.key_column = key_column
 
 
-class KeyFunctionError(Exception):
-    """A key_by function raised on ``record``."""
-
-    def __init__(self, record: Any, cause: BaseException) -> None:
-        self.record = record
-        self.cause = cause
-        super().__init__(f"{type(cause).__name__}: {cause}")
-
-
 def _output_codec_error(frame: Frame, exc: CodecError) -> OutputCodecError:
-    """The frame did not encode: find the first record (value or key) that does not."""
+    """The frame (of rows) did not encode: find the first record (value or key) that does
+    not."""
+    assert isinstance(frame.values, list | tuple), "column frames encode with Arrow"
     for i, value in enumerate(frame.values):
         key = None if frame.keys is None else frame.keys[i]
         try:
@@ -301,12 +294,15 @@ class OutputRouter:
         for b in bufs:  # moving single records: column batches waiting become rows
             self._cols_to_rows(b)
         dst = bufs[new_index]
+        assert dst.keys is not None and dst.kgs is not None  # a keyed edge's buffer
         for oi in old:
             b = bufs[oi]
             if not b.values:
                 continue
-            stay = [j for j, kg in enumerate(b.kgs) if kg not in moving]  # type: ignore[union-attr]
-            move = [j for j, kg in enumerate(b.kgs) if kg in moving]  # type: ignore[union-attr]
+            keys, kgs = b.keys, b.kgs
+            assert keys is not None and kgs is not None
+            stay = [j for j, kg in enumerate(kgs) if kg not in moving]
+            move = [j for j, kg in enumerate(kgs) if kg in moving]
             if not move:
                 continue
             if not dst.values:
@@ -315,12 +311,12 @@ class OutputRouter:
             for j in move:
                 dst.values.append(b.values[j])
                 dst.timestamps.append(b.timestamps[j])
-                dst.keys.append(b.keys[j])  # type: ignore[union-attr,index]
-                dst.kgs.append(b.kgs[j])  # type: ignore[union-attr,index]
+                dst.keys.append(keys[j])
+                dst.kgs.append(kgs[j])
             b.values = [b.values[j] for j in stay]
             b.timestamps = [b.timestamps[j] for j in stay]
-            b.keys = [b.keys[j] for j in stay]  # type: ignore[index]
-            b.kgs = [b.kgs[j] for j in stay]  # type: ignore[index]
+            b.keys = [keys[j] for j in stay]
+            b.kgs = [kgs[j] for j in stay]
             if not b.values:
                 self._dirty.discard(b)
         return [e.channels[oi] for oi in old]
@@ -352,12 +348,12 @@ class OutputRouter:
         self._flush(b)
 
     # -- records
-    def emit(self, values: list[Any] | ColumnBatch, timestamps: Any) -> None:
+    def emit(self, values: Sequence[Any] | ColumnBatch, timestamps: Any) -> None:
         """Route records (rows, or a ``ColumnBatch`` with its timestamps as a numpy array)
         to every output edge."""
         if not len(values):
             return
-        if type(values) is ColumnBatch:
+        if isinstance(values, ColumnBatch):
             self._emit_columns(values, np.asarray(timestamps, dtype=np.int64))
             return
         if self._col_buffers:  # rows must not overtake column batches waiting
@@ -472,7 +468,7 @@ class OutputRouter:
             end = min(n, start + size)
             whole = start == 0 and end == n
             frame = Frame(batch if whole else batch.slice(start, end),
-                          ts if whole else ts[start:end], buf.key_column,  # type: ignore[arg-type]
+                          ts if whole else ts[start:end], buf.key_column,
                           None if kgs is None else (kgs if whole else kgs[start:end]),
                           event if end >= n else None)
             try:
@@ -488,7 +484,8 @@ class OutputRouter:
         self._dirty.discard(buf)
 
     def _emit_keyed(
-        self, edge: OutputEdge, bufs: list[_ChannelBuffer], values: list[Any], timestamps: list[int]
+        self, edge: OutputEdge, bufs: list[_ChannelBuffer], values: Sequence[Any],
+        timestamps: Sequence[int],
     ) -> None:
         key_fn = self.key_fns[edge.edge_id]
         try:

@@ -32,6 +32,11 @@ that exchange records, directly or through stateless operators, never rescale at
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+from engine.task.channel import InputChannel, OutputRouter
+from engine.wire.messages import GroupArrived, GroupLeft, WatermarkHold, WatermarkRelease
 
 Token = tuple[int, int]  # (subscale, key group)
 
@@ -76,3 +81,57 @@ class GroupOrder:
     def describe(self) -> list[str]:
         return [f"channel {c} waits for group {kg} to leave its old owner (subscale {sid})"
                 for (sid, kg), chans in self.waiting.items() for c in chans]
+
+
+class MarkersHost(Protocol):
+    """What ``OrderMarkers`` may use of its task (``engine.task.host.CoreHost``)."""
+
+    @property
+    def router(self) -> OutputRouter: ...
+
+    def block_channel(self, channel_id: int, token: Hashable) -> None: ...
+
+    def unblock_channels(self, token: Hashable) -> None: ...
+
+    def hold_watermark(self, token: int, watermark: int) -> None:
+        """Keep the task's watermark at or below ``watermark`` until ``token`` is released."""
+
+    def release_watermark(self, token: int) -> None: ...
+
+
+class OrderMarkers:
+    """A receiver's part of a live migration upstream: the order markers (``GroupLeft``,
+    ``GroupArrived``, applied through ``order``, or relayed by a task whose inputs are
+    forward edges) and the watermark holds (``WatermarkHold``/``WatermarkRelease``, held by
+    a keyed task, whose timers fire on time, relayed by the others)."""
+
+    def __init__(self, host: MarkersHost, order: GroupOrder, forward_input: bool,
+                 keyed: bool) -> None:
+        self.host = host
+        self.order = order
+        self.relay_markers = forward_input  # one path: the receivers keep the order
+        self.relay_holds = not keyed  # nothing here fires on time: the receivers hold
+
+    def events(self) -> dict[type, Callable[[InputChannel, Any], None]]:
+        """The channel events this part takes, by type."""
+        return {GroupLeft: self._on_marker, GroupArrived: self._on_marker,
+                WatermarkHold: self._on_hold, WatermarkRelease: self._on_hold}
+
+    def _on_marker(self, ch: InputChannel, event: GroupLeft | GroupArrived) -> None:
+        sid, kg = event.subscale, event.key_group
+        if self.relay_markers:
+            self.host.router.broadcast(event)
+        elif isinstance(event, GroupLeft):
+            waiting = self.order.on_left((sid, kg))
+            if waiting is not None:
+                self.host.unblock_channels(("order", sid, kg, waiting))
+        elif self.order.on_arrived((sid, kg), ch.channel_id):
+            self.host.block_channel(ch.channel_id, ("order", sid, kg, ch.channel_id))
+
+    def _on_hold(self, ch: InputChannel, event: WatermarkHold | WatermarkRelease) -> None:
+        if self.relay_holds:
+            self.host.router.broadcast(event)
+        elif isinstance(event, WatermarkHold):
+            self.host.hold_watermark(event.token, event.watermark)
+        else:
+            self.host.release_watermark(event.token)

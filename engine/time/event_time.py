@@ -43,6 +43,7 @@ class WatermarkStrategy:
 
 
 def bounded_out_of_orderness(ms: int, idle_timeout_ms: float | None = None) -> WatermarkStrategy:
+    """``WatermarkStrategy(ms, idle_timeout_ms=idle_timeout_ms)``: Flink's name for it."""
     return WatermarkStrategy(ms, idle_timeout_ms=idle_timeout_ms)
 
 
@@ -92,18 +93,24 @@ class WindowAssigner:
 
 
 def tumbling_event_time(size_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    """Back-to-back event-time windows of ``size_ms``, aligned to ``offset_ms``."""
     return WindowAssigner(size_ms, size_ms, offset_ms, True)
 
 
 def sliding_event_time(size_ms: int, slide_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    """Event-time windows of ``size_ms`` starting every ``slide_ms`` (a record is in
+    ``size_ms / slide_ms`` of them), aligned to ``offset_ms``."""
     return WindowAssigner(size_ms, slide_ms, offset_ms, True)
 
 
 def tumbling_processing_time(size_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    """Back-to-back processing-time windows of ``size_ms`` (by the task's clock)."""
     return WindowAssigner(size_ms, size_ms, offset_ms, False)
 
 
 def sliding_processing_time(size_ms: int, slide_ms: int, offset_ms: int = 0) -> WindowAssigner:
+    """Processing-time windows of ``size_ms`` starting every ``slide_ms`` (by the task's
+    clock)."""
     return WindowAssigner(size_ms, slide_ms, offset_ms, False)
 
 

@@ -2,5 +2,49 @@
 (``codec``; nothing is ever unpickled from the network), every control and data message
 (``messages``) and the framing and authentication of the data connections (``transport``).
 
-May import: ``engine.errors``, ``engine.names``, ``engine.dataflow.config`` (transport
-limits), ``engine.columnar.batches`` (columnar frames, imported lazily)."""
+May import: ``engine.errors``, ``engine.names``. (The columnar path registers its
+Arrow IPC frames here: ``ColumnarFrameCodec``.)"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.wire.codec import register_codec, register_dataclass
+    from engine.wire.messages import JobStatus, decode_message, encode_message
+    from engine.wire.transport import TLS
+
+# name -> its module, imported on first use: importing the package loads none of its
+# modules, so it costs nothing and closes no import cycle; the imports above are the same
+# names for type checkers and the layer test (tests/unit/test_public_api.py checks both agree)
+_EXPORTS: dict[str, str] = {
+    "register_codec": "engine.wire.codec",
+    "register_dataclass": "engine.wire.codec",
+    "JobStatus": "engine.wire.messages",
+    "decode_message": "engine.wire.messages",
+    "encode_message": "engine.wire.messages",
+    "TLS": "engine.wire.transport",
+}
+
+__all__ = [
+    "decode_message",
+    "encode_message",
+    "JobStatus",
+    "register_codec",
+    "register_dataclass",
+    "TLS",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next access does not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -15,13 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
 from engine.errors import CodecError
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 T = TypeVar("T")
+D = TypeVar("D", bound="DataclassInstance")
 
 _TUPLE_CODE = 0
 _SET_CODE = 1
@@ -76,9 +80,9 @@ def register_codec(
     _BY_CODE[code] = codec
 
 
-def register_dataclass(cls: type[T], code: int) -> type[T]:
+def register_dataclass(cls: type[D], code: int) -> type[D]:
     """Declare a codec for a dataclass from its fields (positional, in field order)."""
-    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    names = [f.name for f in dataclasses.fields(cls)]
     register_codec(
         cls, code, lambda obj: [getattr(obj, n) for n in names], lambda vals: cls(*vals)
     )

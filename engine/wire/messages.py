@@ -16,11 +16,15 @@ the classes declared here decode. Every invariant is in the class docstring and 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.errors import CodecError
 from engine.wire.codec import pack_exact, pack_fast, register_wire_hooks, unpack_exact, unpack_fast
+
+if TYPE_CHECKING:
+    import numpy as np
 
 M = TypeVar("M")
 _REGISTRY: dict[str, type] = {}
@@ -29,6 +33,7 @@ _WIRE_TYPES: set[type] = set()
 
 def wire(cls: type[M]) -> type[M]:
     """Declare a frozen dataclass as a wire message (its class name is its tag)."""
+    # ``__dataclass_params__`` is set on every dataclass but typeshed does not declare it
     if not dataclasses.is_dataclass(cls) or not cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
         raise TypeError(f"{cls.__name__} must be a frozen dataclass to travel on the wire")
     _REGISTRY[cls.__name__] = cls
@@ -37,8 +42,9 @@ def wire(cls: type[M]) -> type[M]:
 
 
 def _to_list(msg: Any) -> list[Any]:
-    tag = type(msg).__name__
-    if _REGISTRY.get(tag) is not type(msg):
+    kind = type(msg)
+    tag = kind.__name__
+    if _REGISTRY.get(tag) is not kind:
         raise CodecError(f"{tag} is not a declared wire message")
     return [tag, *(getattr(msg, f.name) for f in dataclasses.fields(msg))]
 
@@ -195,6 +201,14 @@ ChannelEvent = (Watermark | CheckpointBarrier | LatencyMarker | EndOfStream | Ch
                 | GroupLeft | GroupArrived)
 
 
+class ColumnarValues(Protocol):
+    """The shape of a columnar ``Frame.values``: an ``engine.columnar.batches.ColumnBatch``
+    (that layer sits above the wire, see ``ColumnarFrameCodec``), named by what a frame
+    needs of it."""
+
+    def __len__(self) -> int: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     """What one push on a channel carries: records (in order) then at most one event.
@@ -203,12 +217,42 @@ class Frame:
     ``timestamps`` has one entry (ms) per record.
     """
 
-    values: tuple[Any, ...] | list[Any]
-    timestamps: tuple[int, ...] | list[int]
-    keys: tuple[Any, ...] | list[Any] | None = None
-    key_groups: tuple[int, ...] | list[int] | None = None
+    values: tuple[Any, ...] | list[Any] | ColumnarValues
+    timestamps: tuple[int, ...] | list[int] | np.ndarray
+    keys: tuple[Any, ...] | list[Any] | str | None = None  # columnar: the key column's name
+    key_groups: tuple[int, ...] | list[int] | np.ndarray | None = None
     event: ChannelEvent | None = None
     ports: tuple[int, ...] | list[int] | None = None  # re-routed records: their input port
+
+
+@dataclass(frozen=True)
+class ColumnarFrameCodec:
+    """How columnar frames are written and read: ``engine.columnar.batches`` registers its
+    Arrow IPC encoder and decoder here when it is imported (``register_columnar_frames``).
+
+    Why a registration: the columnar path sits above the wire format (it hashes keys into
+    key groups with ``engine.dataflow.keygroups``, which builds messages), so the wire may
+    not import it. A process can only hold a ``ColumnBatch`` to send after importing the
+    columnar path, and every task actor imports it (the task core's operators do)."""
+
+    encode: Callable[..., bytes]
+    decode: Callable[[bytes, Callable[[bytes], Any]], tuple[Any, Any, Any, Any, Any]]
+
+
+_COLUMNAR_FRAMES: list[ColumnarFrameCodec] = []
+
+
+def register_columnar_frames(codec: ColumnarFrameCodec) -> None:
+    """Install the columnar frame codec (``engine.columnar.batches`` does, once)."""
+    _COLUMNAR_FRAMES[:] = [codec]
+
+
+def _columnar_frames() -> ColumnarFrameCodec:
+    if not _COLUMNAR_FRAMES:
+        raise CodecError("a columnar frame, but the columnar path is not loaded in this "
+                         "process: import engine.columnar.batches before sending or reading "
+                         "columnar frames")
+    return _COLUMNAR_FRAMES[0]
 
 
 def encode_frame(frame: Frame) -> bytes:
@@ -218,24 +262,20 @@ def encode_frame(frame: Frame) -> bytes:
     numpy arrays, ``keys`` the name of the key column or None; see ``engine.columnar.batches``)."""
     event = None if frame.event is None else _to_list(frame.event)
     if type(frame.values).__name__ == "ColumnBatch":
-        from engine.columnar.batches import encode_columnar_frame
-
-        return encode_columnar_frame(frame.values, frame.timestamps,  # type: ignore[arg-type]
-                                     frame.key_groups, event, frame.keys,  # type: ignore[arg-type]
-                                     pack_exact)
+        return _columnar_frames().encode(frame.values, frame.timestamps, frame.key_groups,
+                                         event, frame.keys, pack_exact)
     ts = frame.timestamps
-    if (type(ts) in (list, tuple) and len(ts) > 1 and ts[0] == ts[-1]
-            and ts.count(ts[0]) == len(ts)):
-        ts = ts[0]  # one stamp for all (a source batch read at full speed): sent once
-    return pack_fast((frame.values, ts, frame.keys, frame.key_groups, event, frame.ports))
+    # one stamp for all (a source batch read at full speed): sent once
+    same = (isinstance(ts, list | tuple) and len(ts) > 1 and ts[0] == ts[-1]
+            and ts.count(ts[0]) == len(ts))
+    return pack_fast((frame.values, ts[0] if same else ts, frame.keys, frame.key_groups,
+                      event, frame.ports))
 
 
 def decode_frame(data: bytes) -> Frame:
     """A frame from its bytes (msgpack, or a columnar frame: ``engine.columnar.batches``)."""
     if data[:4] == b"\xff\xff\xff\xff":
-        from engine.columnar.batches import decode_columnar_frame
-
-        batch, ts, keys, kgs, ev = decode_columnar_frame(data, unpack_exact)
+        batch, ts, keys, kgs, ev = _columnar_frames().decode(data, unpack_exact)
         return Frame(batch, ts, keys, kgs, None if ev is None else _from_list(ev))
     items = unpack_fast(data)
     if not isinstance(items, tuple) or len(items) not in (5, 6):

@@ -48,9 +48,9 @@ import socket
 import ssl
 import struct
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from engine.dataflow.config import TLS
 from engine.errors import ConfigError, ConnectionLost, FrameRefused, FrameTooLarge
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,43 @@ NACK = 2
 _FRAME = struct.Struct("!IQI")
 _ACK = struct.Struct("!BIQ")
 _LEN = struct.Struct("!I")
+
+
+@dataclass(frozen=True)
+class TLS:
+    """TLS for the data transport's connections (``JobConfig(tls=TLS(...))``): PEM files,
+    read by each task actor when it opens its data server or a connection, so the paths
+    must exist on every node (e.g. a Kubernetes secret mounted at the same path).
+
+    Both ends authenticate: a task's server presents ``cert_file`` and requires the
+    connecting task's certificate, and each side verifies the other's chain against
+    ``ca_file`` (default: ``cert_file`` itself, so one self-signed pair shared by the job's
+    tasks is enough). ``check_hostname``: also check that the address a task connects to is
+    in the server certificate's subject alternative names (off by default: tasks connect by
+    IP address, and the chain check against a job-private CA already authenticates them).
+    Wrong types or empty paths raise ``ConfigError``; an unreadable file or a bad key fails
+    the task at deployment with ``ConfigError`` naming the file."""
+
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    check_hostname: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("cert_file", "key_file", "ca_file"):
+            value = getattr(self, name)
+            if value is None and name == "ca_file":
+                continue
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"TLS: {name} must be the path of a PEM file; got {value!r}")
+        if not isinstance(self.check_hostname, bool):
+            raise ConfigError(f"TLS: check_hostname must be True or False; got "
+                              f"{self.check_hostname!r}")
+
+    @property
+    def ca(self) -> str:
+        """The file of certificate authorities peers are verified against."""
+        return self.ca_file or self.cert_file
 
 
 FrameHandler = Callable[[int, int, bytes, "ServerConnection"], None]

@@ -5,7 +5,7 @@ time, MTM-aware against SSM over a sequence of rescales, and the live effect on 
     python examples/bench/assignment.py --quick     # small and short: PMC in this process
     python examples/bench/assignment.py --no-live   # the planning parts only (no Ray)
 
-Parts (``migration.assignment`` and ``migration.sequences``; the model is in the README):
+Parts (``migration.assignment`` and ``migration.sequences``; the model is in docs/guide/rescaling.md):
 
 * ``moves``: 128 key groups holding the keyed-count state of the rescale benchmark's
   generator (``--keys`` keys, ``--state-bytes`` each; a group's size is its distinct keys x
@@ -50,11 +50,11 @@ if ROOT not in sys.path:
 
 import numpy as np
 
-from engine.dataflow.keygroups import key_group_of
+from engine import BalanceInfeasible
+from engine.dataflow import key_group_of
 from examples.bench.harness import cli, jobs, provenance, render
 from examples.bench.harness.render import fmt, md_table
 from migration.assignment import (
-    BalanceInfeasible,
     GroupWorkload,
     consistent_hashing,
     make_plan,

@@ -57,11 +57,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine import JobConfig, StreamJob
-from engine.io.sinks import LatencySink
+from engine import JobConfig, LatencySink, StreamJob
 from engine.names import JobState
-from engine.observability.latency import LatencyHistogram
-from engine.time.clock import SystemClock
+from engine.observability import LatencyHistogram
+from engine.time import SystemClock
 from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
 from examples.bench.harness import analysis as an
 from examples.nexmark import queries

@@ -70,12 +70,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine import JobConfig
+from engine import JobConfig, Planning
 from examples.bench.harness import BenchError, balance, cli, jobs, provenance, render, run
 from examples.bench.harness import analysis as an
 from examples.bench.harness.render import fmt, md_table
 from examples.bench.harness.run import RunStatus
-from migration.planning import Planning
 
 PROTOCOL = "non-disruptive"
 ADAPTIVE = "adaptive"

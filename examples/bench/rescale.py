@@ -118,8 +118,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine import JobConfig, StreamJob
-from engine.io.sinks import LatencySink
+from engine import JobConfig, LatencySink, StreamJob
 from engine.names import JobState
 from examples.bench.harness import analysis as an
 from examples.bench.harness import balance, cli, jobs, provenance, render, run

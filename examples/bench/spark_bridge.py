@@ -50,9 +50,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine import JobConfig, StreamJob
-from engine.io.sinks import LatencySink, Sink, SinkWriter
-from engine.io.sources import GeneratorSource
+from engine import GeneratorSource, JobConfig, LatencySink, Sink, SinkWriter, StreamJob
 from engine.spark import OutputLogSink, SparkSource, local_spark
 from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
 from examples.bench.harness import analysis as an

@@ -61,13 +61,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from engine import JobConfig, StreamJob
-from engine.columnar.vectorised import Count
+from engine import Count, GeneratorSource, JobConfig, LatencySink, Sink, StreamJob
 from engine.dataflow.keygroups import DEFAULT_NUM_KEY_GROUPS, KeyGroupCache
-from engine.io.sinks import LatencySink, Sink
-from engine.io.sources import GeneratorSource
 from engine.names import JobState
-from engine.time.clock import SystemClock
+from engine.time import SystemClock
 from engine.wire.messages import Frame, decode_frame, encode_frame
 from examples.bench.harness import BenchRunError, cli, jobs, procs, profile, provenance, render, run
 from examples.bench.harness import analysis as an

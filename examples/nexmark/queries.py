@@ -56,10 +56,11 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from engine import KeyedProcessFunction, StreamJob
-from engine.io.sinks import Sink
-from engine.operators.windows import AggregateFunction
-from engine.time.event_time import (
+from engine import (
+    AggregateFunction,
+    KeyedProcessFunction,
+    Sink,
+    StreamJob,
     WatermarkStrategy,
     Window,
     sliding_event_time,

@@ -40,9 +40,7 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from engine import JobConfig, StreamJob  # noqa: E402
-from engine.io.sinks import LatencySink  # noqa: E402
-from engine.io.testing import TestingSink  # noqa: E402
+from engine import JobConfig, LatencySink, StreamJob, TestingSink  # noqa: E402
 from examples.nexmark import queries  # noqa: E402
 from examples.nexmark.generator import NexmarkConfig  # noqa: E402
 from examples.nexmark.source import NexmarkSource  # noqa: E402
@@ -125,7 +123,7 @@ class MetricsPoller(threading.Thread):
 
 
 def marker_latency(tasks) -> dict[str, float] | None:
-    from engine.observability.latency import LatencyHistogram
+    from engine.observability import LatencyHistogram
 
     h = LatencyHistogram()
     for t in tasks:

@@ -62,15 +62,10 @@ from typing import Any
 
 import numpy as np
 
-from engine.io.sources import (
-    Source,
-    SourceBatch,
-    SourceReader,
-    indexed_partitions,
-    parse_indexed,
-    scheduled_resume,
-)
-from engine.time.clock import Clock, now_ms
+from engine import Source, SourceBatch, SourceReader
+from engine.io import indexed_partitions, parse_indexed
+from engine.io.sources import scheduled_resume
+from engine.time import Clock, now_ms
 from examples.nexmark.generator import (
     AUCTION,
     AUCTION_FIELDS,

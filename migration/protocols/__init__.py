@@ -30,7 +30,7 @@ LIVE: dict[RescaleProtocol, ProtocolSpec] = {n: p for n, p in PROTOCOLS.items() 
 
 def protocol_spec(name: str) -> ProtocolSpec:
     """The spec of protocol ``name``; ``ValueError`` naming the choices otherwise."""
-    return PROTOCOLS[RescaleProtocol.parse(name, "protocol")]  # type: ignore[index]
+    return PROTOCOLS[RescaleProtocol.parse(name, "protocol")]
 
 
 def make_plan(protocol: str, request: PlanRequest) -> MigrationPlan:

@@ -1,5 +1,5 @@
 """Running reflow as its users do: ``ray job submit`` to a cluster started with ``ray start``
-(README "On a cluster", step for step), and the ``reflow`` CLI acting on a job from another
+(docs/guide/deployment.md "On a cluster", step for step), and the ``reflow`` CLI acting on a job from another
 process (``reflow run``, ``status``, ``rescale``, ``metrics``) by the job's name.
 
 The cluster is this test's own: ``ray start --head`` with its own temp dir (so no other
@@ -206,7 +206,7 @@ def head() -> Iterator[Head]:
 
 
 def test_ray_job_submit_runs_the_main_example(head, tmp_path):
-    """README "On a cluster": submit the main example with --working-dir ., wait for
+    """docs/guide/deployment.md "On a cluster": submit the main example with --working-dir ., wait for
     SUCCEEDED, read its Parquet output."""
     out = tmp_path / "output"
     proc = subprocess.run(

@@ -486,7 +486,7 @@ def test_columnar_source_hands_arrow_batches_to_vectorised_aggregations(spark, r
                                                                         tmp_path):
     """SparkSource(columnar=True): Spark's Arrow batches go on as column batches (no rows
     made) into key_by a column and the vectorised Count and Sum."""
-    from engine.columnar.vectorised import Count, Sum
+    from engine.operators.vectorised import Count, Sum
 
     inp = str(tmp_path / "in")
     os.makedirs(inp)

@@ -9,9 +9,9 @@ import random
 
 import pytest
 
-from engine.dataflow.config import TLS
 from engine.errors import JobFailedError
 from engine.io.testing import TestingSink
+from engine.wire.transport import TLS
 from tests.jobs import (
     SMALL,
     Moment,

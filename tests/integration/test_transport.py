@@ -9,9 +9,16 @@ import ssl
 
 import pytest
 
-from engine.dataflow.config import TLS, JobConfig
+from engine.dataflow.config import JobConfig
 from engine.errors import ConfigError, ConnectionLost, FrameRefused, FrameTooLarge
-from engine.wire.transport import _FRAME, DataClient, DataServer, ServerConnection, tls_contexts
+from engine.wire.transport import (
+    _FRAME,
+    TLS,
+    DataClient,
+    DataServer,
+    ServerConnection,
+    tls_contexts,
+)
 from tests.tls import self_signed
 
 

@@ -1,4 +1,4 @@
-"""The columnar data path (engine.columnar.batches, engine.columnar.vectorised): the vectorised key groups
+"""The columnar data path (engine.columnar.batches, engine.operators.vectorised): the vectorised key groups
 equal the per-record hash, columnar frames round-trip, the router keeps order and routing
 across rows and column batches, the vectorised aggregations equal a per-record fold
 however the records are cut into batches, and map_batches."""
@@ -15,12 +15,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.columnar.batches import (
-    ColumnarSource,
     ColumnBatch,
     ColumnKey,
     column_key_groups,
 )
-from engine.columnar.vectorised import (
+from engine.dataflow import graph as g
+from engine.dataflow.keygroups import key_group_of
+from engine.errors import ColumnarError, InvalidKeyError, UserFunctionError
+from engine.io.sources import ColumnarSource
+from engine.io.testing import TestingSink, TestingSource
+from engine.operators.builtin import ErrorPolicy
+from engine.operators.vectorised import (
     AggregateRunner,
     ColumnAggregate,
     Count,
@@ -32,11 +37,6 @@ from engine.columnar.vectorised import (
     Sum,
     state_tables,
 )
-from engine.dataflow import graph as g
-from engine.dataflow.keygroups import key_group_of
-from engine.errors import ColumnarError, InvalidKeyError, UserFunctionError
-from engine.io.testing import TestingSink, TestingSource
-from engine.operators.builtin import ErrorPolicy
 from engine.state.keyed import KeyedStateBackend
 from engine.time.clock import ManualClock
 from engine.wire.messages import EndOfStream, Frame, OutputEdge, decode_frame, encode_frame

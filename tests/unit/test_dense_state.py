@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.columnar.batches import ColumnBatch, ColumnKey
-from engine.columnar.vectorised import AggregateRunner, ColumnAggregate, Count, Max, Mean, Min, Sum
 from engine.dataflow import graph as g
 from engine.dataflow.keygroups import key_group_of
 from engine.operators.builtin import ErrorPolicy
+from engine.operators.vectorised import AggregateRunner, ColumnAggregate, Count, Max, Mean, Min, Sum
 from engine.state import dense as dense_state
 from engine.state.dense import DenseGroupView, DenseTable, int64_keys, value_kind
 from engine.state.keyed import KeyedStateBackend, apply_delta, decode_snapshot

@@ -36,12 +36,11 @@ from engine.dataflow.keygroups import key_group_of, moved_key_groups, uniform_as
 from engine.dataflow.physical import plan_physical
 from engine.io.testing import TestingSink, TestingSource
 from engine.operators.functions import KeyedProcessFunction
-from engine.state.keyed import EVENT_TIME
+from engine.state.keyed import EVENT_TIME, decode_snapshot
 from engine.task.channel import REROUTE_PORT, OutFrame, OutputRouter
 from engine.task.core import TaskCore
 from engine.time.clock import ManualClock
 from engine.time.event_time import MAX_WATERMARK, MIN_WATERMARK, bounded_out_of_orderness
-from engine.wire.codec import unpack_exact
 from engine.wire.messages import (
     Ack,
     AddInputs,
@@ -822,9 +821,9 @@ def test_trigger_before_confirm_migrates_at_once_and_reroutes_in_order(clock, si
     assert A not in s.backend.groups and B in s.backend.groups
     [(to, ms)] = net.take_prio(MigrateState)
     assert to == d.name and (ms.subscale, ms.key_group, ms.watermark) == (0, A, MIN_WATERMARK)
-    tables, timers = unpack_exact(ms.state)
-    assert tables == [["reduce", [(a, (a, 4))]]]
-    assert timers == []
+    tables, timers = decode_snapshot(ms.state)
+    assert tables == {"reduce": {a: (a, 4)}}
+    assert timers == set()
     # s: records of A re-routed in order, B processed, the confirm forwarded behind them
     net.run("sum/0")
     assert s.router.rerouted == 2
@@ -1247,8 +1246,8 @@ def test_aligned_protocols_ship_only_after_every_confirm_and_never_reroute(clock
     s, d = net["sum/0"], net["sum/1"]
     assert net.take_prio(TriggerBarrier) == []            # no trigger barrier
     c0 = net.cid("src/0", "sum/0")
-    s._order = [c0] + [c for c in s._order if c != c0]    # read src/0's channel first
-    s._rr = 0
+    s.input_set._order = [c0] + [c for c in s.input_set._order if c != c0]  # src/0's first
+    s.input_set._rr = 0
     while not s.migration.old_role.subscales[0].confirms:           # its records and its confirm
         assert s.step()
     assert A in s.backend.groups and net.take_prio(MigrateState) == []

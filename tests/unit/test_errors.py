@@ -5,9 +5,13 @@ unresponsive-task gauge."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import builtins
+import importlib
 import inspect
 import pickle
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -55,6 +59,77 @@ def test_every_error_class_is_in_the_module_docstring_tree():
     assert missing == []
 
 
+def _exception_classes() -> dict[str, list[str]]:
+    """Module -> the exception classes it defines, for every module of engine/, migration/
+    and controllers/, read with ``ast``: a class is an exception when one of its bases is
+    (a builtin exception, or a class found so, by name; repeated until nothing changes)."""
+    root = Path(__file__).resolve().parents[2]
+    classes: list[tuple[str, str, list[str]]] = []
+    for pkg in ("engine", "migration", "controllers"):
+        for path in sorted((root / pkg).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ClassDef):
+                    bases = [ast.unparse(b).rpartition(".")[2] for b in node.bases]
+                    classes.append((module, node.name, bases))
+    known = {n for n, v in vars(builtins).items()
+             if isinstance(v, type) and issubclass(v, BaseException)}
+    while True:
+        found = {name for _, name, bases in classes if known & set(bases)} - known
+        if not found:
+            break
+        known |= found
+    out: dict[str, list[str]] = {}
+    for module, name, bases in classes:
+        if known & set(bases):
+            out.setdefault(module, []).append(name)
+    return out
+
+
+def test_every_exception_class_is_defined_in_engine_errors():
+    """One documented tree: a module that needs an error imports it from engine.errors
+    (the old names stay importable from where they were)."""
+    elsewhere = {m: names for m, names in _exception_classes().items() if m != "engine.errors"}
+    assert elsewhere == {}, f"exception classes outside engine/errors.py: {elsewhere}"
+    assert len(_exception_classes()["engine.errors"]) == len(ERROR_CLASSES)
+
+
+def test_every_class_in_engine_errors_is_a_reflow_error():
+    classes = [c for _, c in inspect.getmembers(errors_module, inspect.isclass)
+               if c.__module__ == errors_module.__name__]
+    others = [c.__name__ for c in classes if not issubclass(c, ReflowError)]
+    assert others == ["FailurePhase"]  # a value errors carry, not an error
+    assert ReflowError.__bases__ == (Exception,)
+    assert set(errors_module.__all__) == {c.__name__ for c in classes}
+
+
+@pytest.mark.parametrize("module, name", [
+    ("engine.io.testing", "GateError"), ("engine.io.testing", "GateTimeout"),
+    ("engine.observability.promplot", "PrometheusError"),
+    ("engine.operators.builtin", "UnknownKeyGroupError"),
+    ("engine.task.channel", "KeyFunctionError"), ("engine.task.core", "TaskControlError"),
+    ("engine.runtime.connections", "DownstreamDied"),
+    ("engine.runtime.recovery", "JobRestarted"),
+    ("engine.spark", "BridgeError"), ("engine.spark", "SparkQueryFailed"),
+    ("engine.spark", "SchemaError"), ("engine.spark.bridge", "BridgeError"),
+    ("engine.spark.schema", "SchemaError"),
+    ("migration.assignment", "AssignmentError"), ("migration.assignment", "BalanceInfeasible"),
+    ("migration.replication", "StaleReplicaError"),
+    ("migration.participant", "UnknownSubscaleError"),
+])
+def test_errors_moved_to_engine_errors_keep_their_old_import_paths(module, name):
+    assert getattr(importlib.import_module(module), name) is getattr(errors_module, name)
+
+
+def test_the_errors_that_were_not_reflow_errors_keep_their_old_bases():
+    from engine.errors import BridgeError, SchemaError, SparkQueryFailed
+
+    assert issubclass(BridgeError, RuntimeError) and issubclass(SparkQueryFailed, RuntimeError)
+    assert issubclass(SchemaError, ValueError) and issubclass(SchemaError, ConfigError)
+    for cls in (BridgeError, SparkQueryFailed, SchemaError):
+        assert issubclass(cls, ReflowError)
+
+
 SAMPLES: list[ReflowError] = [
     UserFunctionError("count", 1, "('a', 1)", "KeyError: 'a'"),
     UserFunctionError("db", 0, "", "OSError: refused", phase="open", task="j/db/0/g0"),
@@ -67,6 +142,8 @@ SAMPLES: list[ReflowError] = [
     WaitTimeout("still running", job="j", state="running", seconds=3.0),
     InternalError("a bug"),
     ConfigError("bad"),
+    errors_module.BalanceInfeasible("no", parallelism=3, balance=0.1, smallest_balance=0.4),
+    errors_module.SparkQueryFailed("spark said no"),
 ]
 
 
@@ -77,6 +154,13 @@ def test_errors_cross_processes_with_their_fields(err):
     assert type(back) is type(err)
     assert str(back) == str(err) and back.args == err.args
     assert back.__dict__ == err.__dict__
+
+
+def test_a_key_function_error_crosses_processes_with_its_record_and_cause():
+    err = errors_module.KeyFunctionError(("a", 1), KeyError("a"))
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is type(err) and str(back) == str(err) == "KeyError: 'a'"
+    assert back.record == ("a", 1) and repr(back.cause) == repr(err.cause)
 
 
 def test_user_function_error_says_what_to_do_for_open_and_for_a_record():

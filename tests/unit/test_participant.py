@@ -33,6 +33,7 @@ from engine.task.core import (
     TaskSpec,
     TaskStatus,
 )
+from engine.task.host import CoreHost
 from engine.time.clock import ManualClock
 from engine.time.event_time import MIN_WATERMARK
 from engine.wire.messages import (
@@ -476,7 +477,7 @@ def test_the_participant_reaches_its_task_only_through_task_host():
 
 def test_task_core_is_a_task_host_and_both_hooks_implement_migration_hooks():
     assert len(TASK_HOST) >= 15 and len(HOOKS) >= 7
-    missing = {n for n in TASK_HOST if not hasattr(TaskCore, n)} - {
+    missing = {n for n in TASK_HOST if not hasattr(CoreHost, n)} - {  # the core's host
         "name", "clock", "router", "backend", "watermark", "suspended_s"}  # set in __init__
     assert missing == set()
     for hooks in (MigrationParticipant, NoMigration):
@@ -501,9 +502,10 @@ def test_a_core_without_participant_takes_stop_restart_only(tmp_path):
 
 def test_new_task_core_attaches_a_participant_once(tmp_path):
     core = new_task_core(_spec(tmp_path), ManualClock())
-    assert isinstance(core.migration, MigrationParticipant) and core.migration.host is core
+    assert isinstance(core.migration, MigrationParticipant)
+    assert core.migration.host.core is core  # through the core's host
     with pytest.raises(TaskControlError, match="attached once"):
-        core.attach(MigrationParticipant(core))
+        core.attach(MigrationParticipant(core.host))
     assert core.handle(ExpectIncoming(0, (A,), (1,), RC, True, "s")) == Ack()
     assert core.inputs[RC].port == REROUTE_PORT
 

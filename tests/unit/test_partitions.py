@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.dataflow.partitions import check_partitions, partitions_of_task
 from engine.errors import ConfigError, UserFunctionError
 from engine.io.sources import (
     GeneratorSource,
@@ -30,10 +31,8 @@ from engine.io.sources import (
     Source,
     SourceBatch,
     SourceReader,
-    check_partitions,
     indexed_partitions,
     parse_indexed,
-    partitions_of_task,
 )
 from engine.io.testing import SourceGate, TestingSource
 from engine.time.clock import ManualClock

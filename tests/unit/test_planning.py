@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -17,8 +18,11 @@ from migration.planning import (
     Planning,
     PlanningDecision,
     WorkloadProfile,
+    adaptive_from_measures,
     adaptive_planning,
+    arrival_ranks,
     matching_steps,
+    measure_groups,
     order_groups,
     plan_steps,
     profiles_from_metrics,
@@ -516,8 +520,9 @@ def test_profiles_and_workload_from_metrics():
     loads = {0: 10.0, 1: 30.0, 2: 20.0}
     sizes = {1: 4000, 2: 2000, 3: 100}
     p = profiles_from_metrics(loads, sizes)
-    assert p == {0: GroupProfile(0, 10.0, 0, 0), 1: GroupProfile(1, 30.0, 4000, 1),
-                 2: GroupProfile(2, 20.0, 2000, 2), 3: GroupProfile(3, 0.0, 100, 3)}
+    # arrival: by measured rate, the busiest first (issue 32: it was key-group order)
+    assert p == {0: GroupProfile(0, 10.0, 0, 2), 1: GroupProfile(1, 30.0, 4000, 0),
+                 2: GroupProfile(2, 20.0, 2000, 1), 3: GroupProfile(3, 0.0, 100, 3)}
     assert profiles_from_metrics(loads, sizes, arrivals={0: 9})[0].arrival == 9
     w = workload_from_profiles(p, [1, 2, 7], 60.0, state_access_ratio=0.3)
     assert w.skew == pytest.approx(30.0 / 15.0)
@@ -526,3 +531,97 @@ def test_profiles_and_workload_from_metrics():
     empty = workload_from_profiles({}, [], 0.0)
     assert empty.skew == 1.0 and empty.state_bytes_per_group == 0.0
     assert adaptive_planning(empty).planning.progressiveness == "all-at-once"
+
+
+# ---------------------------------------------------------------------- measured inputs (issue 32)
+
+
+class Stats:
+    """A task's ``GroupStats`` reply: ``(key group, records, state bytes[, keys])``."""
+
+    def __init__(self, groups, seconds):
+        self.groups, self.seconds = tuple(groups), seconds
+
+
+def test_arrival_order_follows_the_measured_arrival_rates():
+    """Issue 32: "arrival order" was key-group order. A group whose records arrive at λ/s
+    is next due in 1/λ s: the busiest goes first, groups without records last."""
+    assert arrival_ranks({0: 1.0, 1: 50.0, 2: 0.0, 3: 7.0}) == {1: 0, 3: 1, 0: 2, 2: 3}
+    measured = measure_groups([Stats([(0, 10, 0), (1, 500, 0)], 10.0),
+                               Stats([(2, 0, 0), (3, 70, 0)], 10.0)])
+    order = order_groups([0, 1, 2, 3], measured.profiles(),
+                         Planning(prioritisation="arrival-order"))
+    assert order == (1, 3, 0, 2)
+
+
+def test_the_state_access_ratio_is_measured_from_keys_per_group():
+    # 64 groups of 512 keys (32,768 keys, 512 KB each: 256 MB per group), 655 records/s
+    # over them: Spacker's micro-benchmark, 2 % of the keys touched per second
+    rows = [(kg, 10 * 655 // 64, 512 * 512 * 1024, 512) for kg in range(64)]
+    measured = measure_groups([Stats(rows[:32], 10.0), Stats(rows[32:], 10.0)])
+    assert measured.input_rate == pytest.approx(650, rel=0.01)
+    assert measured.state_access_ratio == pytest.approx(0.0198, rel=0.01)
+    # a group cannot touch more keys in a second than it has
+    hot = measure_groups([Stats([(0, 1_000, 10, 5), (1, 0, 10, 95)], 1.0)])
+    assert hot.state_access_ratio == pytest.approx(5 / 100)
+    # no keys reported (today's GroupStats): not measured
+    assert measure_groups([Stats([(0, 10, 10)], 1.0)]).state_access_ratio is None
+    assert measure_groups([Stats([(0, 10, 10)], 0.0)]).loads == {0: 0.0}
+
+
+def test_the_adaptive_default_replicates_when_the_measures_say_so():
+    """Issue 32: the adaptive default never turned replication on, the state access ratio
+    and the capacity never being measured (1.0 and None were passed)."""
+    rows = [(kg, 10 * 655 // 64, 4 * MB, 512) for kg in range(64)]
+    measured = measure_groups([Stats(rows, 10.0)])
+    moved = list(range(32))
+    d = adaptive_from_measures(measured, moved, capacity_rate=800.0)
+    assert d.planning.replication == "hot", d.reason
+    assert "state access 2%" in d.reason
+    # 650 rec/s is 81 % of an 800 rec/s capacity: high, though far below 10,000/s
+    skewed = [(kg, (5_000 if kg == 0 else 10), 4 * MB, 512) for kg in range(64)]
+    d = adaptive_from_measures(measure_groups([Stats(skewed, 10.0)]), moved,
+                               capacity_rate=800.0)
+    assert d.planning.prioritisation == "hot-first" and "of capacity" in d.reason, d.reason
+    d = adaptive_from_measures(measure_groups([Stats(skewed, 10.0)]), moved)
+    assert d.planning.prioritisation == "random" and "capacity not measured" in d.reason
+    # without key counts: no replication, and the reason says why
+    plain = adaptive_from_measures(measure_groups([Stats([r[:3] for r in rows], 10.0)]), moved)
+    assert plain.planning.replication == "none"
+    assert "state access not measured" in plain.reason
+
+
+def test_a_non_disruptive_rescale_plans_from_the_measured_workload():
+    """The coordinator (``LiveRescale._steps``) reads the state access ratio from the keys
+    per group the tasks report and the capacity from its context: with 4 MB groups of 512
+    keys touched 10 times a second (2 %), the adaptive default turns replication on."""
+    import dataclasses
+
+    from engine.time.clock import ManualClock
+    from engine.wire.messages import GroupStats
+    from migration.coordinator import (
+        EnableReplication,
+        LiveRescale,
+        Phase,
+        RescaleRequest,
+        SendControl,
+    )
+    from tests.unit.test_coordinator import Driver, N, context, finish_running
+
+    def run(keys: bool, capacity: float | None) -> tuple[Any, list[Any]]:
+        ctx = dataclasses.replace(context(), capacity_rate=capacity)
+        coord = LiveRescale(RescaleRequest("sum", 3, "non-disruptive"), ctx, ManualClock())
+        d = Driver(coord, finish_running)
+        cmd = d.run(until=lambda c: isinstance(c, SendControl) and c.phase == Phase.PLAN)
+        replies = [GroupStats(c.task, tuple((kg, 100, 4 * MB, *((512,) if keys else ()))
+                                            for kg in range(N)), 10.0) for c in cmd.calls]
+        d.queue.extend(coord.on_result(cmd, replies))
+        d.run()
+        assert coord.done
+        return coord, [c for c in d.log if isinstance(c, EnableReplication)]
+
+    coord, enabled = run(keys=True, capacity=1_000.0)
+    assert enabled and enabled[0].policy == "hot", coord.plan.reason
+    assert "state access 2%" in coord.plan.reason
+    coord, enabled = run(keys=False, capacity=None)
+    assert not enabled and "state access not measured" in coord.plan.reason

@@ -205,64 +205,90 @@ OPS = st.one_of(
 )
 
 
+class TrackedGroup:
+    """A backend whose group ``KG`` the ``OPS`` tuples act on: ``run(op)`` calls the method
+    named after the op (``op_<name>``) with the op's arguments."""
+
+    def __init__(self) -> None:
+        self.b = backend()
+        self.v, self.lst, self.m, self.r = handles(self.b)
+        self.b.set_current("start", KG)
+
+    def usable(self) -> bool:
+        """Whether the current key's group is owned (state handles may act on it)."""
+        return self.b.current_group in self.b.groups
+
+    def run(self, op: tuple) -> None:
+        getattr(self, f"op_{op[0]}")(*op[1:])
+
+    def op_current(self, key, kg) -> None:
+        if kg in self.b.groups:
+            self.b.set_current(key, kg)
+
+    def op_value(self, x) -> None:
+        self.v.update(x)
+
+    def op_value_clear(self) -> None:
+        self.v.clear()
+
+    def op_list_add(self, x) -> None:
+        self.lst.add(x)
+
+    def op_list_update(self, xs) -> None:
+        self.lst.update(xs)
+
+    def op_list_clear(self) -> None:
+        self.lst.clear()
+
+    def op_map_put(self, k, x) -> None:
+        self.m.put(k, x)
+
+    def op_map_remove(self, k) -> None:
+        self.m.remove(k)
+
+    def op_map_clear(self) -> None:
+        self.m.clear()
+
+    def op_reduce(self, x) -> None:
+        self.r.add(x)
+
+    def op_reduce_clear(self) -> None:
+        self.r.clear()
+
+    def op_timer(self, t, d) -> None:
+        self.b.register_timer(t, d)
+
+    def op_timer_delete(self, t) -> None:
+        self.b.delete_timer(t)
+
+    def op_fire(self, now) -> None:
+        for _, kg, key in list(self.b.pop_due_timers(now)):
+            self.b.set_current(key, kg)
+            self.v.update(("fired", now))
+
+    def op_remove_group(self) -> None:
+        self.b.remove(KG)
+        self.b.own(KG)
+
+    def op_install_group(self, k, x) -> None:
+        other = backend()
+        other.set_current(k, KG)
+        ValueState(other, "v").update(x)
+        other.register_timer(3)
+        self.b.install(KG, other.snapshot(KG))
+
+    def op_mark(self) -> None:
+        pass  # the test marks (see below); before tracking it does nothing
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pre=st.lists(OPS, max_size=15), ops=st.lists(OPS, max_size=60))
 def test_delta_applied_to_the_snapshot_at_mark_gives_the_group_now(pre, ops):
-    b = backend()
-    v, lst, m, r = handles(b)
-    b.set_current("start", KG)
-
-    def run(op) -> None:
-        match op:
-            case ("current", key, kg):
-                if kg in b.groups:
-                    b.set_current(key, kg)
-            case ("value", x):
-                v.update(x)
-            case ("value_clear",):
-                v.clear()
-            case ("list_add", x):
-                lst.add(x)
-            case ("list_update", xs):
-                lst.update(xs)
-            case ("list_clear",):
-                lst.clear()
-            case ("map_put", k, x):
-                m.put(k, x)
-            case ("map_remove", k):
-                m.remove(k)
-            case ("map_clear",):
-                m.clear()
-            case ("reduce", x):
-                r.add(x)
-            case ("reduce_clear",):
-                r.clear()
-            case ("timer", t, d):
-                b.register_timer(t, d)
-            case ("timer_delete", t):
-                b.delete_timer(t)
-            case ("fire", now):
-                for _, kg, key in list(b.pop_due_timers(now)):
-                    b.set_current(key, kg)
-                    v.update(("fired", now))
-            case ("remove_group",):
-                b.remove(KG)
-                b.own(KG)
-            case ("install_group", k, x):
-                other = backend()
-                other.set_current(k, KG)
-                ValueState(other, "v").update(x)
-                other.register_timer(3)
-                b.install(KG, other.snapshot(KG))
-            case ("mark",):
-                pass
-
-    def usable() -> bool:
-        return b.current_group in b.groups
-
+    g = TrackedGroup()
+    b = g.b
     for op in pre:
-        if op[0] in ("current", "remove_group", "install_group", "mark") or usable():
-            run(op)
+        if op[0] in ("current", "remove_group", "install_group", "mark") or g.usable():
+            g.run(op)
     b.track_changes(KG)
     replica = b.snapshot(KG)
     b.mark_replicated(KG)
@@ -274,8 +300,8 @@ def test_delta_applied_to_the_snapshot_at_mark_gives_the_group_now(pre, ops):
             replica = apply_delta(replica, delta)
             assert same(replica, b.snapshot(KG))
             b.mark_replicated(KG)
-        elif op[0] in ("current", "remove_group", "install_group") or usable():
-            run(op)
+        elif op[0] in ("current", "remove_group", "install_group") or g.usable():
+            g.run(op)
     assert decode_snapshot(apply_delta(replica, b.snapshot_delta(KG))) == decode_snapshot(
         b.snapshot(KG)
     )

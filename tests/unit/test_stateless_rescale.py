@@ -364,7 +364,7 @@ def test_a_removed_tasks_chained_sink_output_is_adopted(tmp_path_factory):
     assert any(c.records_in for c in gone), "the removed tasks wrote something"
     harness.rescale(net, RescaleRequest("map", 1, "drrs"), lambda: progress(net, rng, False),
                     after_send=lambda cmd: settle(net, cmd))
-    assert net.cores[net.dep.tasks["map"][0]]._adopted, "the transactions were adopted"
+    assert net.cores[net.dep.tasks["map"][0]].checkpoints._adopted, "the transactions were adopted"
     finish(net, False)
     checkpoints.take()  # the final checkpoint commits the rest
     assert sorted(seen.results()) == sorted(recs)

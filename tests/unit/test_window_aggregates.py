@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 
 from engine.api import StreamJob
 from engine.columnar.batches import ColumnBatch, ColumnKey
-from engine.columnar.vectorised import Count, Max, Mean, Min, Sum
 from engine.dataflow import graph as g
 from engine.dataflow.keygroups import key_group_of
 from engine.errors import JobDefinitionError
 from engine.io.testing import TestingSource
 from engine.operators.builtin import ErrorPolicy, KeyedRunner
+from engine.operators.vectorised import Count, Max, Mean, Min, Sum
 from engine.operators.window_aggregates import ColumnWindowAggregate, WindowAggregateRunner
 from engine.operators.windows import AggregateFunction, WindowOperator
 from engine.state.keyed import EVENT_TIME, KeyedStateBackend, decode_snapshot

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 
-from engine.errors import ReflowError
+from engine import ReflowError
 
 #: the repository root (``examples/bench/harness/`` is three levels below it)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(

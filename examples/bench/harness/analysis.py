@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.observability.latency import LatencyHistogram
+from engine.observability import LatencyHistogram
 from examples.bench.harness import BenchError
 
 Row = Mapping[str, Any]

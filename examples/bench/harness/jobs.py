@@ -28,11 +28,17 @@ import time
 import uuid
 from typing import Any
 
-from engine import JobConfig, KeyedProcessFunction, StreamJob
-from engine.io.sinks import LatencySink, Sink, SinkWriter
-from engine.io.sources import GeneratorSource
-from engine.observability.latency import LatencyHistogram
-from engine.time.clock import ManualClock
+from engine import (
+    GeneratorSource,
+    JobConfig,
+    KeyedProcessFunction,
+    LatencySink,
+    Sink,
+    SinkWriter,
+    StreamJob,
+)
+from engine.observability import LatencyHistogram
+from engine.time import ManualClock
 from examples.bench.harness import analysis
 
 #: every benchmark's generator seed, so that runs of one benchmark see the same keys

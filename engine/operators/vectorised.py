@@ -41,7 +41,6 @@ import numpy as np
 
 from engine.columnar.batches import (
     BATCH_FORMATS,
-    ColumnarError,
     ColumnBatch,
     ColumnKey,
     group_runs,
@@ -49,12 +48,12 @@ from engine.columnar.batches import (
     to_format,
 )
 from engine.dataflow import graph as g
-from engine.errors import UserFunctionError
+from engine.errors import ColumnarError, UserFunctionError
 from engine.io.sinks import SinkWriter
 from engine.operators.builtin import Batch, ErrorPolicy, KeyedRunner, StatelessRunner, describe
 from engine.operators.functions import KeyedProcessFunction
 from engine.state.dense import int64_keys
-from engine.state.keyed import KeyedStateBackend
+from engine.state.keyed import KeyedStateBackend, Table
 from engine.time.clock import Clock
 
 AGG_STATE = "agg"  # the prefix of an aggregate operator's state tables
@@ -177,7 +176,7 @@ class MapBatchesRunner(StatelessRunner):
             return [], []
         if len(out) != len(batch):
             ts = np.full(len(out), int(ts.max()) if ts.size else 0, dtype=np.int64)
-        return out, ts  # type: ignore[return-value]
+        return out, ts
 
     def _batch_failed(self, batch: ColumnBatch, ts: np.ndarray, exc: BaseException) -> None:
         rows = batch.rows()
@@ -268,7 +267,7 @@ class AggregateRunner(KeyedRunner):
     def process(self, values: Any, timestamps: Any, keys: Any, kgs: Any,
                 port: int = 0) -> Batch:
         try:
-            return self._aggregate(values, timestamps, keys, kgs)  # type: ignore[return-value]
+            return self._aggregate(values, timestamps, keys, kgs)
         except ColumnarError as exc:
             first = values.rows()[0] if type(values) is ColumnBatch else values[0]
             raise UserFunctionError(self.op.name, self.task_index, describe(first),
@@ -277,7 +276,7 @@ class AggregateRunner(KeyedRunner):
     def _columns(self, values: Any) -> dict[str, np.ndarray]:
         return numeric_columns(values, [a.on for a in self.spec.aggregations if a.on])
 
-    def _tables(self, runs: list[tuple[int, int, int]], name: str) -> list[dict[Any, Any]]:
+    def _tables(self, runs: list[tuple[int, int, int]], name: str) -> list[Table]:
         """Table ``name`` of each key group of ``runs`` (created when missing)."""
         out = []
         groups = self.backend.groups
@@ -287,12 +286,12 @@ class AggregateRunner(KeyedRunner):
                 owned = self._group(kg)
             t = owned.get(name)
             if t is None:
-                t = owned[name] = {}
+                t = owned.setdefault(name, {})  # the live table on every backend
             out.append(t)
         return out
 
     @staticmethod
-    def _read(tables: list[dict[Any, Any]], runs: list[tuple[int, int, int]],
+    def _read(tables: list[Table], runs: list[tuple[int, int, int]],
               keys: list[Any], defaults: list[Any]) -> list[Any]:
         vals: list[Any] = []
         for t, (_, s, e) in zip(tables, runs, strict=True):
@@ -300,7 +299,7 @@ class AggregateRunner(KeyedRunner):
         return vals
 
     @staticmethod
-    def _write(tables: list[dict[Any, Any]], runs: list[tuple[int, int, int]],
+    def _write(tables: list[Table], runs: list[tuple[int, int, int]],
                keys: list[Any], values: list[Any]) -> None:
         for t, (_, s, e) in zip(tables, runs, strict=True):
             t.update(zip(keys[s:e], values[s:e], strict=True))
@@ -343,8 +342,9 @@ class AggregateRunner(KeyedRunner):
         records' order by key, the running values in that order). None, having changed
         nothing, when the state cannot be dense (then the dict path runs)."""
         names = [name for agg in self.spec.aggregations for name in state_tables(agg)]
-        stores = {name: self.backend.dense_table(name) for name in names}
-        if any(t is None for t in stores.values()):
+        made = {name: self.backend.dense_table(name) for name in names}
+        stores = {name: t for name, t in made.items() if t is not None}
+        if len(stores) < len(made):
             self._no_dense()
             return None
         if isinstance(keys, list | tuple):
@@ -365,7 +365,7 @@ class AggregateRunner(KeyedRunner):
             self._own_views(touched, stores)
             self._viewed.update(touched)
         order, sc, sizes, starts, pos = group_runs(codes, groups)
-        found_at = {name: t.lookup(uniq) for name, t in stores.items()}  # type: ignore[union-attr]
+        found_at = {name: t.lookup(uniq) for name, t in stores.items()}
         results = []
         writes = []
         for agg in self.spec.aggregations:
@@ -378,19 +378,19 @@ class AggregateRunner(KeyedRunner):
                 if xs is not None and i == 0 and agg.kind in ("min", "max"):
                     default = xs[starts]
                 else:
-                    default = np.zeros(groups, dtype=t.values.dtype)  # type: ignore[union-attr]
-                bases.append(np.where(found, t.gather(slots), default)  # type: ignore[union-attr]
-                             if len(t) else default)  # type: ignore[arg-type]
+                    default = np.zeros(groups, dtype=t.values.dtype)
+                bases.append(np.where(found, t.gather(slots), default)
+                             if len(t) else default)
             running, finals = fold(agg.kind, xs, sc, pos, sizes, starts, bases)
             for name, fin in zip(tables, finals, strict=True):
-                if not stores[name].accepts(fin.dtype):  # type: ignore[union-attr]
+                if not stores[name].accepts(fin.dtype):
                     self._no_dense()  # e.g. a float column after ints: keep exact types
                     return None
                 writes.append((name, fin))
             results.append((order, running))
         for name, fin in writes:
             slots, found = found_at[name]
-            stores[name].assign(uniq, group_kg, slots, found, fin)  # type: ignore[union-attr]
+            stores[name].assign(uniq, group_kg, slots, found, fin)
         if self.backend.tracked():
             for kg, key in zip(group_kg.tolist(), uniq.tolist(), strict=True):
                 self.backend.note_changed(kg, key)

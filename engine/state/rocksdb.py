@@ -1,0 +1,802 @@
+"""A keyed state backend on RocksDB (``rocksdict``, raw bytes mode): state larger than memory.
+
+Why: ``KeyedStateBackend`` keeps every key in Python dicts, so a task holds at most what its
+process's memory holds. This backend keeps the tables in one RocksDB instance per task,
+with a bounded block cache and write buffers, and offers the same interface and
+observable behaviour (``tests/unit/test_rocksdb_state.py`` runs random operation sequences
+against both and compares them); timers and change tracking stay in memory, as in the
+in-memory backend (timers are one entry per key and time, far fewer than state entries).
+
+Layout (one DB, in ``<directory>/db``)::
+
+    key   = key group (2 bytes, big-endian) | state name id (8 bytes) | pack_exact(user key)
+    value = pack_exact(value)
+
+The name id is the first 8 bytes of the BLAKE2b hash of the state name, so ids are the
+same in every task and process (a collision between two names of one task is refused).
+A key group is therefore one contiguous key range, and one table of it a sub-range:
+dropping a group is one range delete, cutting it out one range scan. Writes go without the
+write-ahead log: the DB is scratch space, checkpoints and migrations carry the state
+(``snapshot``), and a backend always starts empty (what a killed task left is deleted).
+
+Key groups move as bytes: ``snapshot(kg)`` splices the stored key and value bytes into
+the shared key-group blob format (``engine.state.keyed.encode_group``, which the in-memory
+backend decodes with one ``unpack_exact``), adding per-entry lengths; ``install(kg, blob)``
+slices those bytes back out and writes them in write batches (no log): no key or value
+is decoded. A blob of the in-memory backend (no lengths) is cut at msgpack object
+boundaries (``Unpacker.skip``), also without decoding; a blob of the format before
+(checkpoints written before it) is decoded and re-encoded.
+
+Values read from a table are decoded objects. So that ``ListState.add`` and
+``MapState.put``, which mutate the value in place, behave as on dicts, a mutable value
+read or written (anything but int, float, str, bytes, bool, None, frozenset) is kept as a
+*loan* and written back when the current key changes (``set_current``), before any scan
+(snapshot, iteration, length), or on ``flush()``. Contract: mutations of a value persist
+until the current key changes; code that writes tables without ``set_current`` (the
+vectorised and window fast paths) assigns (``t[k] = v``) and never mutates a value it
+read. A value without a codec therefore fails on write-back (``CodecError``), not only at
+the next checkpoint as on the in-memory backend.
+
+Differences from the in-memory backend (the callers that rely on them: see the
+``RocksDBKeyedStateBackend`` docstring): ``groups[kg]`` is a mapping view of names to
+table views; assigning a table (``groups[kg][name] = d``) copies ``d`` in, so writes to
+``d`` afterwards do not reach the backend; ``groups[kg].pop(name)`` returns a dict copy;
+``len(table)`` scans; no dense tables (``dense_table`` returns None, so the vectorised
+operators use their dict path).
+
+Two backends never open one directory: ``<directory>/reflow.lock`` is held with
+``flock`` while the backend is open; errors opening or writing the directory are
+``StateBackendError`` naming the path and the task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import itertools
+import operator
+import os
+import shutil
+import sys
+from array import array
+from collections.abc import (
+    ItemsView,
+    Iterable,
+    Iterator,
+    KeysView,
+    Mapping,
+    MutableMapping,
+    ValuesView,
+)
+from typing import IO, Any
+
+import msgpack
+import rocksdict as rd
+
+from engine.errors import CodecError, ReflowError, StateBackendError
+from engine.state.keyed import (
+    _DELTA_TAG,
+    GROUP_TAG,
+    KeyedStateBackend,
+    Table,
+    _gc_paused,
+    decode_group,
+)
+from engine.wire.codec import pack_exact, unpack_exact
+
+__all__ = ["RocksDBKeyedStateBackend"]
+
+_KG_BYTES = 2
+_ID_BYTES = 8
+_PREFIX = _KG_BYTES + _ID_BYTES
+_IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None), frozenset})
+_MAX_LOANS = 4096  # loans written back early, when fast paths read many mutable values
+# an install writes in batches of about this many bytes (bounded memory per write).
+# Batches, not an ingested SST file: measured (examples/bench/state_backend.py, 64 MB
+# groups) the task's thread spends as long on either (~300-500 MB/s), the SST costs an
+# fsync, and the flushed memtable scans ~1.5x faster afterwards than the ingested file
+_BATCH_BYTES = 16 << 20
+_MISSING = object()
+_LOCK_FILE = "reflow.lock"
+
+_GROUP_TAG = pack_exact(GROUP_TAG)
+
+# scalars encode through one reused packer: ``pack_exact`` builds a packer per call, which
+# was 0.7 us of every state access (0.15 us this way); the bytes are the same
+_PACKER = msgpack.Packer(strict_types=True, use_bin_type=True, autoreset=True)
+_SCALARS: frozenset[type] = frozenset({int, str, bytes, float, bool, type(None)})
+
+
+def _pack(obj: Any, _fast: Any = _PACKER.pack, _scalars: frozenset[type] = _SCALARS) -> bytes:
+    """``pack_exact(obj)``, faster for scalars."""
+    if type(obj) in _scalars:
+        try:
+            return _fast(obj)
+        except OverflowError:  # an int beyond 64 bits: the codec's extension
+            pass
+    return pack_exact(obj)
+
+
+def _name_id(name: str) -> bytes:
+    return hashlib.blake2b(name.encode(), digest_size=_ID_BYTES).digest()
+
+
+def _successor(prefix: bytes) -> bytes:
+    """The smallest key above every key starting with ``prefix`` (never all 0xff here:
+    key groups are below 0xffff)."""
+    return (int.from_bytes(prefix, "big") + 1).to_bytes(len(prefix), "big")
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+def _lengths_bytes(raw: list[bytes]) -> bytes:
+    a = array("I", map(len, raw))
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a.tobytes()
+
+
+def _lengths(data: bytes) -> array[int]:
+    a = array("I")
+    a.frombytes(data)
+    if sys.byteorder == "big":
+        a.byteswap()
+    return a
+
+
+def _interleave(items: list[tuple[bytes, bytes]]) -> list[bytes]:
+    """``[(full key, value), ...]`` -> ``[user key, value, ...]`` (C loops only)."""
+    raw: list[bytes] = [b""] * (2 * len(items))
+    keys = map(operator.itemgetter(0), items)
+    raw[0::2] = map(operator.getitem, keys, itertools.repeat(slice(_PREFIX, None)))
+    raw[1::2] = map(operator.itemgetter(1), items)
+    return raw
+
+
+class RocksDBKeyedStateBackend(KeyedStateBackend):
+    """All keyed state of one task, in RocksDB under ``directory`` (see the module doc).
+
+    Same interface as ``KeyedStateBackend``; ``close()`` releases the DB, the lock and
+    (by default) the directory's contents (the directory too with ``owns_directory``). Memory: ``block_cache_bytes`` of block cache
+    (index and filter blocks included) and at most ``write_buffer_bytes`` of memtables.
+
+    Callers outside ``engine.state`` that create a table through ``groups``
+    (``engine.operators.builtin.KeyedRunner._reduce_table``,
+    ``engine.operators.vectorised.AggregateRunner._tables``,
+    ``engine.operators.window_aggregates``' ``_store``) use
+    ``groups[kg].setdefault(name, {})``, which returns the live table here and the dict
+    there (``groups[kg][name] = {}`` and then writing to the dict would write nowhere
+    here). Reading through ``groups`` (``task.checkpointing.unencodable_state``,
+    ``participant``'s ``kg in b.groups``) works unchanged; sizes for planning come from
+    ``estimated_group_bytes`` (one scan of the group, not a scan per ``len(table)``).
+    Built per task by ``engine.state.backends.make_keyed_backend`` from ``JobConfig``.
+    """
+
+    def __init__(self, num_key_groups: int, directory: str | os.PathLike[str], *,
+                 task: str = "", block_cache_bytes: int = 64 << 20,
+                 write_buffer_bytes: int = 32 << 20, owns_directory: bool = False) -> None:
+        if not 0 < num_key_groups < 1 << (8 * _KG_BYTES):
+            raise StateBackendError(f"num_key_groups must be in 1..65535 for the RocksDB "
+                                    f"state backend, got {num_key_groups}",
+                                    path=os.fspath(directory), task=task)
+        super().__init__(num_key_groups)
+        self.directory = os.fspath(directory)
+        self.task = task
+        self.owns_directory = owns_directory
+        self._lock: IO[bytes] | None = None
+        self._db: rd.Rdict | None = None
+        # key group -> {state name: table view}: the names a group holds (a table may be
+        # empty, as a dict in the in-memory backend may be)
+        self._reg: dict[int, dict[str, _TableView]] = {}
+        self.groups = _Groups(self)  # type: ignore[assignment]
+        self._group_views: dict[int, _GroupView] = {}
+        self._ids: dict[str, bytes] = {}
+        self._names: dict[bytes, str] = {}
+        self._loans: dict[bytes, Any] = {}
+        self._open(block_cache_bytes, write_buffer_bytes)
+
+    # -- lifecycle
+    def _open(self, block_cache_bytes: int, write_buffer_bytes: int) -> None:
+        path = self.directory
+        try:
+            os.makedirs(path, exist_ok=True)
+            lock = open(os.path.join(path, _LOCK_FILE), "ab")  # noqa: SIM115 - held while open
+        except OSError as exc:
+            raise self._error(f"cannot create the state directory ({exc.strerror or exc}); "
+                              "give the task a writable directory") from exc
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            lock.close()
+            raise self._error("the state directory is locked by another open state backend "
+                              "(another task, or this task not closed); give each task its "
+                              "own directory") from exc
+        self._lock = lock
+        try:
+            lock.truncate(0)
+            lock.write(f"{os.getpid()} {self.task}\n".encode())
+            lock.flush()
+            # what a killed task left: state restarts empty
+            shutil.rmtree(os.path.join(path, "db"), ignore_errors=True)
+            self._db = rd.Rdict(os.path.join(path, "db"),
+                                self._options(block_cache_bytes, write_buffer_bytes))
+        except Exception as exc:
+            self._release()
+            raise self._error(f"cannot open RocksDB in the state directory: {exc}") from exc
+        wo = rd.WriteOptions()
+        wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
+        self._db.set_write_options(wo)
+        self._wo = wo
+
+    @staticmethod
+    def _options(block_cache_bytes: int, write_buffer_bytes: int) -> rd.Options:
+        opts = rd.Options(raw_mode=True)
+        opts.create_if_missing(True)
+        table = rd.BlockBasedOptions()
+        table.set_block_cache(rd.Cache(block_cache_bytes))
+        table.set_cache_index_and_filter_blocks(True)
+        table.set_bloom_filter(10, False)
+        table.set_block_size(16 << 10)  # key-group scans read whole ranges
+        opts.set_block_based_table_factory(table)
+        opts.set_write_buffer_size(max(write_buffer_bytes // 2, 1 << 20))
+        opts.set_max_write_buffer_number(2)
+        opts.set_db_write_buffer_size(write_buffer_bytes)
+        opts.set_compression_type(rd.DBCompressionType.lz4())
+        opts.set_max_background_jobs(2)
+        return opts
+
+    def _error(self, what: str) -> StateBackendError:
+        return StateBackendError(f"task {self.task or '?'}: state directory {self.directory}: "
+                                 f"{what}", path=self.directory, task=self.task)
+
+    @contextlib.contextmanager
+    def _io(self, doing: str) -> Iterator[None]:
+        """RocksDB failures (disk full, I/O errors) as ``StateBackendError``."""
+        try:
+            yield
+        except ReflowError:
+            raise
+        except Exception as exc:
+            raise self._failed(doing, exc) from exc
+
+    def _failed(self, doing: str, exc: Exception) -> StateBackendError:
+        if self._db is None:
+            return self._error("the state backend is closed")
+        return self._error(f"{doing} failed: {exc}")
+
+    @property
+    def db(self) -> rd.Rdict:
+        if self._db is None:
+            raise self._error("the state backend is closed")
+        return self._db
+
+    def close(self, remove_files: bool = True) -> None:
+        """Close the DB and release the directory's lock; ``remove_files`` deletes the DB
+        (state is scratch: checkpoints hold what must survive), and the directory itself
+        when the backend was given it for itself (``owns_directory``: the factory
+        ``engine.state.backends.make_keyed_backend`` makes one per task). Idempotent."""
+        if self._db is not None:
+            with contextlib.suppress(Exception):
+                self._db.close()
+            self._db = None
+            if remove_files:
+                shutil.rmtree(os.path.join(self.directory, "db"), ignore_errors=True)
+        self._release()
+        if remove_files and self.owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                fcntl.flock(self._lock.fileno(), fcntl.LOCK_UN)
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> RocksDBKeyedStateBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- names and views
+    def _id(self, name: str) -> bytes:
+        i = self._ids.get(name)
+        if i is None:
+            i = _name_id(name)
+            other = self._names.get(i)
+            if other is not None and other != name:
+                raise StateBackendError(f"state names {other!r} and {name!r} hash to one id; "
+                                        "rename one", path=self.directory, task=self.task)
+            self._ids[name] = i
+            self._names[i] = name
+        return i
+
+    def _view(self, key_group: int, name: str) -> _TableView:
+        """The table view of ``name`` in ``key_group``, registered (created) when missing."""
+        reg = self._reg[key_group]
+        v = reg.get(name)
+        if v is None:
+            v = reg[name] = _TableView(self, key_group, name)
+        return v
+
+    def _group(self, key_group: int) -> _GroupView:
+        g = self._group_views.get(key_group)
+        if g is None:
+            g = self._group_views[key_group] = _GroupView(self, key_group)
+        return g
+
+    # -- ownership and the current key
+    def own(self, key_group: int) -> None:
+        if key_group not in self._reg:
+            self.layout_version += 1
+            self._reg[key_group] = {}
+        self.timers.setdefault(key_group, set())
+
+    def set_current(self, key: Any, key_group: int) -> None:
+        if self._loans and (key is not self.current_key or key_group != self.current_group):
+            self.flush()
+        self.current_key = key
+        if key_group != self.current_group:
+            self._tables = self._reg[key_group]  # type: ignore[assignment]
+            self.current_group = key_group
+        if self._changes:
+            changed = self._changes.get(key_group)
+            if changed is not None:
+                changed.add(key)
+
+    def table(self, name: str) -> Table:
+        t = self._tables.get(name)
+        if t is None:
+            t = self._view(self.current_group, name)
+        return t
+
+    def flush(self) -> None:
+        """Write loaned (mutable, possibly mutated) values back; they are no longer live."""
+        loans = self._loans
+        if not loans:
+            return
+        batch = rd.WriteBatch(raw_mode=True)
+        for k, v in loans.items():
+            batch.put(k, _pack(v))
+        loans.clear()
+        with self._io("writing state"):
+            self.db.write(batch, self._wo)
+
+    def _write(self, prefix: bytes, pairs: Iterable[tuple[Any, Any]]) -> None:
+        """Write ``pairs`` under ``prefix`` in one batch (values encoded now: no loans)."""
+        batch = rd.WriteBatch(raw_mode=True)
+        loans = self._loans
+        for k, v in pairs:
+            full = prefix + _pack(k)
+            loans.pop(full, None)
+            batch.put(full, _pack(v))
+        with self._io("writing state"):
+            self.db.write(batch, self._wo)
+
+    def _drop_loans(self, prefix: bytes) -> None:
+        for k in [k for k in self._loans if k.startswith(prefix)]:
+            del self._loans[k]
+
+    # -- dense tables: none on disk (the vectorised operators take their dict path)
+    def dense_table(self, name: str) -> None:
+        return None
+
+    def undense(self, name: str) -> None:
+        return None
+
+    def dense_names(self) -> list[str]:
+        return []
+
+    # -- scans
+    def _scan(self, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, bytes]]:
+        ro = rd.ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        ro.fill_cache(False)  # type: ignore[call-arg]  # the stub lacks the flag
+        ro.set_readahead_size(2 << 20)
+        items: Iterable[tuple[bytes, bytes]] = self.db.items(from_key=lo, read_opt=ro)  # type: ignore[assignment]
+        # a generator, so ``ro`` lives as long as the iterator: the iterator does not keep
+        # its read options (and their upper bound) alive, and reads a freed bound otherwise
+        yield from items
+        del ro
+
+    def _scan_keys(self, lo: bytes, hi: bytes) -> Iterator[bytes]:
+        ro = rd.ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        keys: Iterable[bytes] = self.db.keys(from_key=lo, read_opt=ro)  # type: ignore[assignment]
+        yield from keys  # a generator: see _scan
+        del ro
+
+    # -- single key groups
+    def snapshot(self, key_group: int) -> bytes:
+        """The group as a key-group blob (``engine.state.keyed.encode_group``), spliced from
+        the stored bytes: nothing is decoded or encoded but the names and timers."""
+        self.flush()
+        parts: list[bytes] = []
+        tables = 0
+        with self._io("reading state"), _gc_paused():
+            for name, view in self._reg.get(key_group, {}).items():
+                raw = _interleave(list(self._scan(view.prefix, view.end)))
+                if raw:
+                    tables += 1
+                    parts += (b"\x93", pack_exact(name), _array_header(len(raw)), *raw,
+                              pack_exact(_lengths_bytes(raw)))
+        timers = pack_exact(sorted(self.timers.get(key_group, ()), key=repr))
+        return b"".join((b"\x93", _GROUP_TAG, _array_header(tables), *parts, timers))
+
+    def install(self, key_group: int, data: bytes) -> None:
+        """Install a key-group blob of either backend, replacing anything held for it;
+        the entries' bytes are written as they are, in write batches."""
+        with _gc_paused():
+            tables, timers = _split_blob(data)
+        changed = self._changes.get(key_group)
+        if changed is not None:
+            self._note_all(key_group, changed)
+        kg = key_group.to_bytes(_KG_BYTES, "big")
+        self._drop_loans(kg)
+        self.layout_version += 1
+        reg: dict[str, _TableView] = {}
+        with self._io("installing state"):
+            if key_group in self._reg:  # a group never owned, or removed, holds no keys
+                self.db.delete_range(kg, _successor(kg), self._wo)
+            for name, raw in tables:
+                if not raw:
+                    continue
+                view = reg[name] = _TableView(self, key_group, name)
+                keys = list(map(view.prefix.__add__, raw[0::2]))
+                values = raw[1::2]
+                step = max(1, _BATCH_BYTES * len(keys) // max(1, sum(map(len, raw))))
+                for at in range(0, len(keys), step):
+                    batch = rd.WriteBatch(raw_mode=True)
+                    put = batch.put
+                    for k, v in zip(keys[at:at + step], values[at:at + step], strict=True):
+                        put(k, v)
+                    self.db.write(batch, self._wo)
+        self._reg[key_group] = reg
+        if changed is not None:
+            self._note_all(key_group, changed)
+        self.timers[key_group] = ts = {(int(at), k, int(d)) for at, k, d in timers}
+        for at, k, d in ts:
+            self._push_timer(at, key_group, k, d)
+        if key_group == self.current_group:
+            self._tables = reg  # type: ignore[assignment]
+
+    def remove(self, key_group: int) -> None:
+        changed = self._changes.get(key_group)
+        if changed is not None:
+            self._note_all(key_group, changed)
+        kg = key_group.to_bytes(_KG_BYTES, "big")
+        self._drop_loans(kg)
+        with self._io("removing state"):
+            self.db.delete_range(kg, _successor(kg), self._wo)
+        self._reg.pop(key_group, None)
+        self._group_views.pop(key_group, None)
+        self.layout_version += 1
+        self.timers.pop(key_group, None)
+        if key_group == self.current_group:
+            self.current_group = -1
+            self._tables = {}
+
+    # -- change tracking
+    def snapshot_delta(self, key_group: int) -> bytes:
+        changed = self._changes.get(key_group)
+        if changed is None:
+            raise ValueError(
+                f"key group {key_group} is not tracked; call track_changes({key_group}) "
+                "before asking for a delta"
+            )
+        views = list(self._reg.get(key_group, {}).items())
+        entries = []
+        for key in changed:
+            present = []
+            for name, view in views:
+                v = view.get(key, _MISSING)
+                if v is not _MISSING:
+                    present.append([name, v])
+            entries.append([key, present])
+        return pack_exact([_DELTA_TAG, self._versions[key_group], entries,
+                           sorted(self.timers.get(key_group, ()), key=repr)])
+
+    def _note_all(self, key_group: int, changed: set[Any]) -> None:
+        for view in self._reg.get(key_group, {}).values():
+            changed.update(view)
+
+    # -- sizes
+    def estimated_bytes(self) -> int:
+        """RocksDB's estimate of its live data plus the memtables: cheap, and counts
+        compressed bytes on disk (not the encoded size the in-memory backend estimates)."""
+        db = self.db
+        live = db.property_int_value("rocksdb.estimate-live-data-size") or 0
+        mem = db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
+        return int(live + mem)
+
+    def num_keys(self) -> int:
+        """Exact, by a scan of every table (costs a pass over the keys)."""
+        self.flush()
+        return sum(1 for _ in self._scan_keys(b"", b"\xff\xff"))
+
+    def group_bytes(self, key_group: int) -> int:
+        """The stored bytes of one group's entries (a scan of the group)."""
+        self.flush()
+        kg = key_group.to_bytes(_KG_BYTES, "big")
+        return sum(len(k) - _PREFIX + len(v) for k, v in self._scan(kg, _successor(kg)))
+
+    def estimated_group_bytes(self, key_group: int) -> int:
+        """One key group's stored bytes (``group_bytes``: exact, by one range scan of the
+        group, which reads keys and values but decodes nothing). ``len(table)`` scans here
+        too, so the in-memory backend's sample-times-length estimate would cost a scan per
+        table and still be an estimate."""
+        return self.group_bytes(key_group)
+
+
+def _split_blob(data: bytes) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
+    """A key-group blob's tables as ``[(name, [key bytes, value bytes, ...])]`` (each the
+    exact encoding) and its timers, without decoding entries: sliced by the lengths a
+    RocksDB blob carries, else cut at object boundaries. An old-format blob is decoded
+    and re-encoded (checkpoints written before the blob format)."""
+    u = msgpack.Unpacker(max_buffer_size=max(len(data), 1024), strict_map_key=False)
+    u.feed(data)
+    try:
+        n = u.read_array_header()
+        if n != 3 or u.unpack() != GROUP_TAG:
+            return _split_decoded(data)
+        out: list[tuple[str, list[bytes]]] = []
+        for _ in range(u.read_array_header()):
+            fields = u.read_array_header()
+            name = u.unpack()
+            if fields == 3:  # skip the flat array whole, then slice it by the lengths
+                head = u.tell()
+                u.skip()
+                end = u.tell()
+                first = data[head]
+                start = head + (1 if first & 0xF0 == 0x90 else 3 if first == 0xDC else 5)
+                count = (first & 0x0F if first & 0xF0 == 0x90
+                         else int.from_bytes(data[head + 1:start], "big"))
+                offsets = list(itertools.accumulate(_lengths(u.unpack()), initial=start))
+                raw = list(map(data.__getitem__, map(slice, offsets[:-1], offsets[1:])))
+                if offsets[-1] != end or len(raw) != count:
+                    raise CodecError("key-group blob: the lengths do not match the entries")
+            else:
+                count = u.read_array_header()
+                start = u.tell()
+                raw = []
+                skip, tell = u.skip, u.tell
+                for _ in range(count):
+                    skip()
+                    end = tell()
+                    raw.append(data[start:end])
+                    start = end
+            out.append((name, raw))
+        timers = unpack_exact(data[u.tell():])
+    except CodecError:
+        raise
+    except Exception as exc:
+        raise CodecError(f"bytes are not a key-group snapshot: {exc}") from exc
+    return out, timers
+
+
+def _split_decoded(data: bytes) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
+    tables, timers = decode_group(data)
+    return [(name, [_pack(x) for x in itertools.chain.from_iterable(t.items())])
+            for name, t in tables.items()], timers
+
+
+class _TableView(MutableMapping[Any, Any]):
+    """One state table of one key group: the key range ``prefix``..``end``."""
+
+    __slots__ = ("_b", "end", "key_group", "name", "prefix")
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, key_group: int, name: str) -> None:
+        self._b = backend
+        self.key_group = key_group
+        self.name = name
+        self.prefix = key_group.to_bytes(_KG_BYTES, "big") + backend._id(name)
+        self.end = _successor(self.prefix)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        full = self.prefix + _pack(key)
+        b = self._b
+        v = b._loans.get(full, _MISSING)
+        if v is not _MISSING:
+            return v
+        try:
+            raw = b._db.get(full)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise b._failed("reading state", exc) from exc
+        if raw is None:
+            return default
+        v = unpack_exact(raw)
+        if type(v) not in _IMMUTABLE:
+            if len(b._loans) >= _MAX_LOANS:
+                b.flush()
+            b._loans[full] = v
+        return v
+
+    def __getitem__(self, key: Any) -> Any:
+        v = self.get(key, _MISSING)
+        if v is _MISSING:
+            raise KeyError(key)
+        return v
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        full = self.prefix + _pack(key)
+        b = self._b
+        if type(value) in _IMMUTABLE:
+            b._loans.pop(full, None)
+            enc = _pack(value)
+            try:
+                b._db.put(full, enc, b._wo)  # type: ignore[union-attr]
+            except Exception as exc:  # a plain try: free on the hot path, a ``with`` is not
+                raise b._failed("writing state", exc) from exc
+        else:
+            if len(b._loans) >= _MAX_LOANS:
+                b.flush()
+            b._loans[full] = value
+
+    def __delitem__(self, key: Any) -> None:
+        if self.pop(key, _MISSING) is _MISSING:
+            raise KeyError(key)
+
+    def pop(self, key: Any, default: Any = _MISSING) -> Any:
+        full = self.prefix + _pack(key)
+        b = self._b
+        v = b._loans.pop(full, _MISSING)
+        raw = b.db.get(full)
+        if raw is not None:
+            with b._io("writing state"):
+                b.db.delete(full, b._wo)
+            if v is _MISSING:
+                v = unpack_exact(raw)
+        if v is _MISSING:
+            if default is _MISSING:
+                raise KeyError(key)
+            return default
+        return v
+
+    def __contains__(self, key: object) -> bool:
+        full = self.prefix + _pack(key)
+        return full in self._b._loans or self._b.db.get(full) is not None
+
+    def __iter__(self) -> Iterator[Any]:
+        self._b.flush()
+        for k in self._b._scan_keys(self.prefix, self.end):
+            yield unpack_exact(k[_PREFIX:])
+
+    def __len__(self) -> int:
+        self._b.flush()
+        return sum(1 for _ in self._b._scan_keys(self.prefix, self.end))
+
+    def __bool__(self) -> bool:
+        self._b.flush()
+        return next(self._b._scan_keys(self.prefix, self.end), None) is not None
+
+    def items(self) -> ItemsView[Any, Any]:
+        return _Items(self)
+
+    def values(self) -> ValuesView[Any]:
+        return _Values(self)
+
+    def keys(self) -> KeysView[Any]:
+        return KeysView(self)
+
+    def _pairs(self) -> Iterator[tuple[Any, Any]]:
+        self._b.flush()
+        for k, v in self._b._scan(self.prefix, self.end):
+            yield unpack_exact(k[_PREFIX:]), unpack_exact(v)
+
+    def clear(self) -> None:
+        b = self._b
+        b._drop_loans(self.prefix)
+        with b._io("writing state"):
+            b.db.delete_range(self.prefix, self.end, b._wo)
+
+    def update(self, other: Any = (), /, **kw: Any) -> None:  # one batch
+        pairs = other.items() if isinstance(other, Mapping) else other
+        self._b._write(self.prefix, itertools.chain(pairs, kw.items()))
+
+    def __repr__(self) -> str:
+        return f"<RocksDB table {self.name!r} of key group {self.key_group}>"
+
+
+class _Items(ItemsView[Any, Any]):
+    _mapping: _TableView
+
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        return self._mapping._pairs()
+
+
+class _Values(ValuesView[Any]):
+    _mapping: _TableView
+
+    def __iter__(self) -> Iterator[Any]:
+        for _, v in self._mapping._pairs():
+            yield v
+
+
+class _GroupView(MutableMapping[str, Table]):
+    """A key group's tables by name (``groups[kg]``): the names it holds, each a live
+    ``_TableView``. Assigning a mapping copies it in; ``pop`` returns a dict copy."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, key_group: int) -> None:
+        self._b = backend
+        self.key_group = key_group
+
+    @property
+    def _reg(self) -> dict[str, _TableView]:
+        return self._b._reg[self.key_group]
+
+    def __getitem__(self, name: str) -> Table:
+        return self._reg[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._reg.get(name, default)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._reg
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._reg))
+
+    def __len__(self) -> int:
+        return len(self._reg)
+
+    def __setitem__(self, name: str, table: Table) -> None:
+        view = self._b._view(self.key_group, name)
+        if table is view:
+            return
+        pairs = list(table.items())
+        view.clear()
+        self._b._write(view.prefix, pairs)
+
+    def __delitem__(self, name: str) -> None:
+        view = self._reg.pop(name)
+        view.clear()
+
+    def pop(self, name: str, default: Any = _MISSING) -> Any:
+        view = self._reg.get(name)
+        if view is None:
+            if default is _MISSING:
+                raise KeyError(name)
+            return default
+        out = dict(view.items())
+        del self[name]
+        return out
+
+    def setdefault(self, name: str, default: Any = None) -> Table:
+        view = self._reg.get(name)
+        if view is None:
+            self[name] = {} if default is None else default
+            view = self._reg[name]
+        return view
+
+
+class _Groups(Mapping[int, _GroupView]):
+    """``backend.groups``: the owned key groups, each a ``_GroupView``."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+        self._b = backend
+
+    def __getitem__(self, key_group: int) -> _GroupView:
+        if key_group not in self._b._reg:
+            raise KeyError(key_group)
+        return self._b._group(key_group)
+
+    def get(self, key_group: int, default: Any = None) -> Any:
+        if key_group not in self._b._reg:
+            return default
+        return self._b._group(key_group)
+
+    def __contains__(self, key_group: object) -> bool:
+        return key_group in self._b._reg
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._b._reg))
+
+    def __len__(self) -> int:
+        return len(self._b._reg)

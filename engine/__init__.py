@@ -27,8 +27,7 @@ Prometheus: the names that need them load on first use."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.api import KeyedStream, Stream, StreamJob, WindowedStream
 from engine.dataflow.config import JobConfig
@@ -78,6 +77,7 @@ from engine.io.sources import (
     SourceBatch,
     SourceReader,
 )
+from engine.names import lazy_exports
 from engine.operators.functions import (
     Context,
     KeyedProcessFunction,
@@ -240,14 +240,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next access does not come here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

@@ -10,8 +10,10 @@ would be false; this base hashes as the string.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable, Mapping
 from enum import Enum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _E = TypeVar("_E", bound="NameEnum")
 
@@ -82,3 +84,25 @@ class StateBackend(NameEnum):
 
     MEMORY = "memory"
     ROCKSDB = "rocksdb"
+
+
+def lazy_exports(namespace: dict[str, Any], exports: Mapping[str, str]
+                 ) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """A package's module-level ``__getattr__`` and ``__dir__`` (PEP 562) for its public
+    names: ``exports`` maps each name to the module that defines it, imported on first use
+    and then kept in ``namespace`` (the package's ``globals()``), so importing a package
+    loads none of its modules and closes no import cycle. Unknown names raise
+    ``AttributeError`` as for any module."""
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            raise AttributeError(f"module {namespace['__name__']!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        namespace[name] = value  # the next access does not come here
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*namespace, *namespace.get("__all__", ())})
+
+    return __getattr__, __dir__

@@ -36,16 +36,20 @@ from engine.checkpoints.metadata import CheckpointMetadata
 from engine.checkpoints.restore import (
     RestorePlan,
     TaskRestore,
-    checkpoint_layout,
-    fresh_deployment,
     plan_restore,
 )
 from engine.checkpoints.store import read_metadata, resolve
 from engine.control.arbiter import Action, ActionKind, Verdict
-from engine.control.steps import DeploySteps, ReplaceDeployment, StepMachine
+from engine.control.steps import (
+    DeploySteps,
+    RecoveryOutcome,
+    RecoverySteps,
+    ReplaceDeployment,
+    StepMachine,
+)
 from engine.dataflow.deployment import ChannelIds, Deployment, source_partitions
 from engine.dataflow.restart import RestartStrategy
-from engine.errors import JobFailedError, JobRestarted, RestoreError
+from engine.errors import JobFailedError, JobRestarted
 from engine.names import JobState
 from engine.runtime.arbitration import Arbitration
 from engine.runtime.checkpointing import Checkpointing
@@ -180,13 +184,25 @@ class Recovery:
         await self.checkpoints.abort(f"the job restarts after a failure: {cause}")
         p.forget_tasks()
         await asyncio.sleep(self.strategy.delay_s)
-        latest = self.checkpoints.coord.latest
-        if latest is None:  # from the start of the input, with no state
-            record = p.record
-            await self.deploy(fresh_deployment(record.graph_plan, p.job_id,
-                                               record.next_generation, p.dep.partitions), {})
-        else:
-            await self._deploy_newest_readable(latest)
+        coord = self.checkpoints.coord
+        latest = coord.latest
+        # the newest first: a checkpoint that does not read back whole falls back to the
+        # newest older retained one that does (RecoverySteps)
+        candidates = () if latest is None else (latest, *(
+            c for c in reversed(coord.retained) if c.checkpoint_id < latest.checkpoint_id))
+        record = p.record
+        outcome: RecoveryOutcome = await self.run_steps(RecoverySteps(
+            record.graph_plan, p.job_id, record.next_generation, p.dep.partitions, p.ids,
+            p.clock, candidates))
+        if outcome.skipped and outcome.restored is not None:
+            meta = outcome.restored.checkpoint
+            coord.latest = meta  # the one a next failure goes back to
+            coord.retained = [c for c in coord.retained
+                              if c.checkpoint_id <= meta.checkpoint_id]
+            p.checkpoint_completed(meta)
+            coord.last_failure = outcome.note
+            last = p.record.last_failure
+            p.note_failure(f"{last}; {outcome.note}" if last else outcome.note)
         failed = p.take_deferred_failure()
         if failed is not None:  # a task of the new deployment failed while it was deployed
             raise JobFailedError(f"task {failed.task} of operator {failed.operator!r} failed "
@@ -194,42 +210,6 @@ class Recovery:
                                  operator=failed.operator, task=failed.task)
         self._end()
         p.restarted()
-
-    async def _deploy_newest_readable(self, latest: CheckpointMetadata) -> None:
-        """Restore from ``latest``; when its files do not read back whole (missing, short,
-        corrupt: ``RestoreError``), from the newest older retained checkpoint that does,
-        saying so in the job's ``last_failure`` and in the checkpoint stats. Raises the
-        last ``RestoreError`` when none reads back."""
-        p = self.port
-        coord = self.checkpoints.coord
-        candidates = [latest, *(c for c in reversed(coord.retained)
-                                if c.checkpoint_id < latest.checkpoint_id)]
-        skipped: list[str] = []
-        for i, meta in enumerate(candidates):
-            record = p.record
-            plan = plan_restore(meta, checkpoint_layout(record.graph_plan, meta), p.job_id,
-                                record.next_generation, allow_non_restored_state=True,
-                                partitions=p.dep.partitions)
-            try:
-                await self.deploy(plan.deployment, plan.tasks)
-            except Exception as exc:  # noqa: BLE001 - only an unreadable checkpoint falls back
-                err = reflow_error_in(exc)
-                if not isinstance(err, RestoreError) or i == len(candidates) - 1:
-                    raise
-                skipped.append(f"checkpoint {meta.checkpoint_id} ({err})")
-                p.kill_tasks()
-                continue
-            if skipped:
-                coord.latest = meta  # the one a next failure goes back to
-                coord.retained = [c for c in coord.retained
-                                  if c.checkpoint_id <= meta.checkpoint_id]
-                p.checkpoint_completed(meta)
-                note = (f"restored from checkpoint {meta.checkpoint_id}: "
-                        + "; ".join(skipped) + " did not read back whole")
-                coord.last_failure = note
-                last = p.record.last_failure
-                p.note_failure(f"{last}; {note}" if last else note)
-            return
 
     async def wait_running(self, epoch: int) -> None:
         """Until the job runs again after the restart that ended ``epoch`` (or raise the

@@ -350,15 +350,16 @@ class ControllerRunner:
                 tuple(p.nodes.get(t, "") for t in tasks),
                 tuple(sorted({e.dst if e.src == v.name else e.src
                               for e in plan.forward_edges_of(v.name)})),
-                plan.forward_root(v.name))
+                plan.forward_root(v.name), task_cpus=p.config.task_num_cpus)
         loads: dict[str, tuple[float, ...]] = {}
         sizes: dict[str, tuple[int, ...]] = {}
         if group_stats:
             loads, sizes = await self._group_stats([v.name for v in plan.vertices if v.keyed])
+        cpus, cpus_available = await _cluster_cpus()
         return JobView(p.job_id, p.clock.monotonic(), nkg, ops,
                        p.rescaling_operators, bool(p.finished),
                        self.last_rescale_end, tuple(self.records), loads, sizes,
-                       tuple(p.alive_nodes()))
+                       tuple(p.alive_nodes()), cpus=cpus, cpus_available=cpus_available)
 
     async def _group_stats(self, vertices: list[str]
                            ) -> tuple[dict[str, tuple[float, ...]], dict[str, tuple[int, ...]]]:
@@ -390,3 +391,22 @@ class ControllerRunner:
 
 
 __all__ = ["ControllerRunner"]
+
+
+async def _cluster_cpus() -> tuple[float | None, float | None]:
+    """The cluster's CPUs and those no actor reserves (Ray's ``cluster_resources`` and
+    ``available_resources``: calls to the GCS, so off the event loop); None where Ray
+    cannot say, and a controller then bounds nothing by them."""
+    import ray
+
+    def read() -> tuple[float | None, float | None]:
+        total = ray.cluster_resources().get("CPU")
+        free = ray.available_resources().get("CPU")
+        return (None if total is None else float(total),
+                None if free is None else float(free))
+
+    try:
+        return await asyncio.to_thread(read)
+    except Exception:  # noqa: BLE001 - a view without the bound beats no view
+        log.debug("Ray did not say how many CPUs the cluster has", exc_info=True)
+        return None, None

@@ -65,7 +65,6 @@ from engine.task.core import (
     TaskControlError,
     TaskCore,
     TaskSpec,
-    estimated_group_bytes,
 )
 from engine.task.reply import Reply
 from engine.time.clock import Clock
@@ -657,7 +656,7 @@ class MigrationParticipant:
         self._freeze_leaving(sid)
         self.host.router.open_reroute(self._reroute_channels[sid])
         b = self._backend()
-        sizes = tuple((kg, estimated_group_bytes(b, kg)) for kg in out.key_groups)
+        sizes = tuple((kg, b.estimated_group_bytes(kg)) for kg in out.key_groups)
         first = self.old_role.first_push(sid, dict(sizes))
         self.host.send_priority(out.new_owner, SubscaleTriggered(sid, sizes, first))
         self._state_sent[sid] = 0

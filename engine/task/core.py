@@ -70,7 +70,7 @@ from engine.observability.latency import LatencyHistogram
 from engine.observability.metrics import TaskMetrics
 from engine.operators.builtin import Records, Stamps, describe
 from engine.operators.chain import OperatorChain
-from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
+from engine.state.keyed import EVENT_TIME, PROCESSING_TIME
 from engine.task.channel import REROUTE_PORT, InputChannel, OutputRouter
 from engine.task.checkpointing import CheckpointParticipant, unencodable_state
 from engine.task.group_order import GroupOrder, OrderMarkers
@@ -121,15 +121,8 @@ from engine.wire.messages import (
 __all__ = [
     "CREATED", "FAILED", "FINISHED", "RUNNING", "STOPPED", "MigrationHooks", "NoMigration",
     "PartialFrame", "Record", "Reply", "TaskControlError", "TaskCore", "TaskCounters",
-    "TaskSpec", "TaskStatus", "estimated_group_bytes", "unencodable_state",
+    "TaskSpec", "TaskStatus", "unencodable_state",
 ]
-
-
-def estimated_group_bytes(b: KeyedStateBackend, key_group: int) -> int:
-    """Cheap estimate of a key group's encoded size, for planning (the backend's own:
-    a sample of each table in memory, one scan on RocksDB); a migration ships and counts
-    the exact bytes."""
-    return b.estimated_group_bytes(key_group)
 
 
 @dataclass
@@ -570,7 +563,7 @@ class TaskCore:
     def _group_stats(self, msg: GroupStatsRequest) -> Reply:
         now, b, counts = self.clock.monotonic(), self.backend, self.group_load.take()
         groups = () if b is None else tuple(
-            (kg, counts.get(kg, 0), estimated_group_bytes(b, kg)) for kg in b.owned())
+            (kg, counts.get(kg, 0), b.estimated_group_bytes(kg)) for kg in b.owned())
         reply = GroupStats(self.name, groups, now - self._stats_since)
         self._stats_since = now
         return Reply(reply)

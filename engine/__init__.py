@@ -3,7 +3,8 @@
 Everything a job script imports is here, ``from engine import ...``:
 
 * the job: ``StreamJob``, ``Stream``, ``KeyedStream``, ``WindowedStream``, ``JobConfig``
-  (``TLS``, ``DeliveryGuarantee``, ``StateBackend``), and what running it gives back: ``JobHandle``,
+  (``TLS``, ``DeliveryGuarantee``, ``StateBackend``), and what running it gives back: ``JobHandle``
+  (``attach(job)`` gives one on a running job from another process),
   ``JobStatus``, ``JobMetrics``, ``RescaleReport``, ``LogicChangeReport``, the records of
   past rescales and decisions, ``Planning`` for a rescale's order;
 * user functions and their state: ``KeyedProcessFunction``, ``Context``,
@@ -53,6 +54,7 @@ from engine.errors import (
     JobMasterLost,
     JobNotFound,
     JobNotRunningError,
+    JobRecordUnreadable,
     OutputCodecError,
     PrometheusError,
     RayUnavailable,
@@ -63,6 +65,7 @@ from engine.errors import (
     SchemaError,
     SinkCommitError,
     SparkQueryFailed,
+    StaleJobMaster,
     StateBackendError,
     UnhashableKeyError,
     UserFunctionError,
@@ -106,7 +109,7 @@ if TYPE_CHECKING:
     from engine.names import StateBackend
     from engine.observability.metrics import JobMetrics, TaskMetrics
     from engine.operators.vectorised import Aggregation, Count, Max, Mean, Min, Sum
-    from engine.runtime.handle import JobHandle
+    from engine.runtime.handle import JobHandle, attach
     from engine.wire.codec import register_codec, register_dataclass
     from engine.wire.messages import JobStatus
     from engine.wire.transport import TLS
@@ -135,6 +138,7 @@ _EXPORTS: dict[str, str] = {
     "Min": "engine.operators.vectorised",
     "Sum": "engine.operators.vectorised",
     "JobHandle": "engine.runtime.handle",
+    "attach": "engine.runtime.handle",
     "register_codec": "engine.wire.codec",
     "register_dataclass": "engine.wire.codec",
     "JobStatus": "engine.wire.messages",
@@ -148,6 +152,7 @@ __all__ = [
     "AggregateFunction",
     "Aggregation",
     "AssignmentError",
+    "attach",
     "BalanceInfeasible",
     "bounded_out_of_orderness",
     "BridgeError",
@@ -179,6 +184,7 @@ __all__ = [
     "JobMetrics",
     "JobNotFound",
     "JobNotRunningError",
+    "JobRecordUnreadable",
     "JobStatus",
     "KeyedProcessFunction",
     "KeyedStream",
@@ -217,6 +223,7 @@ __all__ = [
     "SourceGate",
     "SourceReader",
     "SparkQueryFailed",
+    "StaleJobMaster",
     "StateBackendError",
     "Stream",
     "StreamJob",

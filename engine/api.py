@@ -8,6 +8,7 @@ empty one is refused, never replaced by a generated one (only ``name=None`` gene
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from engine.io.sources import Source
 from engine.operators.functions import KeyedProcessFunction, ReduceFunction
 from engine.operators.windows import AggregateFunction, WindowJoin, WindowOperator
 from engine.time.event_time import WatermarkStrategy, Window, WindowAssigner
+
+DETACHED_ENV = "REFLOW_DETACHED"  # "1": run() starts the job detached (reflow run --detached)
 
 if TYPE_CHECKING:
     from engine.runtime import JobHandle
@@ -123,7 +126,8 @@ class StreamJob:
 
     def run(self, address: str | None = None, controllers: Iterable[Any] = (),
             restore_from: str | None = None,
-            allow_non_restored_state: bool = False) -> JobHandle:
+            allow_non_restored_state: bool = False,
+            detached: bool | None = None) -> JobHandle:
         """Deploy on Ray (``ray.init()`` is called when no cluster is connected) and run
         ``controllers`` (``controllers.base.Controller`` instances) on the job.
 
@@ -132,7 +136,11 @@ class StreamJob:
         checkpoint), at this job's parallelism: keyed state is re-assigned by key group,
         operators are matched by name, sinks commit the savepoint's output. State of an
         operator this job does not have refuses the restore (``RestoreError``) unless
-        ``allow_non_restored_state`` drops it."""
+        ``allow_non_restored_state`` drops it.
+
+        ``detached``: the job outlives this process and its JobMaster's (see
+        ``engine.runtime.handle.deploy``); None: detached when the environment variable
+        ``REFLOW_DETACHED`` is ``1`` (``reflow run --detached``)."""
         graph = self.graph()
         if not any(op.kind == g.SINK for op in graph.operators):
             raise JobDefinitionError(
@@ -146,9 +154,11 @@ class StreamJob:
             restore_from = absolute_location(restore_from)
         from engine.runtime import deploy
 
+        if detached is None:
+            detached = os.environ.get(DETACHED_ENV, "") == "1"
         return deploy(graph, self.config, address=address, controllers=tuple(controllers),
                       restore_from=restore_from,
-                      allow_non_restored_state=allow_non_restored_state)
+                      allow_non_restored_state=allow_non_restored_state, detached=detached)
 
 
 def _or(parallelism: int | None, default: int) -> int:

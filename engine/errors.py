@@ -31,8 +31,11 @@ Hierarchy::
     ├── CheckpointFailed        a checkpoint or savepoint did not complete (names the
     │                           checkpoint, the task and the reason); the job goes on
     ├── RestoreError            ``job.run(restore_from=...)`` refused a checkpoint or savepoint:
-    │                           corrupt, foreign, incomplete, or holding state the job cannot
-    │                           map (names the path and the reason); nothing was deployed
+    │   │                       corrupt, foreign, incomplete, or holding state the job cannot
+    │   │                       map (names the path and the reason); nothing was deployed
+    │   └── JobRecordUnreadable ... the durable job record (``_job``) a restarted JobMaster
+    │                           reads: corrupt, foreign, of another format, or not of this
+    │                           job's graph (names the path, the job and the reason)
     ├── StateBackendError       a task's state directory cannot be used: not writable, full,
     │                           or locked by another task (names the path and the task)
     ├── StaleReplicaError       a replica delta does not apply to the replica held (the holder
@@ -48,7 +51,11 @@ Hierarchy::
     │                           ``TimeoutError``)
     ├── ControlPlaneError       the driver got no answer from the job's JobMaster:
     │   ├── ControlTimeout      ... within the call's deadline (``JobConfig.control_timeout_s``)
-    │   └── JobMasterLost       ... because the JobMaster actor died (Ray's error is the cause)
+    │   ├── JobMasterLost       ... because the JobMaster actor died (Ray's error is the cause)
+    │   │   └── JobMasterFailedOver ... a detached job's, during a call that changes the job:
+    │   │                       Ray restarts it and it takes the job over; ask again
+    │   └── StaleJobMaster      ... because a newer JobMaster (a higher epoch) owns the job: the
+    │                           older one may no longer write its record (names both epochs)
     ├── RayUnavailable          Ray could not be started (a local start timed out every
     │                           attempt) or reached at the address given
     ├── InternalError           reflow's runtime raised something it did not mean to (a bug:
@@ -266,6 +273,20 @@ class RestoreError(ReflowError):
         self.reason = reason
 
 
+class JobRecordUnreadable(RestoreError):
+    """The durable job record (``<checkpoint dir>/<job id>/_job``) cannot be read back: the
+    file is unreadable, corrupt (its checksum or body does not hold), foreign (not a reflow
+    job record, or another job's), of another format version, missing a field, or does not
+    fit the job's graph. ``path``, ``job`` and ``reason`` say which; the job is never
+    started from nothing in its place: restore it from its checkpoints
+    (``job.run(restore_from="<checkpoint dir>/<job id>")``)."""
+
+    def __init__(self, message: str, *, path: str = "", reason: str = "",
+                 job: str = "") -> None:
+        super().__init__(message, path=path, reason=reason)
+        self.job = job
+
+
 class StateBackendError(ReflowError):
     """A task's on-disk state backend (``engine.state.rocksdb``) cannot open or write its
     directory: not writable, full, or held by another open backend (its lock file).
@@ -378,6 +399,27 @@ class JobMasterLost(ControlPlaneError):
     (``job.run(restore_from="<checkpoint_dir>/<job id>")``), or deploy it again."""
 
 
+class JobMasterFailedOver(JobMasterLost):
+    """A detached job's JobMaster died during a call that changes the job (a rescale, a
+    savepoint, a change of logic); Ray restarts it and the new one takes the job over
+    (reconciled with its live tasks, or restarted from its latest checkpoint: its
+    ``status().last_failure`` says which). What the call asked may or may not have
+    happened: look at ``status()`` (and the parallelism in ``metrics()``), then ask again."""
+
+
+class StaleJobMaster(ControlPlaneError):
+    """A newer JobMaster owns the job: it claimed epoch ``newer_epoch`` in the job's record
+    store (``engine.checkpoints.job_store``) after this one claimed ``epoch``, so this one
+    may no longer write the job's record or act on the job. The JobMaster that gets it stops
+    acting (the newer one carries the job on); a driver reconnects to the newer one."""
+
+    def __init__(self, message: str, *, job: str = "", call: str = "", epoch: int = 0,
+                 newer_epoch: int = 0) -> None:
+        super().__init__(message, job=job, call=call)
+        self.epoch = epoch
+        self.newer_epoch = newer_epoch
+
+
 class RayUnavailable(ReflowError):
     """Ray could not be started or reached (``engine.runtime.local_ray.connect``): a local
     start timed out in every attempt (a very busy machine), or the cluster at the address
@@ -473,9 +515,11 @@ __all__ = [
     "InvalidKeyError",
     "JobDefinitionError",
     "JobFailedError",
+    "JobMasterFailedOver",
     "JobMasterLost",
     "JobNotFound",
     "JobNotRunningError",
+    "JobRecordUnreadable",
     "JobRestarted",
     "KeyFunctionError",
     "OutputCodecError",
@@ -488,6 +532,7 @@ __all__ = [
     "SchemaError",
     "SinkCommitError",
     "SparkQueryFailed",
+    "StaleJobMaster",
     "StaleReplicaError",
     "StateBackendError",
     "TaskControlError",

@@ -36,6 +36,16 @@ RESCALE_RECORDS = 100   # measured rescales kept (the controllers' views read th
 DECISION_RECORDS = 1000  # controller decisions kept (``DecisionLog``'s capacity)
 
 
+def plan_with_operator(plan: PhysicalPlan, op: g.OperatorDef) -> PhysicalPlan:
+    """``plan`` with the operator named ``op.name`` replaced by ``op``, at the parallelism
+    ``plan`` gives its vertex."""
+    vertex = plan.vertex_of(op.name)
+    op = replace(op, parallelism=vertex.parallelism)
+    return replace(plan, vertices=tuple(
+        replace(v, operators=tuple(op if o.name == op.name else o for o in v.operators))
+        for v in plan.vertices))
+
+
 @dataclass(frozen=True)
 class CheckpointPointer:
     """Where the last complete checkpoint (or savepoint) of the job is."""
@@ -54,7 +64,8 @@ class JobRecord:
     """One job's state, written by its JobMaster alone (see the module doc).
 
     ``graph``: the job as it runs now (changes of logic included); ``graph_plan``: the
-    physical plan as the user built it (what a restart from no checkpoint deploys);
+    physical plan as the user built it, with the changed functions (what a restart
+    deploys, at the checkpoint's parallelisms);
     ``deployment``: which task runs what now (its ``plan``, its ``generation``);
     ``status``/``error``: the job's life; ``error_suffix``: why the restart strategy gave
     up, once it did; ``epoch``: restarts begun; ``restarts``: restarts completed;
@@ -125,10 +136,12 @@ class JobRecord:
 
     def logic_changed(self, op: g.OperatorDef, plan: PhysicalPlan) -> JobRecord:
         """Operator ``op.name`` runs ``op`` from now on, in ``plan`` (the running plan
-        with it)."""
+        with it); a restart from no checkpoint or from an older one runs it too
+        (``graph_plan`` gets it, at that plan's parallelism)."""
         graph = g.JobGraph(self.graph.name, self.graph.num_key_groups, tuple(
             op if o.name == op.name else o for o in self.graph.operators))
-        return replace(self, graph=graph, deployment=replace(self.deployment, plan=plan))
+        return replace(self, graph=graph, graph_plan=plan_with_operator(self.graph_plan, op),
+                       deployment=replace(self.deployment, plan=plan))
 
     def restart_began(self, cause: str) -> JobRecord:
         """A restart begins after ``cause``: the job is restarting, in a new epoch."""

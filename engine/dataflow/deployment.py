@@ -11,7 +11,7 @@ their sequence numbers continue.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +28,21 @@ class ChannelIds:
     def __init__(self) -> None:
         self._ids: dict[tuple[int, str, str], int] = {}
         self._next = 0
+
+    def live(self, tasks: set[str]) -> tuple[tuple[int, str, str, int], ...]:
+        """``(edge, sender, receiver, id)`` of the channels between ``tasks``."""
+        return tuple((e, s, d, c) for (e, s, d), c in self._ids.items()
+                     if s in tasks and d in tasks)
+
+    @property
+    def next_id(self) -> int:
+        return self._next
+
+    def restore(self, channels: Iterable[tuple[int, str, str, int]], next_id: int) -> None:
+        """Allocate on from ``next_id``, keeping ``channels``' ids (a JobMaster that took
+        over the live tasks, which know their channels by these ids)."""
+        self._ids = {(e, s, d): c for e, s, d, c in channels}
+        self._next = max([next_id, *(c + 1 for c in self._ids.values())])
 
     def get(self, edge_id: int, src: str, dst: str) -> int:
         key = (edge_id, src, dst)

@@ -186,6 +186,16 @@ class ControllerRunner:
     def names(self) -> list[str]:
         return list(self._entries)
 
+    def controllers(self) -> list[Any]:
+        """The running controllers, in the order they were added."""
+        return [e.controller for e in self._entries.values()]
+
+    def stop(self) -> None:
+        """Run no controller any more (a fenced JobMaster)."""
+        self._entries.clear()
+        if self._task is not None:
+            self._task.cancel()
+
     def decisions(self, controller: str | None = None) -> tuple[DecisionRecord, ...]:
         return self.decision_log.records(controller)
 

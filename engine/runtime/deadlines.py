@@ -30,6 +30,9 @@ Guarantees (each a property of ``Deadlines``):
 * deploying (``job.run()``): the JobMaster waits at most ``deploy_s = max(T, 60 s)`` for
   the tasks' first answers (starting actors takes seconds each on a small machine); the
   driver waits ``deploy_s + 2 c``.
+* a detached job's JobMaster restarted by Ray: the driver asks again calls that change
+  nothing (status, wait, metrics) for ``failover_s = deploy_s + 3 c`` (the restart, then
+  the takeover's deploy at most).
 """
 
 from __future__ import annotations
@@ -109,6 +112,12 @@ class Deadlines:
     def start_s(self) -> float:
         """The driver's wait for ``JobMaster.start`` (``job.run()``)."""
         return self.deploy_s + 2 * self.control_s
+
+    @property
+    def failover_s(self) -> float:
+        """The driver's wait for a detached job's JobMaster that Ray restarts: the restart,
+        then its takeover (a deploy at most), before a call fails with ``JobMasterLost``."""
+        return self.start_s + self.control_s
 
 
 __all__ = ["Deadlines"]

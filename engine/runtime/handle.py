@@ -33,6 +33,7 @@ from engine.errors import (
     ChangeLogicRefused,
     ControlTimeout,
     JobFailedError,
+    JobMasterFailedOver,
     JobNotFound,
     ReflowError,
     RescaleRefused,
@@ -58,24 +59,58 @@ class JobHandle:
     raises only reflow's errors (``engine.errors``)."""
 
     def __init__(self, master: Any, job_id: str, metrics_url: str,
-                 config: JobConfig | None = None) -> None:
+                 config: JobConfig | None = None, detached: bool = False) -> None:
         self._master = master
         self.job_id = job_id
         self.metrics_url = metrics_url
         self.deadlines = Deadlines.of(config or JobConfig())
+        self.detached = detached
 
     def _get(self, ref: Any, call: str, seconds: float) -> Any:
-        """``ray.get(ref)`` within ``seconds``, Ray's errors translated."""
+        """``ray.get(ref)`` within ``seconds``, Ray's errors translated (a detached job's
+        JobMaster that died under the call: ``JobMasterFailedOver``)."""
         try:
             return ray.get(ref, timeout=Deadlines.for_ray(seconds))
+        except RayActorError as exc:
+            if self.detached and self._restartable():
+                raise JobMasterFailedOver(
+                    f"job {self.job_id}: the JobMaster died during {call}() and Ray restarts "
+                    "it; the new one takes the job over (status().last_failure says how). "
+                    f"Whether the {call} happened: look at status() and metrics(), then ask "
+                    "again", job=self.job_id, call=call) from exc
+            _raise(exc, self.job_id, call, seconds)
         except RayError as exc:
             _raise(exc, self.job_id, call, seconds)
+
+    def _ask(self, call: str, seconds: float, *args: Any) -> Any:
+        """The JobMaster's answer to ``call(*args)`` within ``seconds``. A detached job's
+        JobMaster that is being restarted by Ray (its process died) is asked again until
+        it answers, for at most ``Deadlines.failover_s``: a failover that succeeds is not
+        the caller's error. Only for calls that change nothing (status, wait, metrics)."""
+        end = time.monotonic() + self.deadlines.failover_s
+        while True:
+            try:
+                return ray.get(getattr(self._master, call).remote(*args),
+                               timeout=Deadlines.for_ray(seconds))
+            except RayActorError as exc:
+                if not self.detached or time.monotonic() >= end or not self._restartable():
+                    _raise(exc, self.job_id, call, seconds)
+                time.sleep(0.1)  # Ray restarts the actor: ask it again shortly
+            except RayError as exc:
+                _raise(exc, self.job_id, call, seconds)
+
+    def _restartable(self) -> bool:
+        """The JobMaster is still known by name (alive or being restarted by Ray)."""
+        try:
+            ray.get_actor(f"{self.job_id}/master", namespace=NAMESPACE)
+        except ValueError:
+            return False
+        return True
 
     def status(self) -> JobStatus:
         """The job's state, error, standby pool and unresponsive tasks; within
         ``control_timeout_s`` (``ControlTimeout`` otherwise)."""
-        return decode_message(self._get(self._master.status.remote(), "status",
-                                        self.deadlines.control_s))
+        return decode_message(self._ask("status", self.deadlines.control_s))
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Block until the job ends (``timeout`` None: as long as it runs). Raises
@@ -90,8 +125,7 @@ class JobHandle:
         while True:
             left = None if end is None else max(0.0, end - clock())
             chunk = d.wait_slice_s if left is None else min(left, d.wait_slice_s)
-            st: JobStatus = decode_message(self._get(
-                self._master.wait.remote(chunk), "wait", chunk + d.control_s))
+            st: JobStatus = decode_message(self._ask("wait", chunk + d.control_s, chunk))
             if st.state not in _ACTIVE or (end is not None and clock() >= end):
                 break
         if st.state == "failed":
@@ -154,8 +188,8 @@ class JobHandle:
         not answer (with seconds since they last did); within ``control_timeout_s``."""
         from engine.wire.codec import unpack_exact
 
-        state, tasks, rescales, url, silent, taken_at = unpack_exact(self._get(
-            self._master.metrics.remote(), "metrics", self.deadlines.control_s))
+        state, tasks, rescales, url, silent, taken_at = unpack_exact(self._ask(
+            "metrics", self.deadlines.control_s))
         return JobMetrics(self.job_id, state, tuple(decode_message(t) for t in tasks),
                           tuple(decode_message(r) for r in rescales), url or None,
                           tuple((t, float(s)) for t, s in silent), float(taken_at))
@@ -256,8 +290,7 @@ class JobHandle:
     def placement(self, operator: str) -> list[str]:
         """The Ray node id of each task of ``operator``, by task index ("" for a task that
         did not answer within ``control_timeout_s / 2``)."""
-        return list(self._get(self._master.placement.remote(operator), "placement",
-                              self.deadlines.control_s))
+        return list(self._ask("placement", self.deadlines.control_s, operator))
 
     def _rescale(self, operator: str, parallelism: int | None, protocol: str,
                  assignment: tuple[int, ...] | None, planning: Any = None,
@@ -310,8 +343,7 @@ class JobHandle:
         folded (``repeats``). Within ``control_timeout_s``."""
         from engine.wire.codec import unpack_exact
 
-        raw = unpack_exact(self._get(self._master.decisions.remote(controller), "decisions",
-                                     self.deadlines.control_s))
+        raw = unpack_exact(self._ask("decisions", self.deadlines.control_s, controller))
         return tuple(decode_message(r) for r in raw)
 
     def rescale_history(self) -> tuple[RescaleRecord, ...]:
@@ -320,8 +352,7 @@ class JobHandle:
         held up (``RescaleRecord``). Within ``control_timeout_s``."""
         from engine.wire.codec import unpack_exact
 
-        raw = unpack_exact(self._get(self._master.rescale_history.remote(), "rescale_history",
-                                     self.deadlines.control_s))
+        raw = unpack_exact(self._ask("rescale_history", self.deadlines.control_s))
         return tuple(decode_message(r) for r in raw)
 
     def __enter__(self) -> JobHandle:
@@ -352,7 +383,7 @@ def _sinks_of(graph: g.JobGraph) -> list[Any]:
 
 def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
            controllers: Sequence[Any] = (), restore_from: str | None = None,
-           allow_non_restored_state: bool = False) -> JobHandle:
+           allow_non_restored_state: bool = False, detached: bool = False) -> JobHandle:
     """Start ``graph`` on Ray: one JobMaster actor, which deploys the task actors (from the
     checkpoint or savepoint at ``restore_from`` when given: see ``StreamJob.run``), then
     runs ``controllers``. Raises ``UserFunctionError`` when an operator's ``open()`` raised
@@ -361,7 +392,13 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     JobMaster did not finish deploying within ``Deadlines.start_s``; the job is torn down.
     ``ControllerError`` (before anything is deployed) when one of ``controllers`` is no
     controller or two share a name. ``RayUnavailable`` when no Ray is connected and none
-    could be started or reached."""
+    could be started or reached.
+
+    ``detached``: the JobMaster and the tasks are detached actors: the job outlives this
+    process (the driver may exit; ``engine.attach`` reaches it from another), Ray restarts
+    its JobMaster when its process dies, and the new JobMaster takes the job over from its
+    durable record (``engine.runtime.failover``). Otherwise the job ends with its
+    driver, as in Flink's attached mode."""
     from engine.control.reconfiguration import check_controller
 
     names: list[str] = []
@@ -370,6 +407,12 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     if not ray.is_initialized():
         local_ray.connect(address, namespace=NAMESPACE, log_to_driver=True,
                           configure_logging=False)
+    if detached and local_ray.started_here():
+        log.warning("job %r runs detached on a Ray instance this process started: it ends "
+                    "when this process exits all the same (Ray stops with it). Start Ray "
+                    "apart (`ray start --head`, a KubeRay cluster) and connect to it "
+                    "(RAY_ADDRESS, job.run(address=...)), or submit the script with "
+                    "`ray job submit`", graph.name)
     for sink in _sinks_of(graph):
         sink.prepare()
     for warning in at_least_once_warnings(sink_guarantees(graph, config,
@@ -379,10 +422,11 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     # on the driver's node when it can be (soft): the metrics endpoint is then where the
     # job was started (the head pod under ray job submit, which deploy/k8s scrapes)
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+    lifetime: dict[str, Any] = dict(lifetime="detached", max_restarts=-1) if detached else {}
     master = RemoteJobMaster.options(
         name=f"{job_id}/master", namespace=NAMESPACE, num_cpus=0, max_concurrency=10_000,
-        scheduling_strategy=here,
-    ).remote(graph, config, job_id, restore_from, allow_non_restored_state)
+        scheduling_strategy=here, **lifetime,
+    ).remote(graph, config, job_id, restore_from, allow_non_restored_state, detached)
     assert isinstance(master, ActorHandle)  # ray's annotation of .remote() allows the class too
     d = Deadlines.of(config)
     try:
@@ -391,8 +435,8 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
         with contextlib.suppress(Exception):
             ray.kill(master)
         _raise(exc, job_id, "start", d.start_s)
-    registry.record(job_id, url)  # reachable by name from other processes
-    handle = JobHandle(master, job_id, url, config)
+    registry.record(job_id, url, detached)  # reachable by name from other processes
+    handle = JobHandle(master, job_id, url, config, detached)
     try:
         # part of the start: the JobMaster's process may first import the controllers'
         # modules (unpickling them), seconds on a loaded machine, so the start's deadline
@@ -415,8 +459,22 @@ def find(job: str, address: str | None = None, config: JobConfig | None = None) 
     except ValueError:
         raise JobNotFound(f"job {job_id} is no longer running on {ray_address}") from None
     handle = JobHandle(master, job_id, "", config)
-    handle.metrics_url = handle.status().metrics_url
+    status = handle.status()
+    handle.metrics_url, handle.detached = status.metrics_url, status.detached
     return handle
+
+
+def attach(job: str, address: str | None = None, config: JobConfig | None = None
+           ) -> JobHandle:
+    """A ``JobHandle`` on the running job ``job`` (its name, when one running job has it,
+    or its id) from any process: one connected to the job's Ray cluster, one given its
+    ``address`` (GCS ``host:port`` or ``ray://host:10001``; default ``RAY_ADDRESS``), or
+    one on the machine where its driver wrote its address file (``reflow list`` shows
+    them). ``JobNotFound`` for a name no running job has, listing those it knows (names
+    and ids) and what to pass; ``JobNotRunningError`` for a known job that has ended;
+    ``RayUnavailable`` when its cluster does not answer. ``config``: the handle's deadlines
+    (default ``JobConfig()``'s). Stopping the handle stops the job; dropping it does not."""
+    return find(job, address, config)
 
 
 def _location(location: Any, call: str) -> str:

@@ -31,13 +31,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from engine.checkpoints.job_store import JobRecordStore
 from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
+from engine.checkpoints.store import complete_checkpoints, read_metadata
 from engine.control.arbiter import Action, ActionKind, Arbiter, Verdict
+from engine.control.durable import (
+    changed_logic,
+    controllers_of,
+    dump_user_code,
+    durable_of,
+    job_record_of,
+    running_of,
+)
+from engine.control.failover import FailoverDecision, FailoverPath, decide_failover
 from engine.control.job_state import JobRecord
 from engine.control.reconfiguration import DecisionRecord, RescaleRecord
 from engine.dataflow import graph as g
@@ -54,8 +66,10 @@ from engine.errors import (
     FailurePhase,
     JobFailedError,
     JobNotRunningError,
+    JobRecordUnreadable,
     RescaleRefused,
     RestoreError,
+    StaleJobMaster,
 )
 from engine.names import JobState
 from engine.observability.metrics import JobCollector, MetricsEndpoint
@@ -63,6 +77,7 @@ from engine.runtime.arbitration import Arbitration
 from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
+from engine.runtime.failover import RecordKeeper, ask_tasks, describe, kill_leftovers
 from engine.runtime.failures import reflow_error_in
 from engine.runtime.health import StandbyPool
 from engine.runtime.logic import LogicChanger
@@ -75,6 +90,7 @@ from engine.task.core import TaskSpec
 from engine.time.clock import SystemClock
 from engine.wire.codec import pack_exact
 from engine.wire.messages import (
+    CheckpointAborted,
     JobStatus,
     Resume,
     StopTask,
@@ -89,6 +105,8 @@ from migration.report import RescaleReport
 
 NAMESPACE = "reflow"
 
+log = logging.getLogger(__name__)
+
 
 class JobMaster:
     """Deploys the job, runs rescales, watches tasks, serves metrics; the one writer of
@@ -96,8 +114,13 @@ class JobMaster:
 
     def __init__(self, graph: g.JobGraph, config: JobConfig, job_id: str,
                  restore_from: str | None = None,
-                 allow_non_restored_state: bool = False) -> None:
+                 allow_non_restored_state: bool = False, detached: bool = False,
+                 takeover: bool = False) -> None:
+        """``detached``: the job outlives its driver; its record is kept durable and a
+        JobMaster that Ray restarted (or one created with ``takeover``, which fences the
+        JobMaster before it) takes the job over (``engine.runtime.failover``)."""
         self.config = config
+        self.detached = detached
         self.job_id = job_id
         self.restore_from = restore_from
         self.allow_non_restored_state = allow_non_restored_state
@@ -136,6 +159,16 @@ class JobMaster:
         self._configuring: dict[str, Any] = {}
         self._background: list[asyncio.Task[None]] = []
         self._restart_task: asyncio.Future[None] | None = None
+        self.store = JobRecordStore(self.checkpointing.root)
+        self.keeper: RecordKeeper | None = (
+            RecordKeeper(self.store, self._durable, self._on_fenced) if detached else None)
+        self.built_graph = graph  # as Ray restarts this actor with: changes go on record
+        self._logic_bytes: tuple[g.JobGraph | None, dict[str, bytes]] = (None, {})
+        self._takeover: asyncio.Task[None] | None = None
+        self.fenced: StaleJobMaster | None = None
+        if detached and (takeover or ray.get_runtime_context().was_current_actor_reconstructed):
+            # an async actor's constructor runs on its loop: the takeover starts at once
+            self._takeover = asyncio.get_running_loop().create_task(self._take_over())
 
     # -- the job's record (every write goes through here)
     @property
@@ -159,17 +192,24 @@ class JobMaster:
         return self.record.error
 
     def _write(self, record: JobRecord) -> None:
-        """The job's state is ``record`` from now on; the arbiter hears whether it runs."""
+        """The job's state is ``record`` from now on; the arbiter hears whether it runs,
+        the durable record (a detached job's) is written soon."""
         was, self.record = self.record.status, record
         running = record.status == JobState.RUNNING
         if running != (was == JobState.RUNNING):
             self.arbitration.event(lambda a: a.job_running(running))
+        self._persist()
+
+    def _persist(self) -> None:
+        if self.keeper is not None:
+            self.keeper.changed()
 
     def _set_state(self, state: JobState, error: str | None = None) -> None:
         self._write(self.record.with_status(state, error))
 
     def _actions_changed(self) -> None:
         self.record = self.record.with_actions(self.arbitration.core.running)
+        self._persist()
 
     # -- the helpers' ports: requests that change the job's record
     def deploying(self, dep: Deployment) -> None:
@@ -334,8 +374,15 @@ class JobMaster:
             if self._configuring.get(task) is pending:
                 del self._configuring[task]
         handles = {n: self.handles[n] for n in introduce} or None
-        return decode_message(await self.handles[task].control.remote(encode_message(msg),
-                                                                       handles))
+        epoch = self.keeper.epoch if self.keeper is not None else 0
+        try:
+            return decode_message(await self.handles[task].control.remote(
+                encode_message(msg), handles, epoch))
+        except Exception as exc:
+            err = reflow_error_in(exc)
+            if isinstance(err, StaleJobMaster) and self.fenced is None:
+                self._on_fenced(err)  # a newer JobMaster adopted the task
+            raise
 
     def _create(self, name: str, spec: TaskSpec, node: str | None = None) -> None:
         """A new task actor for ``spec`` (on Ray node ``node`` when given)."""
@@ -344,6 +391,8 @@ class JobMaster:
         if node is not None:
             where["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node, soft=False)
             self.nodes[name] = node
+        if self.detached:  # outlives this JobMaster's process: a takeover may keep it
+            where["lifetime"] = "detached"
         self.handles[name] = RemoteTask.options(
             name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
             max_concurrency=10_000, **where,
@@ -354,7 +403,7 @@ class JobMaster:
         """An idle task actor for the pool, named ``<job>/standby-<n>`` (findable by name)."""
         return RemoteTask.options(
             name=name, namespace=NAMESPACE, num_cpus=self.config.task_num_cpus,
-            max_concurrency=10_000,
+            max_concurrency=10_000, lifetime="detached" if self.detached else None,
         ).remote(None, ray.get_runtime_context().current_actor)
 
     def _refill_standby_later(self) -> None:
@@ -377,6 +426,8 @@ class JobMaster:
         down, and ``start`` raises why: the ``UserFunctionError`` of an ``open()`` that
         raised, else ``JobFailedError`` naming the tasks."""
         try:
+            if self.keeper is not None and self.keeper.epoch == 0:
+                await self.keeper.claim()
             if self.restore_from is not None:
                 plan = await self.recovery.plan_from(self.restore_from,
                                                      self.allow_non_restored_state)
@@ -404,7 +455,12 @@ class JobMaster:
                                               err.record, err.cause)
                 await self._fail(str(err))
                 raise err from None
-        if self.config.metrics_port is not None:
+        self._start_services()
+        return self.endpoint.url if self.endpoint else ""
+
+    def _start_services(self) -> None:
+        """The metrics endpoint, the watch, replica and checkpoint loops, the standby pool."""
+        if self.config.metrics_port is not None and self.endpoint is None:
             self.endpoint = MetricsEndpoint(self.collector, self.config.metrics_host,
                                             self.config.metrics_port)
         loop = asyncio.get_running_loop()
@@ -412,8 +468,134 @@ class JobMaster:
                             loop.create_task(self.replicas.loop())]
         if self.config.checkpointing:
             self._background.append(loop.create_task(self.checkpointing.loop()))
+        if self.keeper is not None:
+            self._background.append(loop.create_task(
+                self.keeper.lease(self.deadlines.task_poll_s, self.job_id)))
         self._fill_standby()
-        return self.endpoint.url if self.endpoint else ""
+
+    # -- a detached job: its durable record and the takeover after a loss
+    def _durable(self, epoch: int) -> Any:
+        """The durable form of the job's record now (``RecordKeeper``'s snapshot)."""
+        graph = self.record.graph
+        if self._logic_bytes[0] is not graph:  # pickled once per change of logic
+            self._logic_bytes = (graph, changed_logic(self.record, self.built_graph))
+        return durable_of(self.record, epoch, self.checkpointing.coord.next_id,
+                          self._logic_bytes[1],
+                          [dump_user_code(c) for c in self.controllers.controllers()],
+                          self.ids.live(set(self.dep.task_names())), self.ids.next_id,
+                          self.subscale_ids.next_id)
+
+    def _on_fenced(self, exc: StaleJobMaster) -> None:
+        """A newer JobMaster owns the job: stop acting (its tasks are the new one's), and
+        answer every call with ``exc``."""
+        log.error("job %s: %s; this JobMaster stops acting", self.job_id, exc)
+        self.fenced = exc
+        for t in self._background:
+            t.cancel()
+        self.controllers.stop()
+        self.handles.clear()
+        self._notify()
+
+    def _check_owner(self) -> None:
+        if self.fenced is not None:
+            raise self.fenced
+
+    async def _take_over(self) -> None:
+        """Take the job over after a loss of its JobMaster (``engine.runtime.failover``)."""
+        try:
+            await self._take_over_steps()
+        except Exception as exc:  # noqa: BLE001 - the job fails, saying why
+            err = reflow_error_in(exc)
+            msg = str(err) if err is not None else f"{type(exc).__name__}: {exc}"
+            log.error("job %s: the takeover failed: %s", self.job_id, msg)
+            if self.state.active:
+                await self._fail(f"the JobMaster's takeover failed: {msg}")
+
+    async def _take_over_steps(self) -> None:
+        assert self.keeper is not None
+        epoch = await self.keeper.claim()
+        self.pool.prefix = f"{self.job_id}/standby-e{epoch}"  # the lost one's may linger
+        try:
+            durable = await asyncio.to_thread(self.store.read)
+        except JobRecordUnreadable as exc:
+            await kill_leftovers(self.job_id, {}, self.deadlines.control_s)
+            self._set_state(JobState.FAILED, str(exc))
+            self._notify()
+            return
+        if durable is None:  # lost before its first record: deploy as at first
+            await kill_leftovers(self.job_id, {}, self.deadlines.control_s)
+            found = await asyncio.to_thread(complete_checkpoints, self.checkpointing.root)
+            self.restore_from = found[-1] if found else self.restore_from
+            await self.start()
+            return
+        path = self.store.path
+        self._write(job_record_of(durable, self.built_graph, path=path))
+        running = [r.action.kind for r in running_of(durable, path=path)]
+        for r in self.record.decisions:
+            self.controllers.decision_log.add(r)
+        coord = self.checkpointing.coord
+        metas = await asyncio.to_thread(self._retained_checkpoints)
+        handles, answers = await ask_tasks(self.dep.task_names(), self.deadlines.control_s)
+        decision = decide_failover(
+            self.state, running, answers,
+            metas[-1].checkpoint_id if metas else 0, durable.next_checkpoint_id)
+        coord.retained = metas
+        if metas:
+            coord.restored(metas[-1])
+        coord.next_id = decision.next_checkpoint_id
+        note = describe(decision, epoch)
+        log.warning("job %s: %s", self.job_id, note)
+        self.collector.restarts = self.record.restarts
+        if decision.path == FailoverPath.ENDED:
+            await kill_leftovers(self.job_id, {}, self.deadlines.control_s)
+            self._notify()
+            return
+        self.note_failure(note)
+        await kill_leftovers(self.job_id,
+                             handles if decision.path == FailoverPath.RECONCILE else {},
+                             self.deadlines.control_s)
+        self.handles.update(handles if decision.path == FailoverPath.RECONCILE else {})
+        for name in self.handles:
+            self.health.created(name)
+        if decision.path == FailoverPath.RECONCILE:
+            # the live tasks know their channels by the lost JobMaster's ids
+            self.ids.restore(durable.channels, durable.next_channel_id)
+            self.subscale_ids.next_id = durable.next_subscale_id
+            await self._reconcile(decision, ActionKind.CHECKPOINT in running)
+        for c in controllers_of(durable, path=path):
+            self.controllers.add(c)
+        self._start_services()
+        if decision.path == FailoverPath.RESTART:
+            await self.fail(note, force=True)
+        else:
+            await self._maybe_finish()
+        self._notify()
+
+    def _retained_checkpoints(self) -> list[CheckpointMetadata]:
+        """The job's complete checkpoints in its directory that read back, oldest first
+        (the newest ``checkpoints_retained``)."""
+        out = []
+        for loc in complete_checkpoints(self.checkpointing.root)[
+                -max(1, self.config.checkpoints_retained):]:
+            with contextlib.suppress(RestoreError):
+                out.append(read_metadata(loc))
+        return out
+
+    async def _reconcile(self, decision: FailoverDecision, checkpointing: bool) -> None:
+        """Keep the live tasks: they report to this JobMaster from now on, stop aligning
+        checkpoints the old one started, and sources held by a stop-with-savepoint read
+        on."""
+        me = ray.get_runtime_context().current_actor
+        deadline = self.clock.monotonic() + self.deadlines.control_s
+        tasks = list(self.handles)
+        epoch = self.keeper.epoch if self.keeper is not None else 0
+        await self._each(tasks, lambda t: self.handles[t].adopt.remote(me, epoch), deadline)
+        for cid in decision.abort:
+            await self._each(tasks, lambda t, c=cid: self.call(t, CheckpointAborted(c)),
+                             deadline)
+        if checkpointing:  # a stop-with-savepoint may have held the sources
+            await self._each(tasks, lambda t: self.call(t, Resume()), deadline)
+        self.finished = set(decision.finished)
 
     async def _deploy(self) -> None:
         """The first deploy (``engine.control.steps.DeploySteps``, run by ``Recovery``):
@@ -511,11 +693,13 @@ class JobMaster:
         msg, self.deferred_failure = self.deferred_failure, None
         return msg if msg is not None and msg.task in self.handles else None
 
-    async def fail(self, error: str) -> None:
+    async def fail(self, error: str, force: bool = False) -> None:
         """The job failed with ``error``: the restart strategy restarts it from the last
         checkpoint (in the background: the job is ``restarting`` when this returns), or it
-        fails for good."""
-        if self.recovery.begin(error):
+        fails for good. ``force``: restart without asking the strategy (a takeover)."""
+        if self.fenced is not None:
+            return  # the job is a newer JobMaster's: it must not restart its tasks
+        if self.recovery.begin(error, force):
             self.failure = None  # the job goes on: a later failure says its own
             self._notify()
             if self.state == JobState.RESTARTING and not self._restart_running():
@@ -548,6 +732,7 @@ class JobMaster:
 
     # -- driver API
     def status(self) -> bytes:
+        self._check_owner()
         f = self.failure if self.state == JobState.FAILED else None
         return encode_message(JobStatus(
             self.job_id, str(self.state), self.error,
@@ -555,7 +740,8 @@ class JobMaster:
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
             len(self.pool), self.watch.unresponsive(), self.record.restarts,
             self.record.last_failure, self.checkpointing.coord.stats(),
-            self.sink_guarantees,
+            self.sink_guarantees, self.detached,
+            self.keeper.epoch if self.keeper is not None else 0,
         ))
 
     def rescale_ticks(self) -> int:
@@ -577,6 +763,7 @@ class JobMaster:
         """Every live task's latest snapshot (an unresponsive task's last one) within
         ``Deadlines.task_poll_s``, the rescales' progress, the endpoint and the
         unresponsive tasks."""
+        self._check_owner()
         if self.state.active:
             await self.watch.poll()  # a dead task: the background poll fails the job
         live = [n for n in self.dep.task_names() if n in self.handles]
@@ -596,6 +783,7 @@ class JobMaster:
         ``CheckpointFailed`` (the job goes on: with ``stop``, its sources resume)."""
         from engine.checkpoints.store import join
 
+        self._check_owner()
         if self.state != JobState.RUNNING:
             raise CheckpointFailed(f"job {self.job_id} is {self.state}; a savepoint needs a "
                                    "running job", reason=f"job {self.state}")
@@ -628,11 +816,19 @@ class JobMaster:
 
     async def stop(self) -> None:
         """Ask each task to stop (flushing its sinks, see ``_stop_tasks``); then kill every
-        actor."""
+        actor. A detached job's record says it stopped before this returns (a JobMaster
+        restarted later keeps it stopped)."""
+        if self.fenced is not None:
+            return  # the job is another JobMaster's
+        if self._takeover is not None and not self._takeover.done():
+            self._takeover.cancel()
         if self.state.active:
             await self._stop_tasks()
             self._set_state(JobState.STOPPED)
         await self._teardown()
+        if self.keeper is not None:
+            await self.keeper.flush()
+            await kill_leftovers(self.job_id, {}, self.deadlines.control_s)
         await self._stop_background()
         if self.endpoint is not None:
             self.endpoint.close()
@@ -653,6 +849,7 @@ class JobMaster:
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None = None, planning: Any = None,
                       strategy: Any = None) -> bytes:
+        self._check_owner()
         return encode_message(await self.rescaler.rescale(operator, parallelism, protocol,
                                                           assignment, planning,
                                                           strategy=strategy))
@@ -660,6 +857,7 @@ class JobMaster:
     # -- controllers (``engine.runtime.controller_runner``)
     async def add_controller(self, controller: Any) -> str:
         """Run ``controller`` on this job; returns the name it runs under."""
+        self._check_owner()
         if not self.state.active:
             raise JobNotRunningError(f"job {self.job_id} is {self.state}; controllers run "
                                      "only while it runs")
@@ -680,6 +878,7 @@ class JobMaster:
 
     # -- change of logic (``engine.runtime.logic``)
     async def change_logic(self, operator: str, fn: Any) -> bytes:
+        self._check_owner()
         return encode_message(await self.logic.change(operator, fn))
 
     # -- placement

@@ -80,6 +80,17 @@ def connect(address: str | None = None, *, attempts: int = START_ATTEMPTS,
         "machine is less busy") from last
 
 
+def started_here() -> bool:
+    """Whether the Ray this process is connected to was started by it (``ray.init()``
+    without a cluster to join): it stops when this process exits."""
+    try:
+        from ray._private import worker
+    except ImportError:  # another Ray version: say nothing
+        return False
+    node = getattr(worker, "_global_node", None)
+    return bool(getattr(node, "head", False))
+
+
 def _recorded_cluster_is_gone() -> bool:
     """Whether ``ray start`` recorded a cluster on this machine whose GCS no longer runs
     (``ray.init()`` would try to join it and fail). Ray's own lookups; False when they are

@@ -131,16 +131,18 @@ class Recovery:
         return self.arbitration.core.restarting
 
     # -- failures
-    def begin(self, cause: str) -> bool:
+    def begin(self, cause: str, force: bool = False) -> bool:
         """The job failed with ``cause``: True when the strategy restarts it (the job is
-        ``restarting`` from now on and ``run`` must be awaited), False when the job fails."""
+        ``restarting`` from now on and ``run`` must be awaited), False when the job fails.
+        ``force``: restart without asking the strategy (a JobMaster's takeover: the loss
+        of a JobMaster is not the job's failure)."""
         p = self.port
         if self.restarting:
             return True  # a failure of what we are killing, or during the restart
         if p.record.status != JobState.RUNNING:
             return False
-        decision = self.strategy.on_failure(cause)
-        if not decision.restart:
+        decision = None if force else self.strategy.on_failure(cause)
+        if decision is not None and not decision.restart:
             if p.record.restarts:
                 p.restart_gave_up(f" (after {p.record.restarts} restarts: {decision.reason})")
             return False

@@ -37,6 +37,7 @@ from engine.errors import (
     JobFailedError,
     OutputCodecError,
     ReflowError,
+    StaleJobMaster,
 )
 from engine.runtime.connections import DataConnections
 from engine.runtime.failures import open_failure
@@ -80,6 +81,7 @@ class TaskActor(DataConnections):
         that cannot start (an ``open()`` raised) stays alive to say why: its every call
         raises that error (an actor whose constructor raised would only say it died)."""
         self.master = master
+        self.master_epoch = 0  # raised by adopt(): older JobMasters are refused
         self.handles: dict[str, Any] = {}
         self._broken: ReflowError | None = None
         if spec is not None:
@@ -139,6 +141,16 @@ class TaskActor(DataConnections):
     async def ping(self) -> None:
         """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
 
+    async def adopt(self, master: Any, epoch: int) -> None:
+        """Report to ``master`` from now on: the JobMaster of ``epoch`` took the job over
+        (reports to the lost one are lost; the new one asked this task how it is first).
+        Control calls of an older epoch are refused from now on (``StaleJobMaster``)."""
+        if epoch < self.master_epoch:
+            raise StaleJobMaster(f"task {self._task_name()}: JobMaster epoch {epoch} "
+                                 f"is older than {self.master_epoch}, which owns the job",
+                                 epoch=epoch, newer_epoch=self.master_epoch)
+        self.master, self.master_epoch = master, epoch
+
     async def stage_logic(self, version: int, operator: str, fn: Any) -> None:
         """Keep ``fn`` (deserialised here by Ray, opened on this task's state) to replace
         ``operator``'s function at logic barrier ``version``; raises when it cannot."""
@@ -146,15 +158,27 @@ class TaskActor(DataConnections):
             raise self._broken
         self.core.stage_logic(version, operator, fn)
 
+    def _task_name(self) -> str:
+        core = getattr(self, "core", None)
+        return core.spec.task_name if core is not None else "(standby)"
+
     async def node_id(self) -> str:
         """The id of the Ray node this task runs on (placement)."""
         return str(ray.get_runtime_context().get_node_id())
 
-    async def control(self, payload: bytes, handles: dict[str, Any] | None = None) -> bytes:
+    async def control(self, payload: bytes, handles: dict[str, Any] | None = None,
+                      epoch: int = 0) -> bytes:
         """Carry out a control message on the core, then what its reply's effects ask for
-        (``engine.task.reply``), and answer once what the call queued was sent."""
+        (``engine.task.reply``), and answer once what the call queued was sent. ``epoch``:
+        the calling JobMaster's (a detached job's; 0 from peer tasks); an older one than
+        the task's owner is refused with ``StaleJobMaster``, so a fenced JobMaster cannot
+        act on the job."""
         if self._broken is not None:
             raise self._broken
+        if 0 < epoch < self.master_epoch:  # 0: a peer task, or an undetached job's master
+            raise StaleJobMaster(f"task {self._task_name()}: a JobMaster of epoch {epoch} "
+                                 f"called, but epoch {self.master_epoch} owns the job now",
+                                 epoch=epoch, newer_epoch=self.master_epoch)
         msg = decode_message(payload)
         wake = self._event()
         if handles:

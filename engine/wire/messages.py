@@ -90,11 +90,13 @@ class CheckpointBarrier:
     """Aligned checkpoint barrier (``engine.task.alignment``): records before it on every channel
     are in checkpoint ``checkpoint_id`` (ids grow), records after it are not. ``location``:
     the directory or URI each task writes its part to; ``stop``: a stop-with-savepoint, after
-    which every task stays quiet (sources read nothing more, no timer fires)."""
+    which every task stays quiet (sources read nothing more, no timer fires); ``savepoint``:
+    a savepoint (written whole and self-contained, even with incremental checkpoints)."""
 
     checkpoint_id: int
     location: str = ""
     stop: bool = False
+    savepoint: bool = False
 
 
 @wire
@@ -646,11 +648,13 @@ class TriggerCheckpoint:
     """JobMaster → source task (and a task whose input has ended): take part in checkpoint
     ``checkpoint_id`` now. A source snapshots its offsets, sends ``CheckpointBarrier`` on
     every output and, with ``stop``, reads nothing more; another task waits for the barrier
-    on each live input (the trigger blocks none) and snapshots at once when none is left."""
+    on each live input (the trigger blocks none) and snapshots at once when none is left.
+    ``savepoint``: as ``CheckpointBarrier``'s."""
 
     checkpoint_id: int
     location: str
     stop: bool = False
+    savepoint: bool = False
 
 
 @wire
@@ -714,7 +718,9 @@ class CheckpointAck:
     length, crc32)``, its source's resume states ``{partition: state}`` (None for other
     tasks), its sinks' pre-committed ``transactions`` ``(writer, transaction)``, the ``bytes`` written, and how
     long it aligned, snapshotted (synchronously, processing stopped) and wrote (while it
-    went on processing)."""
+    went on processing). Incremental checkpoints (``JobConfig.incremental_checkpoints``):
+    the groups in ``deltas`` hold a delta blob on the group's chain in the job's previous
+    complete checkpoint, those in ``unchanged`` nothing new (that chain as it is)."""
 
     task: str
     checkpoint_id: int
@@ -726,6 +732,8 @@ class CheckpointAck:
     alignment_s: float
     sync_s: float
     async_s: float
+    deltas: tuple[int, ...] = ()
+    unchanged: tuple[int, ...] = ()
 
 
 @wire
@@ -897,8 +905,10 @@ class JobStatus:
     in user code, e.g. processing the same batch for that long); sorted by task.
     ``restarts``: how often the job was restarted from a checkpoint after a failure, the
     last of which ``last_failure`` names; ``checkpoints``: ``CheckpointStats``; ``sinks``:
-    each sink's delivery guarantee (``SinkGuarantee``). New fields go at the end: the wire
-    form is positional."""
+    each sink's delivery guarantee (``SinkGuarantee``); ``detached``: the job outlives its
+    driver and Ray restarts its JobMaster; ``master_epoch``: how many JobMasters have owned
+    the job (1 for the first; each failover adds one; 0 for an undetached job). New fields
+    go at the end: the wire form is positional."""
 
     job: str
     state: str
@@ -914,6 +924,8 @@ class JobStatus:
     last_failure: str = ""
     checkpoints: CheckpointStats = CheckpointStats()
     sinks: tuple[SinkGuarantee, ...] = ()
+    detached: bool = False
+    master_epoch: int = 0
 
     def __post_init__(self) -> None:
         for entry in self.unresponsive:

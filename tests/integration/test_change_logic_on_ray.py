@@ -89,3 +89,44 @@ def test_the_outputs_split_exactly_at_the_barrier(ray_cluster):
         "a record saw a function other than the one before or after the barrier"
     for outs in per_key(results).values():  # the count survived both switches
         assert [o[2] for o in sorted(outs, key=lambda o: o[1])] == list(range(1, len(outs) + 1))
+
+
+def test_a_restart_after_a_change_of_logic_runs_the_new_function(ray_cluster, tmp_path):
+    """A task killed after the change (and a checkpoint after it) restarts with the new
+    function: before, a restart deployed the user's plan and went back to the old one."""
+    import ray
+
+    from tests.jobs import task_actors
+
+    records = [(i % 17, i) for i in range(RECORDS)]
+    plan = moments(RECORDS, [0.3, 0.3], 1_000)
+    sink = TestingSink(str(tmp_path / "out"))
+    config = JobConfig(batch_size=50, linger_ms=2, metrics_port=None,
+                       checkpoint_interval_s=0.3, checkpoint_dir=str(tmp_path / "chk"),
+                       restart_delay_s=0.1, restart_attempts=3)
+    handle = tag_job(records, 2, sink, rate=3_000, gates=gates_of(plan), config=config).run()
+    try:
+        plan[0].act(handle, lambda: handle.change_logic("tag", Tag("v2")))
+
+        def kill_after_a_checkpoint() -> None:
+            done = handle.status().checkpoints.completed
+            wait_until(lambda: handle.status().checkpoints.completed > done, "a checkpoint",
+                       handle)
+            ray.kill(ray.get_actor(task_actors(handle, "tag")[0], namespace="reflow"))
+            wait_until(lambda: handle.status().restarts == 1, "the restart", handle)
+
+        plan[1].act(handle, kill_after_a_checkpoint)
+        assert handle.wait(120).restarts == 1
+    finally:
+        for m in plan:
+            m.release()
+        handle.stop()
+    results = sink.results()
+    assert len(results) == RECORDS
+    tags = {r[1]: r[3] for r in results}
+    s2 = _split(results, "v2")
+    assert plan[0].start.after <= s2 <= plan[0].end.after, s2
+    assert all(tags[i] == ("v1" if i < s2 else "v2") for i in tags), \
+        "after the restart a record saw the function from before the change"
+    for outs in per_key(results).values():
+        assert [o[2] for o in sorted(outs, key=lambda o: o[1])] == list(range(1, len(outs) + 1))

@@ -59,7 +59,7 @@ def test_the_last_complete_checkpoint_is_a_pointer():
     assert c is not None and (c.checkpoint_id, c.kind, c.location) == (7, "savepoint", "/tmp/sp-7")
 
 
-def test_a_change_of_logic_changes_the_graph_and_the_running_plan_not_the_users_plan():
+def test_a_change_of_logic_changes_the_graph_the_running_plan_and_what_a_restart_runs():
     r = record()
     op = r.graph.operator("sum")
     new = dataclasses.replace(op, fn=lambda a, b: a)
@@ -69,7 +69,11 @@ def test_a_change_of_logic_changes_the_graph_and_the_running_plan_not_the_users_
     r2 = r.logic_changed(new, dataclasses.replace(r.plan, vertices=vertices))
     assert r2.graph.operator("sum") is new
     assert r2.plan.vertex_of("sum").head is new
-    assert r2.graph_plan is r.graph_plan
+    # a restart (from a checkpoint or from nothing) runs the new function, at the user's
+    # parallelism: before, it silently went back to the old one
+    assert r2.graph_plan.vertex_of("sum").head.fn is new.fn
+    assert r2.graph_plan.vertex_of("sum").parallelism == r.graph_plan.vertex_of("sum").parallelism
+    assert r.graph_plan.vertex_of("sum").head is op
 
 
 def test_histories_are_bounded_and_actions_are_the_arbiters():

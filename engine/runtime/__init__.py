@@ -4,7 +4,9 @@ job's ``engine.control.job_state.JobRecord``; its helpers: rescales in ``rescali
 recovery in ``recovery``, checkpoints in ``checkpointing``, controllers in
 ``controller_runner``, changes of logic in ``logic``, replication in ``replicas``, the
 watch over its actors in ``watch``, each holding a narrow port (``ports``) instead of the
-JobMaster, and the arbiter's futures in ``arbitration``), the driver's handle (``handle``)
+JobMaster, and the arbiter's futures in ``arbitration``; a detached job's durable record
+and takeover in ``failover``; whether Ray's GCS answers in ``gcs``), the driver's handle
+(``handle``)
 and the Spark bridge actor (``spark_bridge``). Logic lives in pure classes
 (``engine.task.core.TaskCore``, ``migration.participant``, ``migration.coordinator``,
 ``engine.control.arbiter``; here ``health``: task health and the standby pool,

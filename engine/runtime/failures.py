@@ -15,6 +15,7 @@ Pure: no Ray calls, only Ray's exception classes.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -27,10 +28,14 @@ from engine.errors import (
     ControlTimeout,
     FailurePhase,
     InternalError,
+    JobFailedError,
     JobMasterLost,
     ReflowError,
     UserFunctionError,
 )
+
+# how Ray says an actor's arguments (the job's functions) could not be unpickled
+_MISSING_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
 def unwrap(exc: BaseException) -> BaseException:
@@ -69,6 +74,15 @@ def translate(exc: BaseException, *, job: str, call: str, seconds: float = 0.0) 
             "overloaded or frozen (the job itself may still run): retry, raise "
             "JobConfig.control_timeout_s, or stop the job", job=job, call=call,
             seconds=seconds)
+    missing = _MISSING_MODULE.search(str(exc)) if isinstance(exc, RayActorError) else None
+    if missing is not None and getattr(exc, "actor_init_failed", False):
+        return JobFailedError(
+            f"job {job}: Ray's workers cannot import module {missing.group(1)!r}, which the "
+            "job's functions come from, so its JobMaster could not start. Ship your code "
+            "to the cluster: `ray job submit --working-dir . -- python job.py`, "
+            "ray.init(runtime_env={'working_dir': '.'}) before job.run(), or install the "
+            "module on every node (pip install -e .)", phase=FailurePhase.DEPLOY,
+            cause=f"ModuleNotFoundError: No module named {missing.group(1)!r}")
     if isinstance(exc, RayActorError):
         return JobMasterLost(
             f"job {job}: the JobMaster died (its process or node went away, or it was killed) "

@@ -50,6 +50,7 @@ from engine.names import JobState
 from engine.runtime.arbitration import Arbitration
 from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.failures import reflow_error_in, unwrap
+from engine.runtime.gcs import GcsProbe
 from engine.runtime.headroom import CpuHeadroom
 from engine.runtime.ports import JobPort
 from engine.runtime.recovery import JobRestarted, Recovery
@@ -155,6 +156,7 @@ class Rescaler:
         self._inbox: dict[str, deque[Command]] = {}
         self._broken: dict[str, Exception] = {}  # vertex -> what its coordinator raised
         self.ticks = 0  # commands run, over all rescales of the job
+        self.gcs = GcsProbe()
         # checkpoints and rescales exclude each other: the arbiter hears what is in flight
         self._changes: dict[str, DataflowChanges] = {}  # vertex -> what it has in flight
         self._epochs: dict[str, int] = {}  # vertex -> the restart epoch its rescale began in
@@ -275,6 +277,7 @@ class Rescaler:
                        assignment: tuple[int, ...] | None, planning: Any,
                        strategy: AssignmentSpec | None = None) -> RescaleReport:
         p = self.port
+        await self._refuse_without_gcs(operator)
         req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
         if PROTOCOLS[req.protocol].live and not p.dep.plan.vertex(req.operator).is_source:
             self._refuse_beside_neighbour(req.operator)  # before superseding anything
@@ -326,6 +329,7 @@ class Rescaler:
     async def _placement(self, operator: str, task_index: int, node: str,
                          protocol: str) -> RescaleRequest:
         p = self.port
+        await self._refuse_without_gcs(operator)
         n = len(p.dep.tasks.get(operator, ())) or 1  # validate names what is wrong
         req = self.validate(operator, n, protocol, None, None)
         v = p.dep.plan.vertex(req.operator)
@@ -354,6 +358,17 @@ class Rescaler:
                                  operator=operator)
         return dataclasses.replace(req, place=(index, node),
                                    reason=f"place task {index} on node {node}")
+
+    async def _refuse_without_gcs(self, operator: str) -> None:
+        """Refused (job untouched) while Ray's GCS does not answer: a rescale creates named
+        task actors and reads the cluster's nodes and CPUs, calls that would wait for the
+        GCS on this event loop and freeze the JobMaster (``engine.runtime.gcs``)."""
+        seconds = self.port.deadlines.task_poll_s
+        if not await self.gcs.answers(seconds):
+            raise RescaleRefused(
+                f"rescale of {operator!r}: Ray's GCS did not answer within {seconds} s (the "
+                "head is restarting, or overloaded); a rescale creates actors, which needs "
+                "it: retry when the GCS is back", operator=operator)
 
     def _max_subscales(self) -> int:
         """Subscales of one operator at once: the configured number, else as many as the

@@ -428,3 +428,31 @@ def test_the_death_of_a_finished_task_is_noticed_and_the_job_recovers(ray_cluste
     for k, total in sink.results():
         got[k] = max(got.get(k, (k, 0)), (k, total))
     assert got == want
+
+
+def test_a_function_the_workers_cannot_import_is_named_with_how_to_ship_it(ray_cluster,
+                                                                          tmp_path):
+    """A job's function from a module only the driver sees: the error names the module and
+    how to ship it (before: ``JobMasterLost``, the ModuleNotFoundError only in Ray's log)."""
+    import importlib
+    import sys
+
+    from engine import StreamJob
+    from engine.errors import JobFailedError
+    from engine.io.testing import TestingSink, TestingSource
+
+    (tmp_path / "only_on_the_driver.py").write_text(
+        "def double(r):\n    return (r[0], r[1] * 2)\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        mod = importlib.import_module("only_on_the_driver")
+        job = StreamJob("unshipped")
+        (job.source(TestingSource([(1, 2)] * 10), name="src").map(mod.double, name="m")
+            .sink(TestingSink(), name="out"))
+        with pytest.raises(JobFailedError, match="cannot import module 'only_on_the_driver'") \
+                as err:
+            job.run()
+        assert "working-dir" in str(err.value) and err.value.phase == "deploy"
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("only_on_the_driver", None)

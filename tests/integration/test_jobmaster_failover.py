@@ -172,3 +172,38 @@ def test_a_second_jobmaster_fences_the_first(ray_cluster, tmp_path):
             JobHandle(second, h.job_id, "", cfg, detached=True).stop()
         ray.kill(h._master)
     assert per_key(sink.results()) == per_key(running_sum_reference(RECORDS))
+
+
+def test_an_unreadable_job_record_fails_the_takeover_naming_it(ray_cluster, tmp_path):
+    """A record that does not read back fails the job with ``JobRecordUnreadable`` naming
+    the path and the job; nothing is started from nothing in its place."""
+    import os
+
+    sink = TestingSink(str(tmp_path / "out"))
+    moment = Moment.at(1000, 500, len(RECORDS))
+    cfg = checkpointed(str(tmp_path / "chk"), restart_attempts=0)
+    h = running_sum_job(RECORDS, 2, sink, rate=3000, gates=moment.gates,
+                        config=cfg).run(detached=True)
+    try:
+        moment.wait(h)
+        _checkpoint_after(h)
+        record = os.path.join(str(tmp_path / "chk"), h.job_id, "_job")
+        assert os.path.exists(record)
+        h.stop()  # a stopped job's record says so: the corrupt one below must be refused
+        with open(record, "r+b") as f:
+            f.seek(10)
+            f.write(b"\xff\xff\xff\xff")
+        # a JobMaster that takes the job over from the corrupt record
+        master = RemoteJobMaster.options(
+            name=f"{h.job_id}/master", namespace=NAMESPACE, num_cpus=0,
+            max_concurrency=10_000, lifetime="detached",
+        ).remote(running_sum_job(RECORDS, 2, sink, config=cfg).graph(), cfg, h.job_id,
+                 None, False, True, True)
+        h2 = JobHandle(master, h.job_id, "", cfg, detached=True)
+        wait_until(lambda: h2.status().state == "failed", "the takeover to fail")
+        st = h2.status()
+        assert "_job" in st.error and h.job_id in st.error and "cannot be read" in st.error, st
+        assert not _all_tasks(h), "tasks were started from nothing"
+        h2.stop()
+    finally:
+        moment.release()

@@ -105,6 +105,22 @@ def test_jobs_open_metrics_and_data_sockets_on_the_pod_network():
         assert env["REFLOW_DATA_HOST"] == "0.0.0.0", f
 
 
+def test_the_long_running_cluster_keeps_its_gcs_in_the_redis_of_redis_yaml():
+    """GCS fault tolerance (docs/guide/high-availability.md): raycluster.yaml's
+    gcsFaultToleranceOptions name redis.yaml's Service and the Secret its Redis reads."""
+    docs = {(f, d["kind"]): d for f, d in _docs()}
+    ft = docs["raycluster.yaml", "RayCluster"]["spec"]["gcsFaultToleranceOptions"]
+    service = docs["redis.yaml", "Service"]
+    host, port = ft["redisAddress"].split(":")
+    assert host == service["metadata"]["name"], ft
+    assert int(port) in {p["port"] for p in service["spec"]["ports"]}, ft
+    redis = docs["redis.yaml", "Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    secret = next(e["valueFrom"]["secretKeyRef"] for e in redis["env"]
+                  if e["name"] == "REDIS_PASSWORD")
+    assert ft["redisPassword"] == {"valueFrom": {"secretKeyRef": secret}}, ft
+    assert '"$REDIS_PASSWORD"' in " ".join(redis["args"]), redis["args"]
+
+
 def test_jobconfig_reads_the_deployment_variables(monkeypatch):
     from engine import JobConfig
     from engine.errors import ConfigError

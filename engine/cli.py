@@ -1,10 +1,14 @@
 """The ``reflow`` command line (an installed console script; works outside a checkout).
 
-    reflow run FILE.py [ARGS]              run a job script here, or with --address submit
-                                           it to a Ray cluster (Ray's job submission)
+    reflow run [--detached] FILE.py [ARGS] run a job script here, or with --address submit
+                                           it to a Ray cluster (Ray's job submission);
+                                           --detached: its job outlives the script
+    reflow list                            the jobs: id, name, state, detached or not, where
     reflow status [JOB]                    a job's state and operators (no JOB: the jobs)
     reflow rescale JOB OPERATOR N          rescale live, with a progress bar from the job's
                                            own rescale progress
+    reflow savepoint JOB URI               take a savepoint of a running job
+    reflow stop JOB [--savepoint URI]      stop a job, after a savepoint when given
     reflow metrics URL|JOB                 per-operator summary of a job's metrics endpoint
     reflow plot RESULTS.json               a benchmark's figure, again, from its results
     reflow plot --prometheus URL --dashboard NAME
@@ -12,20 +16,24 @@
     reflow bench NAME [ARGS]               examples/bench/NAME.py of the checkout here
     reflow example NAME [ARGS]             examples/NAME.py of the checkout here
 
-Output is for people by default; ``--json`` prints one JSON document instead (status,
-rescale, metrics, run --address). A job is reached by name or id through
-``engine.runtime.registry``: the address files drivers write, or, with ``--address`` (or
-``RAY_ADDRESS``), among the named JobMasters of that Ray cluster.
+Output is for people by default; ``--json`` prints one JSON document instead (list,
+status, rescale, savepoint, stop, metrics, run --address). A job is reached by name or id
+through ``engine.attach`` (``engine.runtime.registry``): the address files drivers write,
+or, with ``--address`` (or ``RAY_ADDRESS``), among the named JobMasters of that Ray
+cluster. ``reflow run --detached`` sets ``REFLOW_DETACHED=1`` for the script, which
+``job.run()`` reads (``detached=None``).
 
-Exit codes: 0 done; 1 the job or the request failed (the error is printed); 2 a usage
-problem (no such job, script, benchmark or checkout: the message says what to do).
-``bench``, ``example`` and ``plot RESULTS.json`` run scripts of a reflow checkout (the
-``examples/`` folder is not installed with the package) and say so when run elsewhere.
+Exit codes: 0 done; 1 the job or the request failed, or the job has ended (one line says
+so, no traceback); 2 a usage problem (no such job, script, benchmark or checkout: the
+message says what to do). ``bench``, ``example`` and ``plot RESULTS.json`` run scripts of
+a reflow checkout (the ``examples/`` folder is not installed with the package) and say so
+when run elsewhere.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -39,7 +47,9 @@ from collections.abc import Callable
 from dataclasses import asdict, is_dataclass
 from typing import Any, TextIO
 
-from engine.errors import JobNotFound, ReflowError
+from engine.api import DETACHED_ENV
+from engine.errors import JobNotFound, JobNotRunningError, ReflowError
+from engine.names import JobState
 
 BENCH_DIR = os.path.join("examples", "bench")
 EXAMPLES_DIR = "examples"
@@ -141,8 +151,6 @@ def _metrics(args: argparse.Namespace) -> int:
         url = target
     else:
         handle = _find(args)
-        if handle is None:
-            return 2
         url = handle.metrics_url
         if not url:
             _err(f"job {handle.job_id} serves no metrics endpoint (JobConfig(metrics_port="
@@ -164,71 +172,156 @@ def _metrics(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------ jobs by name
 
 def _find(args: argparse.Namespace) -> Any:
-    """The handle of ``args.job`` (or ``args.target``), or None after printing why."""
-    from engine.runtime.handle import find
+    """The handle of ``args.job`` (or ``args.target``); ``SystemExit`` after printing why not:
+    2 for a name no running job has or a cluster that does not answer, 1 for a job that
+    ended."""
+    from engine.runtime.handle import attach
 
     try:
-        return find(getattr(args, "job", None) or args.target, args.address)
+        return attach(getattr(args, "job", None) or args.target, args.address)
     except JobNotFound as exc:
         _err(str(exc))
-        return None
-    except ReflowError as exc:  # the cluster could not be reached
+        raise SystemExit(2) from None
+    except JobNotRunningError as exc:
+        _err(str(exc))
+        raise SystemExit(1) from None
+    except ReflowError as exc:  # the cluster could not be reached: the address is wrong
         _err(f"{type(exc).__name__}: {exc}")
-        return None
+        raise SystemExit(2) from None
+
+
+def _ended(st: Any) -> bool:
+    return not JobState(st.state).active
+
+
+def _ended_line(st: Any, what: str = "") -> str:
+    """One line saying that the job of status ``st`` ended (and what was not done)."""
+    return (f"job {st.job} has ended ({st.state}{': ' + st.error if st.error else ''})"
+            f"{'; ' + what if what else ''}")
+
+
+def _running(handle: Any, what: str) -> Any:
+    """``handle``'s status when its job still runs; ``SystemExit(1)`` after one line otherwise."""
+    try:
+        st = handle.status()
+    except ReflowError as exc:
+        _err(f"{type(exc).__name__}: {exc}")
+        raise SystemExit(1) from None
+    if _ended(st):
+        _err(_ended_line(st, what))
+        raise SystemExit(1)
+    return st
+
+
+def _lifetime(detached: bool | None) -> str:
+    return "?" if detached is None else ("detached" if detached else "attached")
+
+
+def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``reflow list``'s rows: the address files here and, when a cluster is connected or
+    reachable, that cluster's JobMasters, each with the state its JobMaster reports.
+    Without ``--address``/``RAY_ADDRESS`` the cluster of the newest address file is asked
+    (one Ray connection per process: jobs on other clusters show state ``unknown``);
+    files of jobs found ended there are removed."""
+    from engine.runtime import local_ray, registry
+
+    files = registry.recorded()
+    address = args.address or local_ray.address_from_env()
+    unreachable = ""  # the newest file's cluster, when it did not answer
+    try:
+        if address:
+            registry.connect(address)
+        elif files and registry.connected_address() is None:
+            unreachable = files[0].ray_address
+            registry.connect(files[0].ray_address, files[0].auth_mode)
+            unreachable = ""
+    except ReflowError as exc:
+        if address:
+            _err(f"{type(exc).__name__}: {exc}")
+            raise SystemExit(1) from None
+    where = registry.connected_address() or address or None
+    ids = registry.cluster_jobs() if where is not None else []
+    if where is not None:
+        for gone in registry.ended(files, where, ids):
+            registry.forget(gone)
+    rows = []
+    for j in registry.listing(files, where, ids):
+        if j.on_cluster:
+            state, detached, url = _ask(j)
+        else:  # not on the cluster asked: no answer, or on another one
+            state = "unreachable" if j.ray_address == unreachable else "unknown"
+            detached, url = j.detached, ""
+        rows.append({"job": j.job_id, "name": j.name, "state": state, "detached": detached,
+                     "ray_address": j.ray_address, "driver": j.driver, "metrics_url": url})
+    return rows
+
+
+def _ask(job: Any) -> tuple[str, bool | None, str]:
+    """``(state, detached, metrics URL)`` of the listed ``job`` from its JobMaster; the
+    state says why when it does not answer."""
+    from engine.runtime.handle import JobHandle
+    from engine.runtime.registry import master_of
+
+    master = master_of(job.job_id)
+    if master is None:
+        return "ended", job.detached, ""
+    try:
+        st = JobHandle(master, job.job_id, "").status()
+    except ReflowError as exc:
+        return f"no answer ({type(exc).__name__})", job.detached, ""
+    return str(st.state), bool(st.detached), st.metrics_url
+
+
+def _list(args: argparse.Namespace) -> int:
+    from engine.runtime import registry
+
+    jobs = _jobs(args)
+    if args.json:
+        _print_json(jobs)
+        return 0
+    if not jobs:
+        print(f"no running jobs (recorded in {registry.jobs_dir()}; pass --address for a "
+              "cluster's)")
+        return 0
+    rows = [["job", "name", "state", "lifetime", "ray address", "driver (host:pid)"]]
+    rows += [[j["job"], j["name"], j["state"], _lifetime(j["detached"]), j["ray_address"],
+              j["driver"] or "-"] for j in jobs]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    return 0
 
 
 def _status(args: argparse.Namespace) -> int:
-    from engine.runtime import local_ray, registry
-
     if not args.job:
-        address = args.address or local_ray.address_from_env()
-        if address:
-            try:
-                registry.connect(address)
-            except ReflowError as exc:
-                _err(f"{type(exc).__name__}: {exc}")
-                return 1
-            jobs = [{"job": j} for j in registry.cluster_jobs()]
-        else:
-            jobs = [{"job": a.job_id, "metrics_url": a.metrics_url, "ray_address": a.ray_address,
-                     "driver": f"{a.host}:{a.pid}"} for a in registry.recorded()]
-        if args.json:
-            _print_json(jobs)
-        elif not jobs:
-            print("no running jobs (recorded in "
-                  f"{registry.jobs_dir()}; pass --address for a cluster's)")
-        else:
-            header = {"job": "job", "metrics_url": "metrics", "ray_address": "ray address",
-                      "driver": "driver (host:pid)"}
-            rows = [[header[k] for k in jobs[0]]] + [[str(v) for v in j.values()] for j in jobs]
-            widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-            for row in rows:
-                print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        return 0
+        return _list(args)
     handle = _find(args)
-    if handle is None:
-        return 2
     try:
         st = handle.status()
-        m = handle.metrics()
+        m = None if _ended(st) else handle.metrics()
     except ReflowError as exc:
         _err(f"{type(exc).__name__}: {exc}")
         return 1
     ops: dict[str, dict[str, Any]] = {}
-    for t in m.tasks:
+    for t in m.tasks if m is not None else ():
         o = ops.setdefault(t.vertex, {"tasks": 0, "records_in": 0, "records_out": 0,
                                       "key_groups": 0, "state_bytes": 0})
         o["tasks"] += 1
         for k in ("records_in", "records_out", "key_groups", "state_bytes"):
             o[k] += getattr(t, k)
-    rescales = [asdict(r) for r in m.rescales]
+    rescales = [asdict(r) for r in m.rescales] if m is not None else []
     if args.json:
         _print_json({"job": st.job, "state": st.state, "error": st.error,
+                     "detached": st.detached, "master_epoch": st.master_epoch,
                      "metrics_url": st.metrics_url, "standby": st.standby,
                      "unresponsive": [list(u) for u in st.unresponsive],
                      "operators": ops, "rescales": rescales})
-        return 0
-    print(f"job {st.job}: {st.state}" + (f" ({st.error})" if st.error else ""))
+        return 1 if m is None else 0
+    if m is None:
+        _err(_ended_line(st))
+        return 1
+    print(f"job {st.job}: {st.state} ({_lifetime(st.detached)})"
+          + (f": {st.error}" if st.error else ""))
     if st.metrics_url:
         print(f"metrics: {st.metrics_url}")
     print(f"{'operator':<20}{'tasks':>7}{'records in':>14}{'records out':>14}"
@@ -243,10 +336,48 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _savepoint(args: argparse.Namespace) -> int:
+    handle = _find(args)
+    _running(handle, "no savepoint taken")
+    try:
+        path = handle.savepoint(args.location)
+    except ReflowError as exc:
+        _err(f"{type(exc).__name__}: {exc}")
+        return 1
+    if args.json:
+        _print_json({"job": handle.job_id, "savepoint": path})
+    else:
+        print(f"savepoint of job {handle.job_id} at {path}")
+    return 0
+
+
+def _stop(args: argparse.Namespace) -> int:
+    handle = _find(args)
+    try:
+        st = handle.status()
+    except ReflowError:
+        st = None  # a JobMaster that does not answer is stopped (killed) all the same
+    if st is not None and _ended(st):
+        with contextlib.suppress(ReflowError):
+            handle.stop()  # release what it still holds
+        _err(_ended_line(st, "no savepoint taken; its actors are released" if args.savepoint
+                         else "its actors are released"))
+        return 1
+    try:
+        path = handle.stop(savepoint=args.savepoint)
+    except ReflowError as exc:
+        _err(f"{type(exc).__name__}: {exc}")
+        return 1
+    if args.json:
+        _print_json({"job": handle.job_id, "stopped": True, "savepoint": path})
+    else:
+        print(f"stopped job {handle.job_id}" + (f"; savepoint at {path}" if path else ""))
+    return 0
+
+
 def _rescale(args: argparse.Namespace) -> int:
     handle = _find(args)
-    if handle is None:
-        return 2
+    _running(handle, "not rescaled")
     outcome: dict[str, Any] = {}
 
     def request() -> None:
@@ -308,11 +439,20 @@ def _draw_progress(bar: ProgressBar, handle: Any, operator: str, before: Any) ->
 # ------------------------------------------------------------------ run
 
 def _run(args: argparse.Namespace) -> int:
+    from engine.runtime import local_ray
+
     if not os.path.isfile(args.file):
         _err(f"no script {args.file!r}")
         return 2
     if args.address is None:
-        return subprocess.run([sys.executable, args.file, *args.args]).returncode
+        env = dict(os.environ)
+        if args.detached:
+            env[DETACHED_ENV] = "1"
+            if local_ray.address_from_env() is None:
+                _err("--detached without RAY_ADDRESS: unless a cluster started with `ray "
+                     "start` runs on this machine, the script starts its own Ray, which ends "
+                     "with it (and the job with it); set RAY_ADDRESS or pass --address")
+        return subprocess.run([sys.executable, args.file, *args.args], env=env).returncode
     return _submit(args)
 
 
@@ -329,7 +469,10 @@ def _submit(args: argparse.Namespace) -> int:
         return 2
     entrypoint = shlex.join(["python", script, *args.args])
     client = JobSubmissionClient(args.address)
-    sid = client.submit_job(entrypoint=entrypoint, runtime_env={"working_dir": workdir})
+    runtime_env: dict[str, Any] = {"working_dir": workdir}
+    if args.detached:
+        runtime_env["env_vars"] = {DETACHED_ENV: "1"}
+    sid = client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env)
     if not args.json:
         print(f"submitted {sid}: {entrypoint}", file=sys.stderr)
     if args.no_wait:
@@ -458,9 +601,21 @@ def _bench(name: str, rest: list[str], cwd: str | None = None) -> int:
 
 # ------------------------------------------------------------------ parser
 
+class _CommandsFormatter(argparse.HelpFormatter):
+    """Keeps each command's help on its line: argparse measures the commands two columns
+    less indented than it prints them, so the longest one ("savepoint") wrapped."""
+
+    def add_argument(self, action: argparse.Action) -> None:
+        super().add_argument(action)
+        if isinstance(action, argparse._SubParsersAction):
+            self._action_max_length += 2
+
+
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="reflow", description="reflow: live-rescaling streams on "
-                                 "Ray. `reflow COMMAND --help` describes each command.")
+    ap = argparse.ArgumentParser(
+        prog="reflow", description="reflow: live-rescaling streams on Ray. `reflow COMMAND "
+        "--help` describes each command.",
+        formatter_class=_CommandsFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     def job_args(p: argparse.ArgumentParser) -> None:
@@ -477,13 +632,30 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--working-dir", default=".",
                    help="directory shipped with the submission (default: the current one)")
     r.add_argument("--no-wait", action="store_true", help="return once submitted")
+    r.add_argument("--detached", action="store_true",
+                   help=f"start the script's job detached ({DETACHED_ENV}=1): it outlives "
+                        "the script, on a Ray cluster that does (ray start, --address)")
     r.add_argument("--json", action="store_true", help="print JSON (with --address)")
     r.add_argument("file", help="the job's Python script")
     r.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
 
+    ls = sub.add_parser("list", help="the jobs: id, name, state, detached or attached, where")
+    job_args(ls)
+
     s = sub.add_parser("status", help="a running job's state and operators (no JOB: list jobs)")
     s.add_argument("job", nargs="?", help="job name or id")
     job_args(s)
+
+    sp = sub.add_parser("savepoint", help="take a savepoint of a running job")
+    sp.add_argument("job", help="job name or id")
+    sp.add_argument("location", help="directory or URI to write the savepoint to")
+    job_args(sp)
+
+    st = sub.add_parser("stop", help="stop a job (sinks flushed), optionally with a savepoint")
+    st.add_argument("job", help="job name or id")
+    st.add_argument("--savepoint", default=None, metavar="URI",
+                    help="take a savepoint there first (the sources stop at its barrier)")
+    job_args(st)
 
     rs = sub.add_parser("rescale", help="change an operator's parallelism while the job runs")
     rs.add_argument("job", help="job name or id")
@@ -518,7 +690,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
-    "run": _run, "status": _status, "rescale": _rescale, "metrics": _metrics, "plot": _plot,
+    "run": _run, "list": _list, "status": _status, "rescale": _rescale, "metrics": _metrics,
+    "savepoint": _savepoint, "stop": _stop, "plot": _plot,
     "bench": lambda a: _bench(a.name, a.args),
     "example": lambda a: _checkout_script("example", EXAMPLES_DIR, a.name, a.args),
 }
@@ -526,7 +699,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    return COMMANDS[args.cmd](args)
+    try:
+        return COMMANDS[args.cmd](args)
+    except SystemExit as done:  # a command ended early, its one-line reason printed
+        return int(done.code or 0)
 
 
 if __name__ == "__main__":

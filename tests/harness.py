@@ -36,7 +36,7 @@ from engine.checkpoints import coordinator as cc
 from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
 from engine.checkpoints.restore import RestorePlan
 from engine.checkpoints.snapshot import persist, restore_messages
-from engine.checkpoints.store import discard, write_metadata
+from engine.checkpoints.store import discard, discard_files, write_metadata
 from engine.control.reconfiguration import LogicChangeReport
 from engine.control.steps import (
     ChangeLogicSteps,
@@ -212,9 +212,10 @@ class Checkpoints:
         cores = self.net.cores
         for cmd in cmds:
             match cmd:
-                case cc.TriggerTasks(checkpoint_id=cid, location=loc, stop=stop, tasks=tasks):
+                case cc.TriggerTasks(checkpoint_id=cid, location=loc, stop=stop, tasks=tasks,
+                                     savepoint=savepoint):
                     for t in tasks:
-                        cores[t].handle(wire(TriggerCheckpoint(cid, loc, stop)))
+                        cores[t].handle(wire(TriggerCheckpoint(cid, loc, stop, savepoint)))
                 case cc.WriteMetadata(metadata=meta):
                     write_metadata(meta)
                     self.run(self.coord.on_written(meta.checkpoint_id))
@@ -229,6 +230,8 @@ class Checkpoints:
                 case cc.Discard(locations=locations):
                     for loc in locations:
                         discard(loc)
+                case cc.DiscardFiles(locations=locations, files=files):
+                    discard_files(locations, files)
                 case cc.FailJob(reason=reason):
                     raise AssertionError(f"the job would fail: {reason}")
 

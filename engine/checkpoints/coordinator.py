@@ -17,6 +17,15 @@ discarded. A decline, a failed metadata write, a timeout (``check``) or an abort
 the tasks are told (``NotifyAborted``), its directory is discarded, and more than
 ``tolerable_checkpoint_failures`` failed checkpoints in a row return ``FailJob``.
 
+Incremental checkpoints (``JobConfig.incremental_checkpoints``): a task acknowledges some
+key groups as a delta on, or unchanged from, the group's chain in the job's last complete
+*checkpoint* (never a savepoint); the metadata gives every group its chain, the earlier
+links as ``../chk-<n>/<file>``. A group whose earlier chain the coordinator does not hold
+fails the checkpoint (the tasks then write every group whole). Retention goes through
+``SharedFiles``: a retired checkpoint whose files no retained one refers to is deleted
+whole (``Discard``), otherwise only its ``_metadata`` and its files no longer referred to
+(``DiscardFiles``).
+
 Guarantees: at most one checkpoint is pending; ids grow (also across restarts and
 restores); only a complete checkpoint is ever ``latest`` (the one recovery uses); acks of
 another checkpoint or of a task not expected are ignored; savepoints are never discarded
@@ -31,10 +40,12 @@ from typing import Any
 from engine.checkpoints.metadata import (
     CheckpointKind,
     CheckpointMetadata,
+    Link,
     TaskState,
     VertexState,
 )
-from engine.checkpoints.store import join
+from engine.checkpoints.shared import SharedFiles, own_files
+from engine.checkpoints.store import directory_name, join
 from engine.dataflow.config import JobConfig
 from engine.dataflow.deployment import Deployment
 from engine.time.clock import Clock
@@ -45,12 +56,14 @@ from engine.wire.messages import CheckpointAck, CheckpointDeclined, CheckpointSt
 
 @dataclass(frozen=True)
 class TriggerTasks:
-    """Send ``TriggerCheckpoint(checkpoint_id, location, stop)`` to each of ``tasks``."""
+    """Send ``TriggerCheckpoint(checkpoint_id, location, stop, savepoint)`` to each of
+    ``tasks``."""
 
     checkpoint_id: int
     location: str
     stop: bool
     tasks: tuple[str, ...]
+    savepoint: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,13 +97,24 @@ class Discard:
 
 
 @dataclass(frozen=True)
+class DiscardFiles:
+    """Retention of incremental checkpoints (``store.discard_files``): the checkpoints at
+    ``locations`` stop being checkpoints (``_metadata`` deleted), ``files`` (URIs no
+    retained checkpoint refers to) are deleted, emptied directories removed."""
+
+    locations: tuple[str, ...]
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class FailJob:
     """Too many checkpoints failed in a row: fail the job with ``reason``."""
 
     reason: str
 
 
-Command = TriggerTasks | WriteMetadata | NotifyComplete | NotifyAborted | Discard | FailJob
+Command = (TriggerTasks | WriteMetadata | NotifyComplete | NotifyAborted | Discard
+           | DiscardFiles | FailJob)
 
 
 @dataclass(frozen=True)
@@ -121,6 +145,7 @@ class _Pending:
     expected: dict[str, tuple[str, int]]  # task -> (vertex, index)
     acks: dict[str, CheckpointAck] = field(default_factory=dict)
     writing: bool = False
+    metadata: CheckpointMetadata | None = None
 
 
 def vertices_of(dep: Deployment) -> tuple[VertexState, ...]:
@@ -152,6 +177,7 @@ class CheckpointCoordinator:
         self.last_failure = ""
         self.restored_from = ""
         self.outcomes: list[Outcome] = []  # for whoever waits on a checkpoint
+        self.shared = SharedFiles()  # the retained checkpoints' files
         self._last_trigger: float | None = None
 
     # -- when
@@ -182,7 +208,8 @@ class CheckpointCoordinator:
         self.pending = _Pending(cid, CheckpointKind.parse(kind, "checkpoint kind"), loc, stop,
                                 self._last_trigger, self.clock.now(), vertices_of(dep),
                                 expected)
-        return [TriggerTasks(cid, loc, stop, tuple(expected))]
+        return [TriggerTasks(cid, loc, stop, tuple(expected),
+                             self.pending.kind == CheckpointKind.SAVEPOINT)]
 
     # -- what tasks say
     def on_report(self, msg: Any) -> list[Command]:
@@ -196,21 +223,80 @@ class CheckpointCoordinator:
             p.acks[msg.task] = msg
             if len(p.acks) < len(p.expected):
                 return []
+            missing = self._missing_chain(p)
+            if missing is not None:
+                return self._fail(*missing)
+            p.metadata = self._metadata(p)
             p.writing = True
-            return [WriteMetadata(self._metadata(p))]
+            return [WriteMetadata(p.metadata)]
         if isinstance(msg, CheckpointDeclined) and msg.checkpoint_id == p.checkpoint_id:
             return self._fail(f"task {msg.task} declined it: {msg.reason}", msg.task)
         return []
 
     def _metadata(self, p: _Pending) -> CheckpointMetadata:
         order = {t: i for i, t in enumerate(p.expected)}  # the deployment's order
+        acks = sorted(p.acks.values(), key=lambda a: order[a.task])
+        chained = any(a.deltas or a.unchanged for a in acks)
+        previous = self._previous_chains(p) if chained else {}
         tasks = tuple(TaskState(a.task, *p.expected[a.task], a.file, a.groups, a.source_state,
-                                a.transactions, a.bytes, a.alignment_s, a.sync_s, a.async_s)
-                      for a in sorted(p.acks.values(), key=lambda a: order[a.task]))
+                                a.transactions, a.bytes, a.alignment_s, a.sync_s, a.async_s,
+                                self._chains(a, p.expected[a.task][0], previous)
+                                if chained else ())
+                      for a in acks)
         return CheckpointMetadata(
             p.checkpoint_id, p.kind, self.job_id, self.job_name, p.created_at,
             self.num_key_groups, p.vertices, tasks,
             self.clock.monotonic() - p.started, p.location)
+
+    def _previous_chains(self, p: _Pending) -> dict[tuple[str, int], tuple[Link, ...]]:
+        """The chains of the last retained checkpoint, ``(vertex, key group) -> links``,
+        the links as the pending checkpoint names them (``../chk-<n>/<file>``)."""
+        if not self.retained or p.location != join(self.root, f"chk-{p.checkpoint_id}"):
+            return {}
+        prev = self.retained[-1]
+        here = directory_name(prev.location)
+        out: dict[tuple[str, int], tuple[Link, ...]] = {}
+        for t in prev.tasks:
+            if t.chains:
+                for kg, links in t.chains:
+                    out[(t.vertex, kg)] = tuple(
+                        (f if f.startswith("../") else f"../{here}/{f}", o, n, c)
+                        for f, o, n, c in links)
+            else:
+                for kg, o, n, c in t.groups:
+                    out[(t.vertex, kg)] = ((f"../{here}/{t.file}", o, n, c),)
+        return out
+
+    def _missing_chain(self, p: _Pending) -> tuple[str, str] | None:
+        """Why the pending checkpoint cannot be composed, and the task that says so: a
+        task built a group on a chain the job's last checkpoint does not hold (None: it
+        can be)."""
+        acks = [a for a in p.acks.values() if a.deltas or a.unchanged]
+        if not acks:
+            return None
+        previous = self._previous_chains(p)
+        for a in acks:
+            vertex = p.expected[a.task][0]
+            for kg in (*a.deltas, *a.unchanged):
+                if (vertex, kg) not in previous:
+                    return (f"task {a.task} wrote key group {kg} of {vertex!r} as a change to "
+                            "the previous checkpoint, which does not hold it; the next "
+                            "checkpoint writes every group whole", a.task)
+        return None
+
+    @staticmethod
+    def _chains(a: CheckpointAck, vertex: str,
+                previous: dict[tuple[str, int], tuple[Link, ...]]
+                ) -> tuple[tuple[int, tuple[Link, ...]], ...]:
+        """One task's groups as chains, base first (``_missing_chain`` found every chain
+        a delta or an unchanged group builds on)."""
+        deltas = set(a.deltas)
+        out: list[tuple[int, tuple[Link, ...]]] = []
+        for kg, o, n, c in a.groups:
+            own: Link = (a.file, o, n, c)
+            out.append((kg, (*previous[(vertex, kg)], own) if kg in deltas else (own,)))
+        out.extend((kg, previous[(vertex, kg)]) for kg in a.unchanged)
+        return tuple(sorted(out))
 
     def on_written(self, checkpoint_id: int, error: str | None = None) -> list[Command]:
         """The metadata of ``checkpoint_id`` was written (``error`` None) or not."""
@@ -220,7 +306,7 @@ class CheckpointCoordinator:
         if error is not None:
             p.writing = False
             return self._fail(f"its metadata could not be written: {error}")
-        meta = self._metadata(p)
+        meta = p.metadata if p.metadata is not None else self._metadata(p)
         self.pending = None
         self.latest = meta
         self.completed += 1
@@ -229,11 +315,33 @@ class CheckpointCoordinator:
         out: list[Command] = [NotifyComplete(checkpoint_id, tasks)]
         if p.kind == CheckpointKind.CHECKPOINT:
             self.consecutive_failures = 0
+            # the retained list may have been set or cut by a takeover or a recovery
+            dropped = self.shared.sync(self.retained)
             self.retained.append(meta)
+            self.shared.register(meta)
             old = self.retained[:-self.config.checkpoints_retained]
             self.retained = self.retained[-self.config.checkpoints_retained:]
-            if old:
-                out.append(Discard(tuple(m.location for m in old)))
+            out += self._retire(dropped + old)
+        return out
+
+    def _retire(self, old: list[CheckpointMetadata]) -> list[Command]:
+        """Delete retired checkpoints, keeping every file a retained one refers to."""
+        whole: list[str] = []
+        partial: list[str] = []
+        files: list[str] = []
+        for m in old:
+            freed = set(self.shared.release(m))
+            if own_files(m) <= freed:
+                whole.append(m.location)
+                freed -= own_files(m)
+            else:
+                partial.append(m.location)
+            files += sorted(freed)
+        out: list[Command] = []
+        if whole:
+            out.append(Discard(tuple(whole)))
+        if partial or files:
+            out.append(DiscardFiles(tuple(partial), tuple(files)))
         return out
 
     # -- failures
@@ -304,5 +412,5 @@ class CheckpointCoordinator:
             self.restored_from)
 
 
-__all__ = ["CheckpointCoordinator", "Command", "Discard", "FailJob", "NotifyAborted",
+__all__ = ["CheckpointCoordinator", "Command", "Discard", "DiscardFiles", "FailJob", "NotifyAborted",
            "NotifyComplete", "Outcome", "TriggerTasks", "WriteMetadata", "vertices_of"]

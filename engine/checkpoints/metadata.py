@@ -8,7 +8,13 @@ Format of ``_metadata``: ``MAGIC`` (8 bytes), the format version (``!H``), the C
 the body (``!I``), then the body: the exact msgpack encoding (``engine.wire.codec``) of
 ``CheckpointMetadata.to_wire()``. A task's key groups are in one file of the checkpoint
 directory, concatenated, each located by ``(key_group, offset, length, crc32)``: a restore
-at another parallelism reads each group where it is, and checks it.
+at another parallelism reads each group where it is, and checks it. An incremental
+checkpoint (``JobConfig.incremental_checkpoints``, format version 3) also gives each of a
+task's groups its *chain*, ``(key_group, ((file, offset, length, crc32), ...))``, base
+first (``engine.state.incremental``): ``file`` is relative to the checkpoint's location,
+or ``../chk-<n>/<file>`` for a file an earlier checkpoint of the job wrote (shared: the
+JobMaster's ``engine.checkpoints.shared.SharedFiles`` keeps it while a retained checkpoint
+refers to it). Version 2 (no chains) still reads.
 
 Guarantees: ``decode`` returns a ``CheckpointMetadata`` or raises ``RestoreError`` saying
 whether the bytes are foreign (not a reflow checkpoint), of another format version, or
@@ -28,7 +34,8 @@ from engine.names import NameEnum
 from engine.wire.codec import pack_exact, unpack_exact
 
 MAGIC = b"RFLWCHK\x00"
-FORMAT_VERSION = 2  # 2: a source vertex records its partition list; task states by partition
+FORMAT_VERSION = 3  # 3: incremental chains; 2: a source's partition list, states by partition
+_READABLE = (2, 3)
 METADATA_FILE = "_metadata"
 _HEADER = struct.Struct("!HI")
 
@@ -64,12 +71,20 @@ class VertexState:
                              f"{self.parallelism} tasks")
 
 
+# one link of a key group's chain: (file relative to the checkpoint's location, offset,
+# length, crc32)
+Link = tuple[str, int, int, int]
+
+
 @dataclass(frozen=True)
 class TaskState:
     """One task's part: key groups in ``file`` (relative to the checkpoint's location; ''
     when it holds none) as ``(key_group, offset, length, crc32)``, its source's resume
     states ``{partition: state}`` (None: not a source task), its sinks' transactions
-    ``(writer, transaction)``, and what it cost."""
+    ``(writer, transaction)``, and what it cost. ``chains``: an incremental checkpoint's
+    groups as chains of ``(file, offset, length, crc32)`` links, base first (see the module
+    doc); when given, a restore reads them, and ``groups`` only says what this checkpoint
+    wrote itself."""
 
     task: str
     vertex: str
@@ -82,6 +97,7 @@ class TaskState:
     alignment_s: float = 0.0
     sync_s: float = 0.0
     async_s: float = 0.0
+    chains: tuple[tuple[int, tuple[Link, ...]], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -128,7 +144,8 @@ class CheckpointMetadata:
                   list(v.assignment), list(v.partitions)] for v in self.vertices],
                 [[t.task, t.vertex, t.index, t.file, [list(g) for g in t.groups],
                   t.source_state, [list(x) for x in t.transactions], t.bytes, t.alignment_s,
-                  t.sync_s, t.async_s] for t in self.tasks],
+                  t.sync_s, t.async_s, [[kg, [list(link) for link in links]]
+                                        for kg, links in t.chains]] for t in self.tasks],
                 self.duration_s]
 
     @classmethod
@@ -138,10 +155,14 @@ class CheckpointMetadata:
             cid, kind, job_id, job_name, created, nkg,
             tuple(VertexState(n, tuple(ops), p, k, s, tuple(a), tuple(parts))
                   for n, ops, p, k, s, a, parts in vertices),
-            tuple(TaskState(task, v, i, f, tuple(tuple(g) for g in groups), src,
-                            tuple((w, txn) for w, txn in txns), b, al, sy, asy)
-                  for task, v, i, f, groups, src, txns, b, al, sy, asy in tasks),
-            duration, location)
+            tuple(_task_state(t) for t in tasks), duration, location)
+
+    def files(self) -> set[str]:
+        """Every file this checkpoint's restore reads, relative to its location (its own
+        parts, and an incremental one's links into earlier checkpoints)."""
+        out = {t.file for t in self.tasks if t.file and t.groups}
+        out.update(link[0] for t in self.tasks for _, links in t.chains for link in links)
+        return out
 
     # ``builtins.bytes``: the ``bytes`` property above shadows the type in this class body
     def encode(self) -> builtins.bytes:
@@ -157,7 +178,7 @@ class CheckpointMetadata:
                 "does not start with reflow's marker); give the directory reflow wrote",
                 path=location, reason="foreign")
         version, crc = _HEADER.unpack_from(data, len(MAGIC))
-        if version != FORMAT_VERSION:
+        if version not in _READABLE:
             raise RestoreError(
                 f"{location} was written in checkpoint format version {version}; this reflow "
                 f"reads version {FORMAT_VERSION}: restore it with the reflow that wrote it",
@@ -176,5 +197,13 @@ class CheckpointMetadata:
                                path=location, reason="corrupt") from exc
 
 
-__all__ = ["FORMAT_VERSION", "METADATA_FILE", "CheckpointKind", "CheckpointMetadata",
+def _task_state(fields: list[Any]) -> TaskState:
+    task, v, i, f, groups, src, txns, b, al, sy, asy, *more = fields
+    chains = tuple((int(kg), tuple((str(fl), int(o), int(n), int(c)) for fl, o, n, c in links))
+                   for kg, links in (more[0] if more else ()))
+    return TaskState(task, v, i, f, tuple(tuple(g) for g in groups), src,
+                     tuple((w, txn) for w, txn in txns), b, al, sy, asy, chains)
+
+
+__all__ = ["FORMAT_VERSION", "Link", "METADATA_FILE", "CheckpointKind", "CheckpointMetadata",
            "TaskState", "VertexState"]

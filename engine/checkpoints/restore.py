@@ -25,14 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.checkpoints.metadata import CheckpointMetadata, VertexState
-from engine.checkpoints.store import join
+from engine.checkpoints.store import join, link_uri
 from engine.dataflow.deployment import Deployment, task_name
 from engine.dataflow.keygroups import uniform_assignment
 from engine.dataflow.physical import PhysicalPlan
 from engine.errors import RestoreError
 from engine.operators.chain import writer_names
 
-# (key group, file URI, offset, length, crc32): where one key group is, for RestoreState
+# (key group, file URI, offset, length, crc32): where one key group is, for RestoreState;
+# a group of an incremental checkpoint has several, its chain's links in order, base first
 GroupRef = tuple[int, str, int, int, int]
 
 
@@ -147,7 +148,8 @@ def plan_restore(meta: CheckpointMetadata, plan: PhysicalPlan, job_id: str, gene
 def _map_keyed(meta: CheckpointMetadata, old: VertexState, new: dict[str, Any],
                dep: Deployment, groups: dict[str, list[GroupRef]], drop: Any) -> None:
     held = [(t, g) for t in meta.tasks_of(old.name) for g in t.groups]
-    if not held:
+    chained = [(kg, links) for t in meta.tasks_of(old.name) for kg, links in t.chains]
+    if not held and not chained:
         return
     target = new.get(old.name)
     if target is None or not target.keyed:
@@ -161,8 +163,14 @@ def _map_keyed(meta: CheckpointMetadata, old: VertexState, new: dict[str, Any],
         return
     names, assignment = dep.tasks[old.name], dep.assignments[old.name]
     for t, (kg, offset, length, crc) in held:
+        if t.chains:
+            continue  # read by its chain below
         groups[names[assignment[kg]]].append((kg, join(meta.location, t.file), offset,
                                               length, crc))
+    for kg, links in chained:
+        groups[names[assignment[kg]]].extend(
+            (kg, link_uri(meta.location, f), offset, length, crc)
+            for f, offset, length, crc in links)
 
 
 def _map_source(meta: CheckpointMetadata, old: VertexState, new: dict[str, Any],

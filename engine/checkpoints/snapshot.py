@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.checkpoints.store import part_file_name, read_groups, write_task_part
+from engine.errors import CodecError, RestoreError
+from engine.state.incremental import merge_chain
 from engine.time.clock import Clock
 from engine.wire.messages import (
     CheckpointAck,
@@ -28,7 +30,9 @@ from engine.wire.messages import (
 class TaskSnapshot:
     """What a task took at checkpoint ``checkpoint_id``: its key groups (encoded), its
     source's resume state, its sinks' transactions, and how long it aligned and took the
-    snapshot. ``declined``: why it could not take part ('' when it could)."""
+    snapshot. ``declined``: why it could not take part ('' when it could). An incremental
+    checkpoint's ``groups`` hold a delta blob for the groups in ``deltas``; those in
+    ``unchanged`` are not in ``groups`` (``engine.state.incremental``)."""
 
     task: str
     vertex: str
@@ -41,6 +45,8 @@ class TaskSnapshot:
     alignment_s: float = 0.0
     sync_s: float = 0.0
     declined: str = ""
+    deltas: tuple[int, ...] = ()
+    unchanged: tuple[int, ...] = ()
 
 
 def persist(snap: TaskSnapshot, clock: Clock) -> CheckpointAck | CheckpointDeclined:
@@ -62,18 +68,45 @@ def persist(snap: TaskSnapshot, clock: Clock) -> CheckpointAck | CheckpointDecli
     written = sum(length for _, _, length, _ in index)
     return CheckpointAck(snap.task, snap.checkpoint_id, file, index, snap.source_state,
                          snap.transactions, written, snap.alignment_s, snap.sync_s,
-                         clock.monotonic() - start)
+                         clock.monotonic() - start, snap.deltas, snap.unchanged)
+
+
+def read_chains(refs: tuple[tuple[int, str, int, int, int], ...]) -> list[tuple[int, bytes]]:
+    """Key groups read from the store and checked, a group given several links (an
+    incremental checkpoint's chain, base first) merged into one full blob
+    (``engine.state.incremental.merge_chain``); ``RestoreError`` naming the file when one
+    is missing, short or corrupt, or a chain does not hold together."""
+    read = read_groups(refs)
+    chains: dict[int, list[bytes]] = {}
+    for kg, data in read:
+        chains.setdefault(kg, []).append(data)
+    if all(len(c) == 1 for c in chains.values()):
+        return read
+    files: dict[int, list[str]] = {}
+    for kg, uri, *_ in refs:
+        files.setdefault(kg, []).append(uri)
+    out = []
+    for kg, blobs in chains.items():
+        try:
+            out.append((kg, merge_chain(blobs)))
+        except CodecError as exc:
+            raise RestoreError(
+                f"key group {kg}'s chain of incremental checkpoint files "
+                f"({', '.join(files[kg])}) does not hold together: {exc}; restore an earlier "
+                "checkpoint", path=files[kg][-1], reason="corrupt") from exc
+    return out
 
 
 def restore_messages(msg: RestoreState) -> list[Any]:
     """The core's messages for a ``RestoreState``: its key groups read from the store and
-    checked (``RestoreError`` when one is missing or corrupt), then its transactions."""
+    checked, chains merged (``read_chains``; ``RestoreError`` when one is missing or
+    corrupt), then its transactions."""
     out: list[Any] = []
     if msg.groups:
-        out.append(InstallKeyGroups(tuple(read_groups(msg.groups))))
+        out.append(InstallKeyGroups(tuple(read_chains(msg.groups))))
     if msg.transactions:
         out.append(CommitTransactions(msg.transactions))
     return out
 
 
-__all__ = ["TaskSnapshot", "persist", "restore_messages"]
+__all__ = ["TaskSnapshot", "persist", "read_chains", "restore_messages"]

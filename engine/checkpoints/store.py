@@ -10,6 +10,11 @@ directory)::
     <name>-<crc of the vertex name>-<task index>.state   one task's key groups, concatenated
     _metadata                                            written last (engine.checkpoints.metadata)
 
+With incremental checkpoints a checkpoint's metadata also refers to part files of earlier
+``chk-<n>`` directories of the job (``../chk-<n>/<file>``, ``link_uri``). Retention then
+deletes such a directory's ``_metadata`` (it is no checkpoint any more) and only its files
+no retained checkpoint refers to (``discard_files``); the directory goes once empty.
+
 Guarantees: ``_metadata`` is written to a temporary name and moved into place, so it is
 either absent or whole; a directory without it is not a checkpoint (``latest`` skips it,
 ``read_metadata`` refuses it); a key group read back is checked against its CRC-32. Errors
@@ -171,28 +176,49 @@ def resolve(location: str) -> str:
 
 
 def read_groups(refs: Iterable[tuple[int, str, int, int, int]]) -> list[tuple[int, bytes]]:
-    """Key groups ``(key_group, file URI, offset, length, crc32)`` read back and checked;
-    ``RestoreError`` naming the file when one is missing, short or corrupt."""
-    by_file: dict[str, list[tuple[int, int, int, int]]] = {}
-    for kg, uri, offset, length, crc in refs:
-        by_file.setdefault(uri, []).append((kg, offset, length, crc))
-    out = []
+    """Key groups ``(key_group, file URI, offset, length, crc32)`` read back and checked,
+    in the order given; ``RestoreError`` naming the file when one is missing, short or
+    corrupt."""
+    refs = list(refs)
+    by_file: dict[str, list[int]] = {}
+    for i, (_, uri, _, _, _) in enumerate(refs):
+        by_file.setdefault(uri, []).append(i)
+    out: list[bytes] = [b""] * len(refs)
     for uri, wanted in by_file.items():
         try:
             fs, path = _fs(uri)
             with fs.open_input_file(path) as f:
-                for kg, offset, length, crc in sorted(wanted, key=lambda w: w[1]):
+                for i in sorted(wanted, key=lambda w: refs[w][2]):
+                    kg, _, offset, length, crc = refs[i]
                     data = f.read_at(length, offset)
                     if len(data) != length or zlib.crc32(data) != crc:
                         raise RestoreError(
                             f"{uri} is corrupt: key group {kg} does not match its checksum "
                             "(a truncated or altered file); restore an earlier checkpoint",
                             path=uri, reason="corrupt")
-                    out.append((kg, data))
+                    out[i] = data
         except OSError as exc:
             raise RestoreError(f"cannot read {uri}: {exc}; restore an earlier checkpoint",
                                path=uri, reason="unreadable") from exc
-    return out
+    return [(ref[0], data) for ref, data in zip(refs, out, strict=True)]
+
+
+def link_uri(location: str, file: str) -> str:
+    """The URI of ``file`` as a checkpoint at ``location`` names it: below ``location``,
+    or ``../chk-<n>/<name>``: in a sibling checkpoint directory (incremental checkpoints)."""
+    if file.startswith("../"):
+        base, query = location, ""
+        if "://" in location and "?" in location:
+            base, query = location.split("?", 1)
+            query = "?" + query
+        return join(base.rstrip("/").rsplit("/", 1)[0] + query, *file[3:].split("/"))
+    return join(location, file)
+
+
+def directory_name(location: str) -> str:
+    """The last component of a checkpoint's ``location`` (``chk-<n>``)."""
+    base = location.split("?", 1)[0] if "://" in location else location
+    return base.rstrip("/").rsplit("/", 1)[-1]
 
 
 def discard(location: str) -> None:
@@ -203,5 +229,35 @@ def discard(location: str) -> None:
         fs.delete_dir(path)
 
 
-__all__ = ["complete_checkpoints", "default_root", "discard", "join", "part_file_name",
-           "read_groups", "read_metadata", "resolve", "write_metadata", "write_task_part"]
+def discard_files(locations: Iterable[str], files: Iterable[str]) -> None:
+    """Retention of incremental checkpoints: the checkpoints at ``locations`` stop being
+    checkpoints (their ``_metadata`` is deleted first), the ``files`` (URIs) no retained
+    checkpoint refers to are deleted, and each of those directories, and each directory a
+    file was deleted from, is removed once it holds nothing. Gone already: not an error."""
+    import pyarrow.fs as pafs
+
+    dirs: dict[str, tuple[Any, str]] = {}
+    for loc in locations:
+        fs, path = _fs(loc)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(f"{path}/{METADATA_FILE}")
+        dirs[path] = (fs, path)
+    for uri in files:
+        fs, path = _fs(uri)
+        with contextlib.suppress(FileNotFoundError):
+            fs.delete_file(path)
+        parent = path.rsplit("/", 1)[0]
+        dirs.setdefault(parent, (fs, parent))
+    for fs, path in dirs.values():
+        try:
+            left = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+        except (OSError, ValueError):
+            continue
+        if not left:
+            with contextlib.suppress(FileNotFoundError, OSError):
+                fs.delete_dir(path)
+
+
+__all__ = ["complete_checkpoints", "default_root", "directory_name", "discard",
+           "discard_files", "join", "link_uri", "part_file_name", "read_groups",
+           "read_metadata", "resolve", "write_metadata", "write_task_part"]

@@ -201,6 +201,13 @@ class JobConfig:
     ``state_memory_bytes``: the memory each RocksDB task gives RocksDB (a quarter as write
     buffers, the rest as block cache; at least 8 MiB); state beyond it lives on disk.
     Both are ignored by the "memory" backend.
+    ``incremental_checkpoints``: a periodic checkpoint writes, per key group, only what
+    changed since the previous one (the changed keys' values and tombstones, as a delta
+    blob chained to the group's last full blob; ``engine.state.incremental``) and refers to
+    the earlier checkpoints' files for the rest; retention then deletes a file only when
+    no retained checkpoint refers to it (``engine.checkpoints.shared``). Flink's
+    ``state.backend.incremental``. Savepoints stay whole and self-contained. False
+    (default): every checkpoint writes every key group whole, and nothing is tracked.
     """
 
     batch_size: int = 1000
@@ -247,6 +254,7 @@ class JobConfig:
     state_backend: str = StateBackend.MEMORY
     state_dir: str | None = None
     state_memory_bytes: int = 128 << 20
+    incremental_checkpoints: bool = False
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a

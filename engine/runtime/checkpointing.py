@@ -38,6 +38,7 @@ from engine.checkpoints.coordinator import (
     CheckpointCoordinator,
     Command,
     Discard,
+    DiscardFiles,
     FailJob,
     NotifyAborted,
     NotifyComplete,
@@ -46,7 +47,13 @@ from engine.checkpoints.coordinator import (
     WriteMetadata,
 )
 from engine.checkpoints.metadata import CheckpointKind, CheckpointMetadata
-from engine.checkpoints.store import default_root, discard, join, write_metadata
+from engine.checkpoints.store import (
+    default_root,
+    discard,
+    discard_files,
+    join,
+    write_metadata,
+)
 from engine.control.arbiter import Action, ActionKind, Verdict
 from engine.errors import CheckpointFailed
 from engine.names import JobState
@@ -168,8 +175,9 @@ class Checkpointing:
         p = self.port
         for cmd in cmds:
             match cmd:
-                case TriggerTasks(checkpoint_id=cid, location=loc, stop=stop, tasks=tasks):
-                    await self._send(tasks, TriggerCheckpoint(cid, loc, stop))
+                case TriggerTasks(checkpoint_id=cid, location=loc, stop=stop, tasks=tasks,
+                                  savepoint=savepoint):
+                    await self._send(tasks, TriggerCheckpoint(cid, loc, stop, savepoint))
                 case WriteMetadata(metadata=meta):
                     error = None
                     try:
@@ -187,6 +195,12 @@ class Checkpointing:
                             await asyncio.to_thread(discard, loc)
                         except Exception as exc:  # noqa: BLE001 - a leftover directory only
                             log.warning("could not delete checkpoint %s: %s", loc, exc)
+                case DiscardFiles(locations=locations, files=files):
+                    try:
+                        await asyncio.to_thread(discard_files, locations, files)
+                    except Exception as exc:  # noqa: BLE001 - leftover files only
+                        log.warning("could not delete checkpoint files of %s: %s",
+                                    ", ".join(locations) or "earlier checkpoints", exc)
                 case FailJob(reason=reason):
                     log.error("job %s: %s", p.job_id, reason)
                     asyncio.ensure_future(p.fail(reason))

@@ -670,9 +670,10 @@ class JobMaster:
                     return
             finally:
                 self.arbitration.release(d.ticket)
-            await self._stop_tasks()
-            if self.state != JobState.RUNNING:
-                return
+        # every task closes its writers and its state backend (a RocksDB one's files go)
+        await self._stop_tasks()
+        if self.state != JobState.RUNNING:
+            return
         self._set_state(JobState.FINISHED)
         await self._teardown()
 

@@ -17,6 +17,12 @@ every key made current in ``kg`` (and every key of ``kg`` on ``install``/``remov
 possibly changed; ``snapshot_delta(kg)`` encodes those keys' current values plus the group's
 full timer set; ``apply_delta(base, delta)`` turns the snapshot taken at the last
 ``mark_replicated(kg)`` into the group's snapshot now.
+
+Incremental checkpoints (``engine.state.incremental``): ``enable_incremental()`` records,
+for every group, the keys made current or written and the timers added or removed since
+``take_changes()``, and which groups were installed, removed or owned anew (written whole);
+``snapshot_changes(kg, keys, timers)`` encodes those keys' current entries as a delta blob.
+Until it is called nothing is recorded (``set_current`` tests one flag, as before).
 """
 
 from __future__ import annotations
@@ -70,6 +76,15 @@ class KeyedStateBackend:
         self._changes: dict[int, set[Any]] = {}
         # key group -> replication version; kept after untrack so versions never repeat
         self._versions: dict[int, int] = {}
+        # incremental checkpoints (enable_incremental; None: off, nothing recorded): key
+        # group -> keys possibly changed, timers added or removed, since take_changes; and
+        # the groups installed, removed or owned anew since (written whole next)
+        self._dirty: dict[int, set[Any]] | None = None
+        self._dirty_timers: dict[int, set[tuple[int, Any, int]]] = {}
+        self._whole: set[int] = set()
+        # some change is recorded (replicas or incremental checkpoints): the one test on
+        # the per-record path
+        self._track = False
         # (key group, table) -> (mean encoded bytes per entry, length when sampled)
         self._entry_bytes: dict[tuple[int, str], tuple[float, int]] = {}
         self._resample_at = 0
@@ -83,6 +98,7 @@ class KeyedStateBackend:
         """Take ownership of an empty key group (creates it when missing)."""
         if key_group not in self.groups:
             self.layout_version += 1
+            self._made_whole(key_group)
         self.groups.setdefault(key_group, {})
         self.timers.setdefault(key_group, set())
 
@@ -94,10 +110,21 @@ class KeyedStateBackend:
         if key_group != self.current_group:
             self.current_group = key_group
             self._tables = self.groups[key_group]
-        if self._changes:  # the only cost when nothing is tracked
+        if self._track:  # the only cost when nothing is tracked
+            self._note(key_group, key)
+
+    def _note(self, key_group: int, key: Any) -> None:
+        """``key`` of ``key_group`` may change: record it for replicas and checkpoints."""
+        if self._changes:
             changed = self._changes.get(key_group)
             if changed is not None:
                 changed.add(key)
+        dirty = self._dirty
+        if dirty is not None:
+            keys = dirty.get(key_group)
+            if keys is None:
+                keys = dirty[key_group] = set()
+            keys.add(key)
 
     def table(self, name: str) -> Table:
         """The ``name`` table of the current key group (key -> value)."""
@@ -157,13 +184,21 @@ class KeyedStateBackend:
         if entry not in ts:
             ts.add(entry)
             self._push_timer(entry[0], key_group, key, domain)
+            if self._dirty is not None:
+                self._note_timer(key_group, entry)
+
+    def _note_timer(self, key_group: int, entry: tuple[int, Any, int]) -> None:
+        self._dirty_timers.setdefault(key_group, set()).add(entry)
 
     def _push_timer(self, time_ms: int, key_group: int, key: Any, domain: int) -> None:
         self._tie += 1
         heapq.heappush(self._heaps[domain], (time_ms, key_group, self._tie, key))
 
     def delete_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
-        self.timers[self.current_group].discard((int(time_ms), self.current_key, domain))
+        entry = (int(time_ms), self.current_key, domain)
+        self.timers[self.current_group].discard(entry)
+        if self._dirty is not None:
+            self._note_timer(self.current_group, entry)
 
     def next_timer(self, domain: int = PROCESSING_TIME) -> int | None:
         heap = self._heaps[domain]
@@ -183,6 +218,8 @@ class KeyedStateBackend:
             ts = self.timers.get(kg)
             if ts is not None and (t, key, domain) in ts:
                 ts.discard((t, key, domain))
+                if self._dirty is not None:
+                    self._note_timer(kg, (t, key, domain))
                 yield t, kg, key
 
     # -- single key groups
@@ -198,6 +235,7 @@ class KeyedStateBackend:
         changed = self._changes.get(key_group)
         if changed is not None:
             self._note_all(key_group, changed)
+        self._made_whole(key_group)
         self.layout_version += 1
         for t in self._dense.values():
             t.drop_group(key_group)
@@ -227,6 +265,7 @@ class KeyedStateBackend:
         if changed is not None:
             self._note_all(key_group, changed)
         self.groups.pop(key_group, None)
+        self._made_whole(key_group)
         self.layout_version += 1
         for t in self._dense.values():
             t.drop_group(key_group)
@@ -254,16 +293,23 @@ class KeyedStateBackend:
         if key_group == self.current_group:
             changed.add(self.current_key)  # user code may still write the current key
         self._changes[key_group] = changed
+        self._track = True
         return v
 
     def untrack(self, key_group: int) -> None:
         """Stop recording changes of ``key_group`` (its version is kept)."""
         self._changes.pop(key_group, None)
+        self._track = bool(self._changes) or self._dirty is not None
 
     def is_tracked(self, key_group: int) -> bool:
         return key_group in self._changes
 
     def tracked(self) -> list[int]:
+        """The groups whose changes are recorded: those tracked for replicas, and every
+        group with incremental checkpoints on (fast paths that write tables without
+        ``set_current`` call ``note_changed`` when this is not empty)."""
+        if self._dirty is not None:
+            return sorted(set(self._changes).union(self.owned()))
         return sorted(self._changes)
 
     def version(self, key_group: int) -> int:
@@ -273,10 +319,8 @@ class KeyedStateBackend:
     def note_changed(self, key_group: int, key: Any) -> None:
         """Record a change made without ``set_current`` (fast paths writing tables
         directly). No-op when the group is not tracked."""
-        if self._changes:
-            changed = self._changes.get(key_group)
-            if changed is not None:
-                changed.add(key)
+        if self._track:
+            self._note(key_group, key)
 
     def changed_keys(self, key_group: int) -> int:
         """How many keys of a tracked group may have changed since the last mark."""
@@ -323,6 +367,57 @@ class KeyedStateBackend:
     def _note_all(self, key_group: int, changed: set[Any]) -> None:
         for t in self.groups.get(key_group, {}).values():
             changed.update(t)
+
+    # -- change tracking (incremental checkpoints: engine.state.incremental)
+    def enable_incremental(self) -> None:
+        """Record, from now on, per key group the keys made current or written, the timers
+        added or removed, and the groups installed, removed or owned anew (every group
+        owned now counts as such: its first incremental checkpoint writes it whole).
+        Costs nothing until called. Idempotent."""
+        if self._dirty is None:
+            self._dirty = {}
+            self._whole = set(self.owned())
+            self._track = True
+
+    @property
+    def incremental(self) -> bool:
+        return self._dirty is not None
+
+    def _made_whole(self, key_group: int) -> None:
+        if self._dirty is not None:
+            self._whole.add(key_group)
+            self._dirty.pop(key_group, None)
+            self._dirty_timers.pop(key_group, None)
+
+    def whole_groups(self) -> frozenset[int]:
+        """The groups installed, removed or owned anew since the last ``take_changes``."""
+        return frozenset(self._whole)
+
+    def take_changes(self) -> tuple[dict[int, set[Any]], dict[int, set[tuple[int, Any, int]]],
+                                    set[int]]:
+        """What changed since the last call, and start recording anew: per group the keys
+        possibly changed and the timers added or removed, and the groups to write whole.
+        The current key stays recorded (user code may still write it)."""
+        if self._dirty is None:
+            raise ValueError("incremental checkpoints are off; call enable_incremental")
+        self.flush()
+        out = (self._dirty, self._dirty_timers, self._whole)
+        self._dirty, self._dirty_timers, self._whole = {}, {}, set()
+        if self.current_group in self.groups:
+            self._dirty[self.current_group] = {self.current_key}
+        return out
+
+    def snapshot_changes(self, key_group: int, keys: Iterable[Any],
+                         timers: Iterable[tuple[int, Any, int]]) -> bytes:
+        """A delta blob (``engine.state.incremental``) of ``key_group``: the current
+        entries of ``keys`` in every table (the others: tombstones), and which of
+        ``timers`` exist now and which no longer."""
+        from engine.state.incremental import encode_delta
+
+        live = self.timers.get(key_group, set())
+        ts = list(timers)
+        return encode_delta(keys, self.groups.get(key_group, {}),
+                            [t for t in ts if t in live], [t for t in ts if t not in live])
 
     def flush(self) -> None:
         """Write back values held outside the tables (nothing here: the tables are the

@@ -337,6 +337,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if key_group not in self._reg:
             self.layout_version += 1
             self._reg[key_group] = {}
+            self._made_whole(key_group)
         self.timers.setdefault(key_group, set())
 
     def set_current(self, key: Any, key_group: int) -> None:
@@ -346,10 +347,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if key_group != self.current_group:
             self._tables = self._reg[key_group]  # type: ignore[assignment]
             self.current_group = key_group
-        if self._changes:
-            changed = self._changes.get(key_group)
-            if changed is not None:
-                changed.add(key)
+        if self._track:
+            self._note(key_group, key)
 
     def table(self, name: str) -> Table:
         t = self._tables.get(name)
@@ -440,6 +439,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._note_all(key_group, changed)
         kg = key_group.to_bytes(_KG_BYTES, "big")
         self._drop_loans(kg)
+        self._made_whole(key_group)
         self.layout_version += 1
         reg: dict[str, _TableView] = {}
         with self._io("installing state"):
@@ -477,6 +477,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.db.delete_range(kg, _successor(kg), self._wo)
         self._reg.pop(key_group, None)
         self._group_views.pop(key_group, None)
+        self._made_whole(key_group)
         self.layout_version += 1
         self.timers.pop(key_group, None)
         if key_group == self.current_group:
@@ -507,11 +508,34 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for view in self._reg.get(key_group, {}).values():
             changed.update(view)
 
+    def snapshot_changes(self, key_group: int, keys: Iterable[Any],
+                         timers: Iterable[tuple[int, Any, int]]) -> bytes:
+        """A delta blob (``engine.state.incremental``) spliced from the stored bytes:
+        one multi-get per table, nothing decoded but the keys' encoding."""
+        from engine.state.incremental import encode_delta_raw
+
+        self.flush()
+        packed = sorted(map(_pack, keys))
+        tables = []
+        with self._io("reading state"):
+            for name, view in self._reg.get(key_group, {}).items():
+                full: list[Any] = list(map(view.prefix.__add__, packed))
+                values: list[bytes | None] = self.db.get(full) if full else []  # type: ignore[assignment]
+                tables.append((name, [x for k, v in zip(packed, values, strict=True)
+                                      if v is not None for x in (k, v)]))
+        live = self.timers.get(key_group, set())
+        ts = list(timers)
+        return encode_delta_raw(packed, tables, [t for t in ts if t in live],
+                                [t for t in ts if t not in live])
+
     # -- sizes
     def estimated_bytes(self) -> int:
         """RocksDB's estimate of its live data plus the memtables: cheap, and counts
-        compressed bytes on disk (not the encoded size the in-memory backend estimates)."""
-        db = self.db
+        compressed bytes on disk (not the encoded size the in-memory backend estimates).
+        0 once closed: a stopped task's metrics may still be asked for."""
+        db = self._db
+        if db is None:
+            return 0
         live = db.property_int_value("rocksdb.estimate-live-data-size") or 0
         mem = db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
         return int(live + mem)
@@ -531,8 +555,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         """One key group's stored bytes (``group_bytes``: exact, by one range scan of the
         group, which reads keys and values but decodes nothing). ``len(table)`` scans here
         too, so the in-memory backend's sample-times-length estimate would cost a scan per
-        table and still be an estimate."""
-        return self.group_bytes(key_group)
+        table and still be an estimate. 0 once closed (a stopped task's statistics)."""
+        return 0 if self._db is None else self.group_bytes(key_group)
 
 
 def _split_blob(data: bytes) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:

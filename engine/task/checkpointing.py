@@ -39,6 +39,7 @@ from engine.dataflow import graph as g
 from engine.errors import CodecError
 from engine.io.sources import PartitionedReader
 from engine.operators.chain import OperatorChain
+from engine.state.incremental import ChainRecord, take_incremental
 from engine.state.keyed import KeyedStateBackend
 from engine.task.alignment import Aligned, BarrierAligner
 from engine.task.channel import OutputRouter
@@ -120,6 +121,11 @@ class CheckpointParticipant:
         #: exactly-once sinks keep their output invisible until a checkpoint commits it
         self.two_phase = spec.config.checkpointing
         self.writers_open = True
+        #: incremental checkpoints: the chains this task wrote (None: every group whole)
+        self.chains: ChainRecord | None = None
+        if spec.config.incremental_checkpoints and chain.backend is not None:
+            chain.backend.enable_incremental()
+            self.chains = ChainRecord()
         if self.two_phase:
             chain.begin_transactions()
 
@@ -146,7 +152,7 @@ class CheckpointParticipant:
     # ------------------------------------------------------------ control messages
     def _trigger(self, msg: TriggerCheckpoint) -> Reply:
         status = self.host.status
-        barrier = CheckpointBarrier(msg.checkpoint_id, msg.location, msg.stop)
+        barrier = CheckpointBarrier(msg.checkpoint_id, msg.location, msg.stop, msg.savepoint)
         if status not in (RUNNING, FINISHED):
             if status == CREATED:
                 self.snapshots.append(TaskSnapshot(
@@ -163,9 +169,14 @@ class CheckpointParticipant:
     def _complete(self, msg: CheckpointComplete) -> Reply:
         if self.host.status != FAILED:
             self._commit(msg.checkpoint_id)
+        b = self.chain.backend
+        if self.chains is not None and b is not None:
+            self.chains.completed(msg.checkpoint_id, b.whole_groups())
         return ACK
 
     def _aborted(self, msg: CheckpointAborted) -> Reply:
+        if self.chains is not None:
+            self.chains.aborted(msg.checkpoint_id)
         if self.aligner.pending == msg.checkpoint_id:
             self.aligner.abort()
         self._barriers.pop(msg.checkpoint_id, None)
@@ -203,8 +214,15 @@ class CheckpointParticipant:
                                            "rescale's subscale is running)"))
             return
         b = self.chain.backend
+        deltas: tuple[int, ...] = ()
+        unchanged: tuple[int, ...] = ()
         try:
-            groups = () if b is None else tuple((kg, b.snapshot(kg)) for kg in b.owned())
+            if b is None:
+                groups: tuple[tuple[int, bytes], ...] = ()
+            elif self.chains is not None and not barrier.savepoint:
+                groups, deltas, unchanged = take_incremental(b, self.chains, cid)
+            else:
+                groups = tuple((kg, b.snapshot(kg)) for kg in b.owned())
         except CodecError as exc:  # the user's state: a restart would fail the same way
             assert b is not None
             op = spec.operators[0].name
@@ -228,12 +246,14 @@ class CheckpointParticipant:
         if source and self.two_phase:
             self._pending_sources[cid] = source
         if self.host.status == RUNNING:
-            self.router.broadcast(CheckpointBarrier(cid, barrier.location, barrier.stop))
+            self.router.broadcast(CheckpointBarrier(cid, barrier.location, barrier.stop,
+                                                    barrier.savepoint))
         if barrier.stop:  # stop-with-savepoint: nothing more after the barrier
             self.host.quiesce()
         self.snapshots.append(TaskSnapshot(
             spec.task_name, spec.vertex, spec.task_index, cid, barrier.location, groups,
-            source, txns, alignment_s, self.clock.monotonic() - started))
+            source, txns, alignment_s, self.clock.monotonic() - started, deltas=deltas,
+            unchanged=unchanged))
 
     # ------------------------------------------------------------ two-phase commit
     def _commit(self, checkpoint_id: int) -> None:

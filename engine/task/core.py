@@ -58,8 +58,10 @@ from typing import Any
 from engine.columnar.batches import ColumnBatch
 from engine.dataflow import graph as g
 from engine.errors import (
+    CodecError,
     KeyFunctionError,
     OutputCodecError,
+    RestoreError,
     TaskControlError,
     UnknownKeyGroupError,
     UserFunctionError,
@@ -70,7 +72,7 @@ from engine.observability.latency import LatencyHistogram
 from engine.observability.metrics import TaskMetrics
 from engine.operators.builtin import Records, Stamps, describe
 from engine.operators.chain import OperatorChain
-from engine.state.keyed import EVENT_TIME, PROCESSING_TIME
+from engine.state.keyed import EVENT_TIME, PROCESSING_TIME, KeyedStateBackend
 from engine.task.channel import REROUTE_PORT, InputChannel, OutputRouter
 from engine.task.checkpointing import CheckpointParticipant, unencodable_state
 from engine.task.group_order import GroupOrder, OrderMarkers
@@ -123,6 +125,21 @@ __all__ = [
     "PartialFrame", "Record", "Reply", "TaskControlError", "TaskCore", "TaskCounters",
     "TaskSpec", "TaskStatus", "unencodable_state",
 ]
+
+
+def install_groups(backend: KeyedStateBackend, task: str,
+                   groups: tuple[tuple[int, bytes], ...]) -> None:
+    """Install restored key-group blobs; one that passed the store's checksum but does not
+    decode is a ``RestoreError`` naming the task and the group (the checkpoint is unusable:
+    recovery falls back to an older one)."""
+    for kg, data in groups:
+        try:
+            backend.install(kg, data)
+        except (CodecError, ValueError, TypeError, IndexError) as exc:
+            raise RestoreError(
+                f"task {task}: key group {kg} of the checkpoint does not decode "
+                f"({type(exc).__name__}: {exc}); restore an earlier checkpoint",
+                reason="corrupt") from exc
 
 
 @dataclass
@@ -349,7 +366,8 @@ class TaskCore:
     def stop(self, end_outputs: bool) -> tuple[tuple[str, Any], ...]:
         """Stop a task not finished or failed: flush its outputs and, with ``end_outputs``,
         end them and take its uncommitted sink output to hand over (returned); then close
-        its writers unless it failed."""
+        its writers unless it failed, and its state backend (a RocksDB one's files go: only
+        a killed task leaves them, to the node's next task: ``backends.remove_abandoned``)."""
         handed: tuple[tuple[str, Any], ...] = ()
         if self.status not in (FINISHED, FAILED):
             self.router.flush_all()
@@ -359,6 +377,7 @@ class TaskCore:
             self.status = STOPPED
         if self.status != FAILED:
             self.checkpoints.close_writers()
+        self.chain.close_state()
         return handed
 
     # ------------------------------------------------------------ events
@@ -541,8 +560,7 @@ class TaskCore:
         if self.backend is None:
             raise TaskControlError(f"task {self.name} is not keyed; it holds no key "
                                    "groups (install them at the keyed vertex's tasks)")
-        for kg, data in msg.groups:
-            self.backend.install(kg, data)
+        install_groups(self.backend, self.name, msg.groups)
         return ACK
 
     def _stop_task(self, msg: StopTask) -> Reply:

@@ -3,6 +3,16 @@ takes by state size, and how long a job takes from a killed task to output flowi
 
     python examples/bench/recovery.py           # 3 x 1.5M records, 20 and 200 MB of state
     python examples/bench/recovery.py --quick   # smoke run: 200k records, 2 and 20 MB
+    python examples/bench/recovery.py --state-backend both --state-gb 0.2 --parts recovery
+    python examples/bench/recovery.py --state-backend rocksdb --state-gb 5 --parts recovery \
+        --state-memory-mb 64          # the 5 GB scenario (not run here: see the README)
+
+State backend (``--state-backend``): every job runs on ``JobConfig(state_backend=...)``;
+``both`` runs each part once per backend, alternated (memory, rocksdb, memory, ...), and
+reports them side by side (``results.json``'s ``by_backend``, the printed tables, the PNG).
+``--state-gb`` gives the sizes of parts 2 and 3 in GB instead of ``--state-mb``;
+``--state-dir`` and ``--state-memory-mb`` set where and with how much memory each RocksDB
+task keeps its state; ``--parts`` runs only some parts.
 
 Job: the benchmarks' keyed count (``harness.jobs.keyed_count_job``): GeneratorSource (one
 task, uniform keys) -> key_by -> PaddedCount (``--parallelism`` tasks; per key a count and
@@ -22,7 +32,7 @@ task, uniform keys) -> key_by -> PaddedCount (``--parallelism`` tasks; per key a
    one count task actor is killed. Reported: kill -> the job restarting (failure noticed),
    -> running again (tasks restored), -> the first records processed by the new count tasks
    (output flowing again). Compare with the 15-19 s a Flink stop-with-savepoint + restart
-   took on this machine kind.
+   took on this machine kind. Also the RSS of the count tasks' processes before the kill.
 
 Writes ``examples/bench/out/recovery/results.json`` and ``recovery.png``; quotes the load
 average, since the machine is shared (ratios within one run only).
@@ -42,13 +52,14 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from engine import JobConfig
-from examples.bench.harness import BenchRunError, cli, jobs, provenance, render, run
+from examples.bench.harness import BenchRunError, cli, jobs, procs, provenance, render, run
 from examples.bench.harness import analysis as an
 
 DEFAULTS = {"records": (1_500_000, 200_000), "repeats": (3, 1), "keys": (20_000, 5_000),
             "rate": (20_000.0, 5_000.0), "interval": (10.0, 2.0)}
 STATE_MB = ([20, 200], [2, 20])
 POLL_S = 0.05
+PARTS = ("overhead", "size", "recovery")
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -60,17 +71,28 @@ def parse_args(argv: list[str] | None) -> Any:
     ap.add_argument("--rate", type=float, help="records/s of the recovery run")
     ap.add_argument("--interval", type=float, help="checkpoint interval of the recovery run")
     ap.add_argument("--parallelism", type=int, default=2, help="count tasks (2)")
+    ap.add_argument("--parts", default=",".join(PARTS),
+                    help=f"comma-separated parts to run ({','.join(PARTS)}: all)")
+    cli.add_state_backend(ap)
     args = ap.parse_args(argv)
     cli.fill_defaults(args, DEFAULTS)
+    args.parts = cli.comma_list(args.parts)
+    if not args.parts or set(args.parts) - set(PARTS):
+        ap.error(f"--parts takes a comma-separated subset of {','.join(PARTS)}")
+    if args.state_gb:
+        args.state_mb = [max(1, round(gb * 1000)) for gb in args.state_gb]
     if args.state_mb is None:
         args.state_mb = STATE_MB[1 if args.quick else 0]
     args.out = cli.out_dir(args, "recovery")
     return args
 
 
-def config(root: str, interval: float | None) -> JobConfig:
+def config(root: str, interval: float | None, state: dict[str, Any] | None = None
+           ) -> JobConfig:
+    """The job's configuration; ``state``: its state backend's fields
+    (``cli.state_fields``)."""
     return JobConfig(metrics_port=None, checkpoint_interval_s=interval, checkpoint_dir=root,
-                     checkpoint_timeout_s=600.0, restart_delay_s=0.0)
+                     checkpoint_timeout_s=600.0, restart_delay_s=0.0, **(state or {}))
 
 
 def _until(cond: Any, what: str, timeout: float = 900.0) -> float:
@@ -83,7 +105,7 @@ def _until(cond: Any, what: str, timeout: float = 900.0) -> float:
     return time.monotonic()
 
 
-def overhead(args: Any, root: str) -> dict[str, Any]:
+def overhead(args: Any, root: str, backend: str) -> dict[str, Any]:
     """Part 1: throughput with checkpoints off, every 10 s, every 1 s."""
     settings = [("off", None), ("10 s", 10.0), ("1 s", 1.0)]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in settings}
@@ -93,7 +115,8 @@ def overhead(args: Any, root: str) -> dict[str, Any]:
                                     num_records=args.records)
             job = jobs.keyed_count_job("ckpt-overhead", source, jobs.NullSink(),
                                        parallelism=args.parallelism, key_groups=128,
-                                       config=config(root, interval))
+                                       config=config(root, interval,
+                                                     cli.state_fields(args, backend)))
             handle = job.run()
             t0 = time.monotonic()
             try:
@@ -106,14 +129,14 @@ def overhead(args: Any, root: str) -> dict[str, Any]:
             thr = args.records / (t1 - t0)
             runs[name].append({"throughput": thr, "seconds": t1 - t0,
                                "checkpoints": st.checkpoints.completed})
-            print(f"  overhead rep {rep + 1} {name:>4}: {thr:,.0f} records/s "
+            print(f"  [{backend}] overhead rep {rep + 1} {name:>4}: {thr:,.0f} records/s "
                   f"({st.checkpoints.completed} checkpoints)")
     med = {n: an.median(r["throughput"] for r in rs) for n, rs in runs.items()}
     return {"runs": runs, "median_throughput": med,
             "overhead": {n: 1 - med[n] / med["off"] for n in med if n != "off"}}
 
 
-def duration_by_size(args: Any, root: str) -> list[dict[str, Any]]:
+def duration_by_size(args: Any, root: str, backend: str) -> list[dict[str, Any]]:
     """Part 2: a savepoint of each state size."""
     out = []
     for mb in args.state_mb:
@@ -122,24 +145,24 @@ def duration_by_size(args: Any, root: str) -> list[dict[str, Any]]:
                                 state_bytes=state_bytes)  # unbounded: it must not end first
         job = jobs.keyed_count_job("ckpt-size", source, jobs.NullSink(),
                                    parallelism=args.parallelism, key_groups=128,
-                                   config=config(root, None))
+                                   config=config(root, None, cli.state_fields(args, backend)))
         handle = job.run()
         try:
             _until(lambda h=handle: sum(t.records_in for t in h.metrics().operator("agg"))
                    >= args.keys, "every key's state")
-            path = handle.savepoint(os.path.join(root, f"size-{mb}mb"))
+            path = handle.savepoint(os.path.join(root, f"size-{mb}mb-{backend}"))
             cp = handle.status().checkpoints
         finally:
             handle.stop()
         row = {"state_mb": mb, "bytes": cp.last_bytes, "duration_s": cp.last_duration_s,
                "path": path}
         out.append(row)
-        print(f"  state {mb} MB: savepoint of {cp.last_bytes / 1e6:,.1f} MB in "
+        print(f"  [{backend}] state {mb} MB: savepoint of {cp.last_bytes / 1e6:,.1f} MB in "
               f"{cp.last_duration_s:.2f} s")
     return out
 
 
-def recovery_time(args: Any, root: str) -> dict[str, Any]:
+def recovery_time(args: Any, root: str, backend: str) -> dict[str, Any]:
     """Part 3: kill a count task with the largest state; time to output flowing again."""
     import ray
 
@@ -149,7 +172,8 @@ def recovery_time(args: Any, root: str) -> dict[str, Any]:
                             state_bytes=state_bytes)
     job = jobs.keyed_count_job("ckpt-recovery", source, jobs.NullSink(),
                                parallelism=args.parallelism, key_groups=128,
-                               config=config(root, args.interval))
+                               config=config(root, args.interval,
+                                             cli.state_fields(args, backend)))
     handle = job.run()
     try:
         # a checkpoint taken after every key was seen holds the whole state
@@ -158,6 +182,8 @@ def recovery_time(args: Any, root: str) -> dict[str, Any]:
         done = handle.status().checkpoints.completed
         _until(lambda: handle.status().checkpoints.completed > done, "a full checkpoint")
         cp = handle.status().checkpoints
+        rss = procs.rss_bytes({n: p for n, p in procs.job_actor_pids(handle.job_id).items()
+                               if "/agg/" in n})
         victim = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
                       if isinstance(n, dict) and n["name"].startswith(f"{handle.job_id}/agg/"))
         t_kill = time.monotonic()
@@ -171,38 +197,93 @@ def recovery_time(args: Any, root: str) -> dict[str, Any]:
         st = handle.status()
     finally:
         handle.stop()
-    res = {"state_mb": mb, "checkpoint_bytes": cp.last_bytes, "interval_s": args.interval,
+    res = {"state_mb": mb, "backend": backend, "checkpoint_bytes": cp.last_bytes,
+           "tasks_rss_mb": sum(rss.values()) / 2**20, "interval_s": args.interval,
            "rate": args.rate, "to_noticed_s": t_noticed - t_kill,
            "to_running_s": t_running - t_kill, "to_output_s": t_flowing - t_kill,
            "restarts": st.restarts, "last_failure": st.last_failure}
-    print(f"  recovery with {cp.last_bytes / 1e6:,.1f} MB: noticed after "
+    print(f"  [{backend}] recovery with {cp.last_bytes / 1e6:,.1f} MB: noticed after "
           f"{res['to_noticed_s']:.2f} s, running after {res['to_running_s']:.2f} s, output "
           f"flowing after {res['to_output_s']:.2f} s")
     return res
 
 
+def _series(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Backend -> its parts' results (one backend: the top-level keys)."""
+    return results.get("by_backend") or {results.get("state_backend", "memory"): results}
+
+
 def plot(results: dict[str, Any], path: str) -> None:
+    """Per part one axis, each backend's figures side by side."""
     plt = render.pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    med = results["overhead"]["median_throughput"]
-    axes[0].bar(list(med), [med[k] for k in med], color=["#888", "#4a8", "#c84"])
+    series = _series(results)
+    width = 0.8 / len(series)
+    for i, (backend, res) in enumerate(series.items()):
+        o = res.get("overhead")
+        if o:
+            med = o["median_throughput"]
+            axes[0].bar([j + i * width for j in range(len(med))], list(med.values()), width,
+                        label=backend)
+            axes[0].set_xticks([j + 0.4 - width / 2 for j in range(len(med))], list(med))
+        sizes = res.get("duration_by_size")
+        if sizes:
+            axes[1].plot([r["bytes"] / 1e6 for r in sizes], [r["duration_s"] for r in sizes],
+                         "o-", label=backend)
+        rec = res.get("recovery")
+        if rec:
+            axes[2].barh([j + i * width for j in range(3)],
+                         [rec["to_noticed_s"], rec["to_running_s"], rec["to_output_s"]], width,
+                         label=f"{backend} ({rec['checkpoint_bytes'] / 1e6:,.0f} MB)")
     axes[0].set_title("throughput by checkpoint interval")
     axes[0].set_ylabel("records/s")
-    sizes = results["duration_by_size"]
-    axes[1].plot([r["bytes"] / 1e6 for r in sizes], [r["duration_s"] for r in sizes], "o-")
     axes[1].set_title("savepoint duration by state size")
     axes[1].set_xlabel("MB")
     axes[1].set_ylabel("s")
-    rec = results["recovery"]
-    labels = ["noticed", "running", "output"]
-    axes[2].barh(labels, [rec["to_noticed_s"], rec["to_running_s"], rec["to_output_s"]])
+    axes[2].set_yticks([j + 0.4 - width / 2 for j in range(3)], ["noticed", "running", "output"])
     axes[2].axvspan(15, 19, color="#ddd", label="Flink stop-with-savepoint + restart")
-    axes[2].set_title(f"from a killed task ({rec['checkpoint_bytes'] / 1e6:,.0f} MB)")
+    axes[2].set_title("from a killed task")
     axes[2].set_xlabel("s after the kill")
-    axes[2].legend(fontsize=7)
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+        elif not ax.has_data():
+            ax.set_title(ax.get_title() + " (not run)")
     fig.suptitle(render.load_title(results), fontsize=8)
     fig.tight_layout()
     render.save_figure(fig, path)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The printed tables: per part, one row per backend."""
+    series = _series(results)
+    lines: list[str] = []
+    rows = [[b, n, render.fmt(o["median_throughput"][n], ",.0f"),
+             "-" if n == "off" else f"{o['overhead'][n] * 100:.1f} %"]
+            for b, res in series.items() if (o := res.get("overhead"))
+            for n in o["median_throughput"]]
+    if rows:
+        lines += [*render.md_table(["backend", "checkpoints", "records/s (median)",
+                                    "overhead"], rows), ""]
+    rows = [[b, f"{r['state_mb']} MB", f"{r['bytes']:,}", f"{r['duration_s']:.2f}"]
+            for b, res in series.items() for r in res.get("duration_by_size") or ()]
+    if rows:
+        lines += [*render.md_table(["backend", "state", "savepoint bytes", "duration s"],
+                                   rows), ""]
+    rows = [[b, f"{rec['checkpoint_bytes'] / 1e6:,.0f} MB", f"{rec['to_noticed_s']:.2f}",
+             f"{rec['to_running_s']:.2f}", f"{rec['to_output_s']:.2f}",
+             render.fmt(rec.get("tasks_rss_mb"), ",.0f")]
+            for b, res in series.items() if (rec := res.get("recovery"))]
+    if rows:
+        lines += [*render.md_table(["backend", "checkpoint", "noticed s", "running s",
+                                    "output flowing s", "count tasks' RSS MB"], rows), ""]
+    return "\n".join([*lines, render.load_title(results)]) + "\n"
+
+
+PART_RUNS = {"overhead": ("1. overhead of checkpoints in steady state", overhead),
+             "size": ("2. checkpoint duration by state size", duration_by_size),
+             "recovery": ("3. recovery from a killed task", recovery_time)}
+PART_KEYS = {"overhead": "overhead", "size": "duration_by_size", "recovery": "recovery"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,39 +292,29 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["ray"] = run.ray_version()
     results["config"] = {k: getattr(args, k) for k in
                          ("records", "repeats", "keys", "state_mb", "rate", "interval",
-                          "parallelism", "quick")}
+                          "parallelism", "quick", "parts", "state_backend", "state_dir",
+                          "state_memory_mb")}
+    backends = cli.state_backends(args)
+    per: dict[str, dict[str, Any]] = {b: {"state_backend": b} for b in backends}
     root = tempfile.mkdtemp(prefix="reflow-bench-recovery-")
     run.init_ray()
     try:
-        print("1. overhead of checkpoints in steady state")
-        results["overhead"] = overhead(args, root)
-        print("2. checkpoint duration by state size")
-        results["duration_by_size"] = duration_by_size(args, root)
-        print("3. recovery from a killed task")
-        results["recovery"] = recovery_time(args, root)
+        for part in PARTS:
+            if part not in args.parts:
+                continue
+            title, measure = PART_RUNS[part]
+            print(title)
+            for b in backends:  # alternated: the machine's drift reaches both
+                per[b][PART_KEYS[part]] = measure(args, root, b)
     finally:
         run.shutdown_ray()
+    if len(backends) == 1:
+        results.update(per[backends[0]])
+    else:
+        results["by_backend"] = per
     provenance.finish(results)
-    o = results["overhead"]
-    rows = [[n, render.fmt(o["median_throughput"][n], ",.0f"),
-             "-" if n == "off" else f"{o['overhead'][n] * 100:.1f} %"]
-            for n in o["median_throughput"]]
-    rec = results["recovery"]
-    md = "\n".join([
-        *render.md_table(["checkpoints", "records/s (median)", "overhead"], rows),
-        "",
-        *render.md_table(["state", "savepoint bytes", "duration s"],
-                         [[f"{r['state_mb']} MB", f"{r['bytes']:,}", f"{r['duration_s']:.2f}"]
-                          for r in results["duration_by_size"]]),
-        "",
-        *render.md_table(["state", "noticed s", "running s", "output flowing s"],
-                         [[f"{rec['checkpoint_bytes'] / 1e6:,.0f} MB",
-                           f"{rec['to_noticed_s']:.2f}", f"{rec['to_running_s']:.2f}",
-                           f"{rec['to_output_s']:.2f}"]]),
-        "",
-        render.load_title(results),
-    ]) + "\n"
-    render.write_outputs(args.out, results, markdown=md, png="recovery.png", plot=plot)
+    render.write_outputs(args.out, results, markdown=markdown(results), png="recovery.png",
+                         plot=plot)
     return 0
 
 

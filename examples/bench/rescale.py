@@ -5,6 +5,22 @@ scaling period, disruption figures and ratios measured within the one run.
     python examples/bench/rescale.py --quick                  # small smoke run, ~6 min (own folder: <scenario>-quick)
     python examples/bench/rescale.py --scenario skew --protocols drrs,stop-restart
     reflow bench rescale --scenario q7 --quick                # the same through the CLI
+    python examples/bench/rescale.py --protocols drrs,stop-restart --state-backend both \
+        --state-gb 0.5 --no-overhead --no-replication-cost    # both backends, 0.5 GB
+    python examples/bench/rescale.py --protocols drrs,stop-restart --state-backend rocksdb \
+        --state-gb 5 --state-memory-mb 64 --no-overhead --no-replication-cost
+        # the 5 GB scenario (issue 29; not run on the shared machine: see the README)
+
+State backend (``--state-backend``, ``harness.cli.add_state_backend``): every job runs on
+``JobConfig(state_backend=...)``; ``both`` runs every run once per backend, alternated
+(none on memory, none on RocksDB, drrs on memory, drrs on RocksDB, ...), and reports them
+side by side: per backend its medians and ratios (``results.json``'s ``by_backend``), a
+table of both, the runs labelled with their backend, RocksDB's lines dashed in the PNG.
+``--state-gb`` sets the padding per key to that size over ``--keys`` keys (it overrides
+``--state-bytes``) and builds state until 99 % of the keys were seen (``--coverage 0.99``
+unless given). ``--state-dir`` and ``--state-memory-mb`` set where and with how much
+memory (block cache and write buffers) each RocksDB task keeps its state. Every run
+records the peak RSS of the job's processes (``rss``: ``harness.procs.JobRss``).
 
 Scenarios (``--scenario``; one fresh job per run, every run the same job and timing):
 
@@ -299,13 +315,15 @@ def run_one(sc: Scenario, protocol: str, config: JobConfig, progress: run.Progre
     a = sc.args
     sink = jobs.WriteLogLatencySink()
     request = None if protocol == NONE else (lambda h: sc.request(h, protocol))
+    backend = str(config.state_backend)
     try:
-        out = {"protocol": protocol, **run.rescale_run(
+        out = {"protocol": protocol, "backend": backend, **run.rescale_run(
             sc.build(sink, config), op=sc.op, request=request, build_s=sc.build_s,
             baseline_s=a.baseline, after_s=a.after, progress=progress,
-            label=f"run {k}/{n} {protocol}", what=f"{sc.action} {sc.op} ({protocol})",
+            label=f"run {k}/{n} {protocol} [{backend}]",
+            what=f"{sc.action} {sc.op} ({protocol})",
             guess_s=RESCALE_GUESS_S, settle_max_s=a.settle_max,
-            settled=run.settle_check(sink, a.rate))}
+            settled=run.settle_check(sink, a.rate), sample_rss=True)}
         if out["status"] == RunStatus.OK:
             rep = out.get("report")
             if rep and rep["protocol"] != protocol:
@@ -367,7 +385,8 @@ def overhead(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
             progress.step(f"overhead {rep + 1}/{a.overhead_repeats}: {name}",
                           4.0 + a.overhead_records / 150_000)
             sink = LatencySink()
-            handle = sc.build(sink, JobConfig(transport=a.transport, **fields),
+            handle = sc.build(sink, JobConfig(transport=a.transport, **fields,
+                                              **cli.state_fields(a, a.backends[0])),
                               full_speed=True, num_records=a.overhead_records).run()
             try:
                 span, state = run.wait_finished(handle, 0.05, 600.0 + a.overhead_records / 1e3)
@@ -408,7 +427,8 @@ def replication_cost(sc: Scenario, progress: run.Progress) -> dict[str, Any]:
         progress.step(f"replication cost: {policy}, {secs:g} s", secs + 5.0)
         sink = LatencySink()
         cfg = JobConfig(replication=policy, replication_period_s=a.replication_period,
-                        linger_ms=a.linger_ms, transport=a.transport)
+                        linger_ms=a.linger_ms, transport=a.transport,
+                        **cli.state_fields(a, a.backends[0]))
         handle = sc.build(sink, cfg).run()
         try:
             t0 = time.monotonic()
@@ -468,7 +488,10 @@ def _capped(flags: dict[str, str], key: str, part: str, runs: dict[str, dict[str
 FIGURES = {"peak_ms": ("peak", "max_ms"), "peak_p99_ms": ("peak", "p99_ms"),
            "period_mean_ms": ("period", "mean_ms"), "period_s": ("period", "seconds"),
            "settle_s": ("settle", "seconds"), "baseline_mean_ms": ("baseline", "mean_ms"),
-           "post_request_mean_ms": ("post_request", "mean_ms")}
+           "post_request_mean_ms": ("post_request", "mean_ms"),
+           "rss_peak_mb": ("rss", "peak_total_mb")}
+#: what ``summarise`` adds, kept per backend (``by_backend``) when a run used several
+SUMMARY_KEYS = ("medians", "ratios", "ratio_notes", "no_rescale_mean_ms")
 
 
 def medians(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -531,6 +554,46 @@ def summarise(results: dict[str, Any]) -> None:
     results["no_rescale_mean_ms"] = none_mean
 
 
+def summarise_backends(results: dict[str, Any], backends: list[str]) -> None:
+    """``summarise``; with several backends, once per backend over its runs, each kept in
+    ``by_backend[backend]`` (the ratios compare protocols on one backend)."""
+    if len(backends) < 2:
+        summarise(results)
+        return
+    results["by_backend"] = {}
+    for b in backends:
+        sub = {**results, "runs": [r for r in results["runs"] if r.get("backend") == b]}
+        summarise(sub)
+        results["by_backend"][b] = {k: sub[k] for k in SUMMARY_KEYS}
+
+
+def _views(results: dict[str, Any]) -> list[tuple[str | None, dict[str, Any]]]:
+    """(backend, results with that backend's summary) for each backend; (None, results)
+    when the run used one."""
+    by = results.get("by_backend")
+    if not by:
+        return [(None, results)]
+    return [(b, {**results, **v}) for b, v in by.items()]
+
+
+def backends_table(results: dict[str, Any]) -> list[str]:
+    """Per protocol, each backend's medians side by side."""
+    views = _views(results)
+    cols = ["protocol"] + [f"{b}: {what}" for b, _ in views for what in
+                           ("period mean ms", "peak ms", "migration s", "peak RSS MB")]
+    protocols = list(dict.fromkeys(p for _, v in views for p in v["medians"]))
+    rows = []
+    for p in protocols:
+        row = [p]
+        for _, v in views:
+            m = v["medians"].get(p)
+            row += ["-"] * 4 if m is None else [
+                fmt(m["period_mean_ms"]["median"], ".1f"), fmt(m["peak_ms"]["median"], ",.0f"),
+                fmt(m["migration_s"]["median"], ".2f"), fmt(m["rss_peak_mb"]["median"], ",.0f")]
+        rows.append(row)
+    return md_table(cols, rows)
+
+
 def medians_table(results: dict[str, Any]) -> list[str]:
     def cell(sp: dict[str, Any], spec: str) -> str:
         if sp["median"] is None:
@@ -569,7 +632,8 @@ def _seconds(part: dict[str, Any]) -> str:
 
 
 def _label(r: dict[str, Any]) -> str:
-    return f"{r['protocol']} #{r.get('round', 0) + 1}"
+    backend = f" [{r['backend']}]" if r.get("backend") else ""
+    return f"{r['protocol']} #{r.get('round', 0) + 1}{backend}"
 
 
 def run_tables(results: dict[str, Any]) -> list[str]:
@@ -640,14 +704,22 @@ request to the end of the period; *new level*: mean of the last {stable_s} s.
 
 def markdown(results: dict[str, Any]) -> str:
     c = results["config"]
+    views = _views(results)
     lines = [f"### rescale benchmark: `{c['scenario']}`" + (" (quick)" if c["quick"] else ""), "",
-             results["scenario"]["description"] + ".", "",
-             f"Medians over {c.get('repeats', 1)} alternated round(s) (range):", "",
-             *medians_table(results), "", "Every run:", "", *run_tables(results),
-             "", "Ratios (this run's medians):", ""]
-    for k, v in results["ratios"].items():
-        note = results["ratio_notes"].get(k)
-        lines.append(f"- {k}: {fmt(v, '.3f')}" + (f" ({note})" if note else ""))
+             results["scenario"]["description"] + ".", ""]
+    for b, v in views:
+        on = "" if b is None else f" on the {b} state backend"
+        lines += [f"Medians over {c.get('repeats', 1)} alternated round(s){on} (range):", "",
+                  *medians_table(v), ""]
+    if len(views) > 1:
+        lines += ["Side by side (medians):", "", *backends_table(results), ""]
+    lines += ["Every run:", "", *run_tables(results)]
+    for b, v in views:
+        on = "" if b is None else f", {b} state backend"
+        lines += ["", f"Ratios (this run's medians{on}):", ""]
+        for k, x in v["ratios"].items():
+            note = v["ratio_notes"].get(k)
+            lines.append(f"- {k}: {fmt(x, '.3f')}" + (f" ({note})" if note else ""))
     for key, title, text in (
             ("overhead", "Steady-state overhead of rescaling support", _overhead_text),
             ("replication_cost", "Replication cost", _replication_text)):
@@ -675,16 +747,18 @@ def plot(results: dict[str, Any], path: str) -> None:
         rows = r["timeline"]
         t = [x["t"] for x in rows]
         first = r.get("round", 0) == 0
+        rocks = r.get("backend") == "rocksdb" and results.get("by_backend")
+        name = r["protocol"] + (f" [{r['backend']}]" if results.get("by_backend") else "")
         ax.plot(t, [nan if x["p99_ms"] is None else x["p99_ms"] for x in rows], color=col,
-                marker=".", lw=1.4,
-                label=(r["protocol"] + (" p99" if means else "")) if first else None)
+                marker="x" if rocks else ".", lw=1.4, ls="-." if rocks else "-",
+                label=(name + (" p99" if means else "")) if first else None)
         if means:
             ax.plot(t, [nan if x["mean_ms"] is None else x["mean_ms"] for x in rows], color=col,
                     ls="--", lw=1.0, label=f"{r['protocol']} mean")
             if r["baseline"]["level_ms"]:
                 ax.axhline(r["baseline"]["level_ms"], color=col, lw=0.7, alpha=0.6)
-        ax2.plot(t, [x["count"] for x in rows], color=col, lw=1.2,
-                 label=r["protocol"] if first else None)
+        ax2.plot(t, [x["count"] for x in rows], color=col, lw=1.2, ls="-." if rocks else "-",
+                 label=name if first else None)
         p = r["period"]
         ax.axvspan(p["start"] - r["requested_at"], p["end"] - r["requested_at"], color=col,
                    alpha=0.06)
@@ -798,12 +872,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--overhead-repeats", type=int)
     ap.add_argument("--plot-mean", action="store_true",
                     help="also draw each run's per-second mean latency and baseline level")
+    cli.add_state_backend(ap)
     args = ap.parse_args(argv)
+    args.backends = cli.state_backends(args)
+    if args.state_gb:
+        if len(args.state_gb) != 1:
+            ap.error("--state-gb takes one size here")
+        if args.coverage is None:
+            args.coverage = 0.99  # the whole size is built
+    if args.state_gb and args.scenario in ("q7", "q8"):
+        ap.error("--state-gb sizes the generator's keyed state: not for q7/q8")
     cli.fill_defaults(args, {  # what the scenario leaves open (q7/q8 have no keys)
         "key_groups": (128, 128), "service_us": (0.0, 0.0), "keys": (20_000, 20_000),
         "skew": ("uniform", "uniform"), "replication_cost": (True, False),
         "partitions": (8, 4), "agg_p": (4, 2),
     } | DEFAULTS[args.scenario] | TIMING)
+    if args.state_gb:
+        args.state_bytes = max(1, int(args.state_gb[0] * 1e9 / args.keys))
     if args.to_p is None:
         args.to_p = args.from_p
     if args.warm_standby is None:
@@ -819,9 +904,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def job_config(args: argparse.Namespace) -> JobConfig:
-    """The ``JobConfig`` of every rescale run (from the parsed arguments)."""
-    return JobConfig(warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
+def job_config(args: argparse.Namespace, backend: str = "memory") -> JobConfig:
+    """The ``JobConfig`` of every rescale run on ``backend`` (from the parsed arguments)."""
+    return JobConfig(**cli.state_fields(args, backend),
+                     warm_standby_tasks=args.warm_standby, warm_standby_refill_s=3600.0,
                      linger_ms=args.linger_ms, transport=args.transport,
                      drrs_set_aside_cap=args.set_aside_cap,
                      drrs_max_subscales_per_task=args.max_subscales,
@@ -835,14 +921,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     results = provenance.begin(__file__, argv)
     sc = Scenario(args)
-    config = job_config(args)
+    configs = {b: job_config(args, b) for b in args.backends}
+    config = configs[args.backends[0]]
     names = run_order(args.protocols, args.repeats, not args.no_baseline_run)
     print(f"rescale benchmark '{args.scenario}': {sc.describe()}", flush=True)
     print(f"runs: {', '.join(p for p, _ in names)}; per run build {sc.build_s:g} s, baseline "
           f"{args.baseline:g} s, after {args.after:g} s", flush=True)
     per_run = 5.0 + sc.build_s + args.baseline + args.after
-    planned = sum(per_run + (RESCALE_GUESS_S if p != NONE else 0.0)
-                  for p, _ in names if p == NONE or p in PROTOCOLS)
+    planned = len(args.backends) * sum(per_run + (RESCALE_GUESS_S if p != NONE else 0.0)
+                                       for p, _ in names if p == NONE or p in PROTOCOLS)
     if args.overhead and not sc.nexmark:
         planned += len(OVERHEAD_CONFIGS) * args.overhead_repeats * (4.0 + args.overhead_records / 150_000)
     if args.replication_cost and not sc.nexmark:
@@ -889,11 +976,13 @@ def main(argv: list[str] | None = None) -> int:
                         "reason": f"not in migration.protocols.PROTOCOLS "
                                   f"({', '.join(PROTOCOLS)})"})
                 continue
-            r = run_one(sc, p, config, progress, k, len(names))
-            r["round"] = rnd
-            results["runs"].append(r)
-            if r["status"] != RunStatus.OK:
-                print(f"\n{p}: {r['status']}: {r.get('reason')}", file=sys.stderr, flush=True)
+            for b in args.backends:  # alternated, so drift reaches both backends alike
+                r = run_one(sc, p, configs[b], progress, k, len(names))
+                r["round"] = rnd
+                results["runs"].append(r)
+                if r["status"] != RunStatus.OK:
+                    print(f"\n{p} [{b}]: {r['status']}: {r.get('reason')}", file=sys.stderr,
+                          flush=True)
         if args.overhead:
             results["overhead"] = overhead(sc, progress)
         if args.replication_cost:
@@ -902,7 +991,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.close()
         run.shutdown_ray()
     provenance.finish(results)
-    summarise(results)
+    summarise_backends(results, args.backends)
     render.write_outputs(args.out, results, markdown=markdown(results), png="timeline.png",
                          plot=plot)
     return 0

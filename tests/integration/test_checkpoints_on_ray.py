@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 import ray
-from hypothesis import HealthCheck, example, given, note, seed, settings
+from hypothesis import HealthCheck, Phase, example, given, note, seed, settings
 from hypothesis import strategies as st
 
 from engine import JobConfig, StreamJob
-from engine.errors import CheckpointFailed, JobFailedError, RestoreError
+from engine.errors import CheckpointFailed, JobFailedError, JobMasterFailedOver, RestoreError
 from engine.io.sinks import Sink, SinkWriter
 from engine.io.testing import SourceGate, TestingSink, TestingSource
 from tests.jobs import (
@@ -75,6 +75,16 @@ actions_st = st.lists(st.one_of(
     st.tuples(st.just("kill-mid-rescale"), st.floats(0.05, 0.25), st.integers(1, 6)),
 ), min_size=1, max_size=3)
 
+# the JobMaster's faults (a detached job: Ray restarts it and it takes the job over)
+MASTER_FAULTS = ("master", "master-mid-rescale", "master-mid-checkpoint")
+master_actions_st = st.lists(st.one_of(
+    st.tuples(st.just("master"), st.floats(0.05, 0.25), st.just(0)),
+    st.tuples(st.just("master-mid-rescale"), st.floats(0.05, 0.25), st.integers(1, 6)),
+    st.tuples(st.just("master-mid-checkpoint"), st.floats(0.05, 0.25), st.just(0)),
+    st.tuples(st.just("kill"), st.floats(0.05, 0.25), st.sampled_from(["src", "sum"])),
+    st.tuples(st.just("rescale"), st.floats(0.05, 0.25), st.integers(1, 6)),
+), min_size=1, max_size=3)
+
 
 def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int,
            hypothesis_seed: int) -> None:
@@ -92,8 +102,10 @@ def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int
     make, op = {"sum": (running_sum_job, "sum"), "profile": (profile_job, "profile"),
                 "cwindow": (columnar_window_job, "cwin"),
                 "columnar": (columnar_agg_job, "agg")}[kind]
-    handle = make(records, start_p, sink, rate=2000, gates=gates, config=cfg).run()
-    kills, reports = 0, []
+    detached = any(a[0] in MASTER_FAULTS for a in actions)
+    handle = make(records, start_p, sink, rate=2000, gates=gates,
+                  config=cfg).run(detached=detached)
+    kills, reports, takeovers = 0, [], 0
     try:
         for (what, _, arg), moment in zip(actions, plan, strict=True):
             moment.wait(handle)
@@ -112,6 +124,10 @@ def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int
                     restarts = kills
                     wait_until(lambda r=restarts: handle.status().restarts >= r,
                                "the restart", handle)
+                elif what in MASTER_FAULTS:
+                    takeovers += 1
+                    reports.append(_crash_master(handle, what, op, arg, protocol, takeovers))
+                    kills = max(kills, handle.status().restarts)
                 else:
                     kills += 1
                     reports.append(_kill_during_rescale(handle, op, arg, protocol, rng, kills))
@@ -122,10 +138,14 @@ def _check(kind: str, protocol: str, start_p: int, actions: list, data_seed: int
         for m in plan:
             m.release()
         handle.stop()
-    note(f"restarts={st_.restarts} checkpoints={st_.checkpoints}")
+    note(f"restarts={st_.restarts} checkpoints={st_.checkpoints} "
+         f"JobMaster epoch={st_.master_epoch} last failure: {st_.last_failure}")
+    if takeovers:
+        assert st_.master_epoch == takeovers + 1, f"{takeovers} JobMaster crashes but epoch " \
+            f"{st_.master_epoch}; {example_}"
     if kills:
         assert st_.restarts >= kills, f"{kills} kills but {st_.restarts} restarts; {example_}"
-    else:
+    elif not takeovers:
         assert reports, f"neither a fault nor a rescale: nothing was tested; {example_}"
     results = sink.results()
     if kind == "cwindow":  # each window fires once, per key in the order of their ends
@@ -163,6 +183,44 @@ def _kill_during_rescale(handle: Any, op: str, parallelism: int, protocol: str,
     return out[0]
 
 
+def _crash_master(handle: Any, what: str, op: str, parallelism: int, protocol: str,
+                  takeovers: int) -> Any:
+    """Kill the JobMaster's process (Ray restarts it: a crash, not a stop) alone, during a
+    rescale of ``op`` to ``parallelism`` or during a savepoint, and wait for the takeover
+    (the JobMaster's epoch is ``takeovers + 1``). Returns the rescale's report or the
+    error the interrupted call raised (``JobMasterFailedOver``), or None."""
+    out: list[Any] = []
+
+    def call(f: Any) -> None:
+        try:
+            out.append(f())
+        except JobMasterFailedOver as exc:  # the call's JobMaster died under it
+            out.append(exc)
+
+    t, restarts = None, handle.status().restarts
+    if what == "master-mid-rescale":
+        t = threading.Thread(target=call, args=(lambda: handle.rescale(op, parallelism,
+                                                                       protocol),))
+        t.start()
+        wait_until(lambda: not t.is_alive() or any(r.operator == op and r.running
+                                                   for r in handle.metrics().rescales),
+                   f"the rescale of {op!r} to run", handle)
+    elif what == "master-mid-checkpoint":
+        t = threading.Thread(target=call, args=(lambda: handle.savepoint(),))
+        t.start()
+    ray.kill(handle._master, no_restart=False)
+    if t is not None:
+        t.join(300)
+        assert not t.is_alive() and out, f"the call cut short by {what} did not return"
+    epoch = takeovers + 1
+    wait_until(lambda: handle.status().master_epoch == epoch
+               and f"failover (epoch {epoch})" in handle.status().last_failure,
+               f"the takeover after {what}", handle)
+    if ": restart:" in handle.status().last_failure:  # every task from the checkpoint
+        wait_until(lambda: handle.status().restarts > restarts, "the restart", handle)
+    return out[0] if out else None
+
+
 def _oracle(hypothesis_seed: int, examples: int):
     @example(kind="sum", protocol="drrs", start_p=2,
              actions=[("kill-mid-rescale", 0.2, 4)], data_seed=11)
@@ -189,9 +247,35 @@ def _oracle(hypothesis_seed: int, examples: int):
     return test
 
 
+def _master_oracle(hypothesis_seed: int, examples: int):
+    # every fault of the JobMaster once, then drawn ones beside task kills and rescales
+    # a reconciled JobMaster rescales with the lost one's channels; then one lost mid-rescale
+    @example(kind="sum", protocol="drrs", start_p=2,
+             actions=[("master", 0.15, 0), ("rescale", 0.15, 3),
+                      ("master-mid-rescale", 0.15, 1)], data_seed=5)
+    @example(kind="profile", protocol="fluid", start_p=1,
+             actions=[("master-mid-checkpoint", 0.2, 0), ("kill", 0.3, "sum")],
+             data_seed=6)
+    @seed(hypothesis_seed)
+    @settings(max_examples=examples, deadline=None, print_blob=True,
+              suppress_health_check=list(HealthCheck))
+    @given(kind=st.sampled_from(["sum", "profile"]), protocol=st.sampled_from(LIVE_PROTOCOLS),
+           start_p=st.integers(1, 3), actions=master_actions_st,
+           data_seed=st.integers(0, 2**16))
+    def test(ray_cluster, kind, protocol, start_p, actions, data_seed):
+        if not any(a[0] in MASTER_FAULTS for a in actions):
+            actions = [*actions[:2], ("master", 0.1, 0)]  # every example loses its JobMaster
+        _check(kind, protocol, start_p, actions, data_seed, hypothesis_seed)
+
+    return test
+
+
 test_killed_tasks_recover_exactly_during_live_rescales = _oracle(20261125, EXAMPLES)
 test_killed_tasks_recover_exactly_during_live_rescales_many = pytest.mark.slow(
     _oracle(20261126, max(EXAMPLES, 15)))
+test_a_lost_jobmaster_is_taken_over_exactly = _master_oracle(20261128, EXAMPLES)
+test_a_lost_jobmaster_is_taken_over_exactly_many = pytest.mark.slow(
+    _master_oracle(20261129, max(EXAMPLES, 10)))
 
 
 # ------------------------------------------------------------------ savepoints
@@ -584,3 +668,51 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_newest_readable_one(ray_c
     assert st_.state == "finished" and st_.restarts >= 1
     assert "did not read back whole" in st_.last_failure, st_.last_failure
     assert per_key(sink.results()) == per_key(running_sum_reference(records))
+
+
+# ------------------------------------------------------------------ incremental checkpoints
+
+
+@pytest.mark.parametrize("backend", ["memory", "rocksdb"])
+@example(kind="sum", protocol="drrs", start_p=2,
+         actions=[("kill", 0.2, "sum"), ("kill-mid-rescale", 0.5, 3)], data_seed=11)
+# the vectorised window aggregates: their tables and timers are in the deltas too
+@example(kind="cwindow", protocol="drrs", start_p=2,
+         actions=[("kill", 0.25, "sum"), ("kill-mid-rescale", 0.55, 3)], data_seed=4242)
+@settings(phases=[Phase.explicit], deadline=None, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(kind=st.just("sum"), protocol=st.sampled_from(LIVE_PROTOCOLS), start_p=st.just(2),
+       actions=actions_st, data_seed=st.integers(0, 2**16))
+def test_the_oracle_with_incremental_checkpoints_is_exact_on_both_backends(
+        ray_cluster, tmp_path, backend, kind, protocol, start_p, actions, data_seed):
+    """The oracle with faults (a kill, then a kill during a live rescale) on a job whose
+    checkpoints are incremental (``JobConfig.incremental_checkpoints``): the restores read
+    key groups as chains of a full blob and deltas written by several checkpoints, and the
+    output is the run's without faults. The retained checkpoints must hold such chains
+    (else the example proved nothing about them), and every file they refer to exists."""
+    import sys
+    from unittest import mock
+
+    from engine.checkpoints.shared import files_of
+    from engine.checkpoints.store import complete_checkpoints, read_metadata
+
+    roots: list[str] = []
+    plain = checkpointed
+
+    def incremental(root: str, **extra: Any) -> JobConfig:
+        roots.append(root)
+        return plain(root, incremental_checkpoints=True, state_backend=backend,
+                     state_dir=str(tmp_path / "state"), **extra)
+
+    with mock.patch.object(sys.modules[__name__], "checkpointed", incremental):
+        _check(kind, protocol, start_p, actions, data_seed, 0)
+    root = roots[-1]
+    metas = [read_metadata(loc) for job in os.listdir(root)
+             for loc in complete_checkpoints(os.path.join(root, job))]
+    assert metas, f"no checkpoint retained under {root}"
+    chains = [len(links) for m in metas for t in m.tasks for _, links in t.chains]
+    assert any(n >= 2 for n in chains), (
+        f"no retained checkpoint holds a delta chain ({backend}): {chains}")
+    for m in metas:
+        missing = [f for f in files_of(m) if not os.path.exists(f)]
+        assert not missing, f"{m.location} refers to deleted files {missing}"

@@ -16,7 +16,8 @@ from engine import cli
 from engine.errors import JobNotFound
 from engine.runtime import registry
 
-COMMANDS = ("run", "status", "rescale", "metrics", "plot", "bench", "example")
+COMMANDS = ("run", "list", "status", "rescale", "savepoint", "stop", "metrics", "plot",
+            "bench", "example")
 
 
 def test_help_lists_every_command(capsys):

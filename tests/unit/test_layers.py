@@ -59,7 +59,7 @@ CORE_RULES: dict[str, frozenset[str]] = {
     _C: frozenset({_E, _N, _W, _D}),
     _IO: frozenset({_E, _N, _W, _T, _D, _O, _C}),
     _OPS: frozenset({_E, _N, _W, _T, _D, _S, _O, _C, _IO}),
-    _CK: frozenset({_E, _N, _W, _T, _D, _OPS}),
+    _CK: frozenset({_E, _N, _W, _T, _D, _S, _OPS}),
     "engine.spark": frozenset({_E, _N, _W, _T, _C, _IO}),
 }
 # the top level of engine/: subpackages, and these modules only

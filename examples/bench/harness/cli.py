@@ -84,3 +84,42 @@ def comma_list(text: str | None) -> list[str]:
 def out_dir(args: argparse.Namespace, *parts: str) -> str:
     """``args.out``, or ``examples/bench/out/<parts...>``."""
     return args.out or os.path.join(OUT_ROOT, *parts)
+
+
+#: ``--state-backend``'s choices: one backend, or "both" (every run once per backend,
+#: alternated, reported side by side)
+STATE_BACKENDS = ("memory", "rocksdb")
+BOTH = "both"
+
+
+def add_state_backend(ap: argparse.ArgumentParser) -> None:
+    """``--state-backend {memory,rocksdb,both}`` (default memory), ``--state-dir`` and
+    ``--state-memory-mb`` (``JobConfig.state_dir``/``state_memory_bytes`` of a RocksDB
+    run), and ``--state-gb`` (the state's size in GB, where the benchmark takes one)."""
+    ap.add_argument("--state-backend", choices=(*STATE_BACKENDS, BOTH), default="memory",
+                    help="JobConfig(state_backend=...) of every job; 'both': each run once "
+                         "per backend, alternated, side by side in the results (memory)")
+    ap.add_argument("--state-gb", type=float, nargs="+",
+                    help="logical keyed state in GB (decimal); overrides the benchmark's own "
+                         "size option")
+    ap.add_argument("--state-dir", help="JobConfig(state_dir=...) of RocksDB runs (default: "
+                                        "the system's temporary directory)")
+    ap.add_argument("--state-memory-mb", type=int,
+                    help="JobConfig(state_memory_bytes=n MB) per RocksDB task (default: the "
+                         "engine's, 128)")
+
+
+def state_backends(args: argparse.Namespace) -> list[str]:
+    """The backends ``--state-backend`` asks for, in the order runs alternate."""
+    return list(STATE_BACKENDS) if args.state_backend == BOTH else [args.state_backend]
+
+
+def state_fields(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """``JobConfig`` fields for a run on ``backend`` (from ``add_state_backend``'s args)."""
+    out: dict[str, Any] = {"state_backend": backend}
+    if backend == "rocksdb":
+        if args.state_dir:
+            out["state_dir"] = args.state_dir
+        if args.state_memory_mb:
+            out["state_memory_bytes"] = args.state_memory_mb << 20
+    return out

@@ -16,6 +16,7 @@ process that is gone reads as None, never as an error.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -182,3 +183,49 @@ def memory_summary(samples: list[dict[str, Any]], full_processes: int,
             "second_half_seconds": half[-1][0] - half[0][0] if len(half) >= 2 else None,
         })
     return out
+
+
+def rss_bytes(pids: dict[str, int]) -> dict[str, int]:
+    """Name -> RSS in bytes of each of ``pids`` that is alive, read once."""
+    out = {n: _rss_bytes(p) for n, p in pids.items()}
+    return {n: v for n, v in out.items() if v is not None}
+
+
+class JobRss(threading.Thread):
+    """The summed RSS of a job's live actors (task actors and JobMaster) every
+    ``interval`` s, the actors looked up again every ``refresh`` s (a rescale or a restart
+    replaces them); ``summary()``: the peak total, the peak of one process, and the
+    samples' count. Unlike ``RssSampler`` it follows actors that come and go."""
+
+    def __init__(self, job_id: str, interval: float = 1.0, refresh: float = 5.0) -> None:
+        super().__init__(daemon=True)
+        self.job_id = job_id
+        self.interval = interval
+        self.refresh = refresh
+        self.peak_total = 0
+        self.peak_process = 0
+        self.samples = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        pids: dict[str, int] = {}
+        looked = 0.0
+        while not self._halt.is_set():
+            now = time.monotonic()
+            if now - looked >= self.refresh:
+                with contextlib.suppress(Exception):  # the state API is busy: keep the last
+                    pids = job_actor_pids(self.job_id)
+                looked = now
+            rss = rss_bytes(pids)
+            if rss:
+                self.samples += 1
+                self.peak_total = max(self.peak_total, sum(rss.values()))
+                self.peak_process = max(self.peak_process, max(rss.values()))
+            self._halt.wait(self.interval)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop sampling; the summary (MB)."""
+        self._halt.set()
+        self.join(timeout=10)
+        return {"peak_total_mb": self.peak_total / 2**20,
+                "peak_process_mb": self.peak_process / 2**20, "samples": self.samples}

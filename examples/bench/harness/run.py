@@ -29,7 +29,7 @@ from typing import Any
 
 from engine import JobFailedError, RescaleRefused, StreamJob
 from engine.names import JobState, NameEnum
-from examples.bench.harness import ROOT, jobs
+from examples.bench.harness import ROOT, jobs, procs
 from examples.bench.harness import analysis as an
 
 DEPLOY_GUESS_S = 4.0  # for the progress estimate only
@@ -58,6 +58,10 @@ def init_ray(*, log_to_driver: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
     local_ray.connect(namespace=NAMESPACE, log_to_driver=log_to_driver,
                       configure_logging=False, **kwargs)
+    if os.environ.get("RAY_ADDRESS") == local_ray.LOCAL:
+        # Ray's state API (harness.procs) takes RAY_ADDRESS over its address argument, and
+        # "local" names no cluster there (several on one machine: it refuses to guess)
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
 def shutdown_ray() -> None:
@@ -171,7 +175,7 @@ def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None
                 build_s: float, baseline_s: float, after_s: float, progress: Progress,
                 label: str, what: str = "rescale", guess_s: float = 8.0,
                 settled: Callable[[Any, float], bool] | None = None,
-                settle_max_s: float = 0.0) -> dict[str, Any]:
+                settle_max_s: float = 0.0, sample_rss: bool = False) -> dict[str, Any]:
     """Deploy ``job``; let it build state for ``build_s`` (from deployment); then, with
     ``settled`` and ``settle_max_s > 0``, wait until ``settled(handle, build_end)`` (checked every second; no backlog
     of the build left) for at most ``settle_max_s``; run a ``baseline_s``
@@ -179,11 +183,17 @@ def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None
     ``handle.rebalance`` returning its report; None: only the time is noted, the run
     without a rescale) and ``after_s`` more seconds from its return; stop the job. ``what``
     and ``guess_s`` describe the request to ``progress``. The result has ``settle_s`` (the
-    wait) and ``settled`` (False: the cap ended it); see the module docstring for the rest."""
+    wait) and ``settled`` (False: the cap ended it); with ``sample_rss``, ``rss``: the peak
+    RSS of the job's actors over the run (``procs.JobRss``); see the module docstring for
+    the rest."""
     out: dict[str, Any] = {"status": RunStatus.OK}
     progress.step(f"{label}: deploy", DEPLOY_GUESS_S)
     handle = job.run()
     started = time.time()
+    sampler = None
+    if sample_rss:
+        sampler = procs.JobRss(handle.job_id)
+        sampler.start()
     report = None
     requested = returned = ended = started
     try:
@@ -220,6 +230,8 @@ def rescale_run(job: StreamJob, *, op: str, request: Callable[[Any], Any] | None
             return out
         out["metrics_after"] = op_metrics(handle, op)
     finally:
+        if sampler is not None:
+            out["rss"] = sampler.stop()
         progress.step(f"{label}: stop", 1.0)
         handle.stop()
     out.update(job_id=handle.job_id, started_at=started, requested_at=requested,

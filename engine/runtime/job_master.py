@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import warnings
 from typing import Any
 
 import ray
@@ -108,6 +109,14 @@ NAMESPACE = "reflow"
 log = logging.getLogger(__name__)
 
 
+def _restarted_by_ray() -> bool:
+    """Whether Ray restarted this actor (its process died); Ray's property reads a
+    deprecated attribute of its own, whose warning says nothing to a user."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
 class JobMaster:
     """Deploys the job, runs rescales, watches tasks, serves metrics; the one writer of
     the job's ``JobRecord`` and the implementation of its helpers' ports."""
@@ -166,7 +175,7 @@ class JobMaster:
         self._logic_bytes: tuple[g.JobGraph | None, dict[str, bytes]] = (None, {})
         self._takeover: asyncio.Task[None] | None = None
         self.fenced: StaleJobMaster | None = None
-        if detached and (takeover or ray.get_runtime_context().was_current_actor_reconstructed):
+        if detached and (takeover or _restarted_by_ray()):
             # an async actor's constructor runs on its loop: the takeover starts at once
             self._takeover = asyncio.get_running_loop().create_task(self._take_over())
 

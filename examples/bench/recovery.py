@@ -33,6 +33,14 @@ task, uniform keys) -> key_by -> PaddedCount (``--parallelism`` tasks; per key a
    -> running again (tasks restored), -> the first records processed by the new count tasks
    (output flowing again). Compare with the 15-19 s a Flink stop-with-savepoint + restart
    took on this machine kind. Also the RSS of the count tasks' processes before the kill.
+4. JobMaster failover (``--parts master``): the same job started detached
+   (``job.run(detached=True)``); once a checkpoint holding the whole state completed, the
+   JobMaster's process is killed (``ray.kill(..., no_restart=False)``: Ray restarts it, as
+   after a crash). Reported: kill -> the new JobMaster answers having taken the job over
+   (``status().master_epoch`` 2), -> the first checkpoint it completes (exactly-once output
+   committed again), whether it reconciled (no task restarted) and the records the count
+   tasks processed while no JobMaster ran (output never stops when it reconciles). Target
+   (issue 30): <= 3 s with 200 MB and the tasks alive.
 
 Writes ``examples/bench/out/recovery/results.json`` and ``recovery.png``; quotes the load
 average, since the machine is shared (ratios within one run only).
@@ -59,7 +67,7 @@ DEFAULTS = {"records": (1_500_000, 200_000), "repeats": (3, 1), "keys": (20_000,
             "rate": (20_000.0, 5_000.0), "interval": (10.0, 2.0)}
 STATE_MB = ([20, 200], [2, 20])
 POLL_S = 0.05
-PARTS = ("overhead", "size", "recovery")
+PARTS = ("overhead", "size", "recovery", "master")
 
 
 def parse_args(argv: list[str] | None) -> Any:
@@ -208,6 +216,51 @@ def recovery_time(args: Any, root: str, backend: str) -> dict[str, Any]:
     return res
 
 
+def master_failover(args: Any, root: str, backend: str) -> dict[str, Any]:
+    """Part 4: kill a detached job's JobMaster; time to its takeover and next checkpoint."""
+    import ray
+
+    mb = max(args.state_mb)
+    state_bytes = max(1, mb * 1_000_000 // args.keys)
+    source = jobs.generator(rate=args.rate, keys=args.keys, zipf=None,
+                            state_bytes=state_bytes)
+    interval = min(args.interval, 1.0)  # a checkpoint soon after the takeover shows it
+    job = jobs.keyed_count_job("master-failover", source, jobs.NullSink(),
+                               parallelism=args.parallelism, key_groups=128,
+                               config=config(root, interval, cli.state_fields(args, backend)))
+    handle = job.run(detached=True)
+
+    def processed() -> int:
+        return sum(t.records_in for t in handle.metrics().operator("agg"))
+
+    try:
+        _until(lambda: processed() >= args.keys * 2, "every key's state")
+        done = handle.status().checkpoints.completed
+        _until(lambda: handle.status().checkpoints.completed > done, "a full checkpoint")
+        cp = handle.status().checkpoints
+        before = processed()
+        t_kill = time.monotonic()
+        ray.kill(handle._master, no_restart=False)
+        t_took_over = _until(lambda: handle.status().master_epoch >= 2, "the takeover")
+        after = processed()
+        done = handle.status().checkpoints.completed
+        t_checkpoint = _until(lambda: handle.status().checkpoints.completed > done,
+                              "a checkpoint of the new JobMaster")
+        st = handle.status()
+    finally:
+        handle.stop()
+    res = {"state_mb": mb, "backend": backend, "checkpoint_bytes": cp.last_bytes,
+           "to_takeover_s": t_took_over - t_kill, "to_checkpoint_s": t_checkpoint - t_kill,
+           "reconciled": st.restarts == 0 and "reconcile" in st.last_failure,
+           "records_during_takeover": after - before, "restarts": st.restarts,
+           "last_failure": st.last_failure, "interval_s": interval}
+    print(f"  [{backend}] JobMaster killed with {cp.last_bytes / 1e6:,.1f} MB of state: taken "
+          f"over after {res['to_takeover_s']:.2f} s ({'reconciled' if res['reconciled'] else 'restarted'}, "
+          f"{res['records_during_takeover']:,} records processed meanwhile), next checkpoint "
+          f"after {res['to_checkpoint_s']:.2f} s")
+    return res
+
+
 def _series(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Backend -> its parts' results (one backend: the top-level keys)."""
     return results.get("by_backend") or {results.get("state_backend", "memory"): results}
@@ -216,7 +269,7 @@ def _series(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def plot(results: dict[str, Any], path: str) -> None:
     """Per part one axis, each backend's figures side by side."""
     plt = render.pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 3.8))
     series = _series(results)
     width = 0.8 / len(series)
     for i, (backend, res) in enumerate(series.items()):
@@ -235,6 +288,12 @@ def plot(results: dict[str, Any], path: str) -> None:
             axes[2].barh([j + i * width for j in range(3)],
                          [rec["to_noticed_s"], rec["to_running_s"], rec["to_output_s"]], width,
                          label=f"{backend} ({rec['checkpoint_bytes'] / 1e6:,.0f} MB)")
+        m = res.get("master")
+        if m:
+            axes[3].barh([j + i * width for j in range(2)],
+                         [m["to_takeover_s"], m["to_checkpoint_s"]], width,
+                         label=f"{backend} ({m['checkpoint_bytes'] / 1e6:,.0f} MB, "
+                               f"{'reconciled' if m['reconciled'] else 'restarted'})")
     axes[0].set_title("throughput by checkpoint interval")
     axes[0].set_ylabel("records/s")
     axes[1].set_title("savepoint duration by state size")
@@ -244,6 +303,11 @@ def plot(results: dict[str, Any], path: str) -> None:
     axes[2].axvspan(15, 19, color="#ddd", label="Flink stop-with-savepoint + restart")
     axes[2].set_title("from a killed task")
     axes[2].set_xlabel("s after the kill")
+    axes[3].set_yticks([j + 0.4 - width / 2 for j in range(2)],
+                       ["taken over", "next checkpoint"])
+    axes[3].axvline(3.0, color="#999", linestyle=":", label="target (issue 30)")
+    axes[3].set_title("from a killed JobMaster")
+    axes[3].set_xlabel("s after the kill")
     for ax in axes:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
@@ -277,13 +341,23 @@ def markdown(results: dict[str, Any]) -> str:
     if rows:
         lines += [*render.md_table(["backend", "checkpoint", "noticed s", "running s",
                                     "output flowing s", "count tasks' RSS MB"], rows), ""]
+    rows = [[b, f"{m['checkpoint_bytes'] / 1e6:,.0f} MB", f"{m['to_takeover_s']:.2f}",
+             f"{m['to_checkpoint_s']:.2f}", "yes" if m["reconciled"] else "no (restarted)",
+             f"{m['records_during_takeover']:,}"]
+            for b, res in series.items() if (m := res.get("master"))]
+    if rows:
+        lines += [*render.md_table(["backend", "checkpoint", "JobMaster killed -> taken over s",
+                                    "-> next checkpoint s", "reconciled",
+                                    "records processed meanwhile"], rows), ""]
     return "\n".join([*lines, render.load_title(results)]) + "\n"
 
 
 PART_RUNS = {"overhead": ("1. overhead of checkpoints in steady state", overhead),
              "size": ("2. checkpoint duration by state size", duration_by_size),
-             "recovery": ("3. recovery from a killed task", recovery_time)}
-PART_KEYS = {"overhead": "overhead", "size": "duration_by_size", "recovery": "recovery"}
+             "recovery": ("3. recovery from a killed task", recovery_time),
+             "master": ("4. JobMaster failover of a detached job", master_failover)}
+PART_KEYS = {"overhead": "overhead", "size": "duration_by_size", "recovery": "recovery",
+             "master": "master"}
 
 
 def main(argv: list[str] | None = None) -> int:

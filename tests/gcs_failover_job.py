@@ -110,7 +110,10 @@ def failover(cluster: Cluster, mode: str) -> dict[str, Any]:
                     restart_delay_s=0.1, restart_attempts=10, metrics_poll_interval_s=0.25,
                     control_timeout_s=5.0, rescale_timeout_s=30.0)
     moment = Moment.at(HOLD, MARGIN, RECORDS)
-    h = running_sum_job(records, 2, sink, rate=RATE, config=cfg, gates=moment.gates).run()
+    # detached: the JobMaster and the tasks are detached actors (a job that outlives its
+    # driver must survive the GCS restart too)
+    h = running_sum_job(records, 2, sink, rate=RATE, config=cfg,
+                        gates=moment.gates).run(detached=True)
     out: dict[str, Any] = {"mode": mode, "control_timeout_s": cfg.control_timeout_s}
     probe_s = cfg.control_timeout_s + 10  # a call still out after this hangs
 

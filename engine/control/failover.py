@@ -20,7 +20,9 @@ When the job reconciles (all of these hold):
   a running checkpoint is aborted instead (its barriers are dropped by
   ``CheckpointAborted``, its sink transactions are committed by the next checkpoint);
 * every task of the recorded deployment was found by name and answered, and none says
-  it failed.
+  it failed;
+* the newest complete checkpoint reads back (the tasks' incremental checkpoints build on
+  the last one they saw complete).
 
 Otherwise the job restarts from its latest complete checkpoint (from the start of its
 input without one), exactly as after a task's failure, but without asking the restart
@@ -87,11 +89,14 @@ class FailoverDecision:
 
 def decide_failover(status: JobState, running: Collection[ActionKind],
                     answers: Mapping[str, TaskAnswer], latest_checkpoint: int,
-                    next_checkpoint_id: int) -> FailoverDecision:
+                    next_checkpoint_id: int, checkpoints_whole: bool = True
+                    ) -> FailoverDecision:
     """The path for a job whose durable record says ``status`` with ``running`` actions,
     whose recorded tasks answered ``answers`` (every task of the recorded deployment),
     whose latest complete checkpoint is ``latest_checkpoint`` (0: none) and whose record
-    counts checkpoint ids up to ``next_checkpoint_id``."""
+    counts checkpoint ids up to ``next_checkpoint_id``. ``checkpoints_whole``: False when
+    a newer complete checkpoint than ``latest_checkpoint`` did not read back (the tasks'
+    incremental chains may build on it: they restart from the one that reads)."""
     if not status.active:
         return FailoverDecision(FailoverPath.ENDED, f"the job had ended ({status})",
                                 max(1, next_checkpoint_id))
@@ -102,6 +107,9 @@ def decide_failover(status: JobState, running: Collection[ActionKind],
 
     if status != JobState.RUNNING:
         return restart(f"the job was {status} when its JobMaster was lost")
+    if not checkpoints_whole:
+        return restart("the newest complete checkpoint does not read back: the tasks' "
+                       "incremental checkpoints may build on it")
     unfinished = sorted(str(a) for a in set(running) & RESTART_ACTIONS)
     if unfinished:
         return restart(f"a {', '.join(unfinished)} was running when the JobMaster was lost "

@@ -12,7 +12,7 @@ writer task writes the newest record in a thread (coalescing changes made meanwh
 the actor's loop never waits on the store. Each JobMaster first ``claim``s an epoch; a
 write by a JobMaster whose epoch was overtaken raises ``StaleJobMaster`` into
 ``on_fenced`` (the old JobMaster stops acting), so two JobMasters never both write.
-A write that fails for another reason is retried at the next change, and logged.
+A write that fails for another reason is logged and tried again ``RETRY_S`` later.
 
 ``takeover``: the steps of a JobMaster that took a job over (Ray restarted it, or another
 JobMaster was fenced): claim, read the record (``JobRecordUnreadable`` fails the job: it
@@ -40,6 +40,7 @@ from engine.wire.messages import DescribeTask, decode_message, encode_message
 log = logging.getLogger(__name__)
 
 NAMESPACE = "reflow"
+RETRY_S = 1.0  # a failed write of the record is tried again after this long
 
 
 class RecordStore(Protocol):
@@ -82,6 +83,24 @@ class RecordKeeper:
             with contextlib.suppress(RuntimeError):  # no running loop: the next change
                 self._writer = asyncio.get_running_loop().create_task(self._write_all())
 
+    def write_now(self) -> None:
+        """Write the record before returning (the caller's loop waits on the store): for a
+        change a takeover must know of before anything acts on it, e.g. a rescale granted,
+        whose tasks a reconciling JobMaster would otherwise leave half-way. A write that
+        fails is logged and left to the writer task."""
+        if self.epoch == 0 or self.fenced is not None:
+            return
+        try:
+            self.store.write(self.snapshot(self.epoch))
+            self.writes += 1
+        except StaleJobMaster as exc:
+            self.fenced = exc
+            self.on_fenced(exc)
+        except Exception as exc:  # noqa: BLE001 - the store may be down: the writer retries
+            log.warning("the job record could not be written ahead (%s: %s)",
+                        type(exc).__name__, exc)
+            self.changed()
+
     async def flush(self) -> None:
         """Until every change made before this call is written (or fencing stopped it)."""
         self.changed()
@@ -117,9 +136,10 @@ class RecordKeeper:
                 self.fenced = exc
                 self.on_fenced(exc)
                 return
-            except Exception as exc:  # noqa: BLE001 - the store may be down: next change
-                log.warning("the job record could not be written (%s: %s); retried at the "
-                            "next change", type(exc).__name__, exc)
+            except Exception as exc:  # noqa: BLE001 - the store may be down: try again
+                log.warning("the job record could not be written (%s: %s); retried in "
+                            "%g s", type(exc).__name__, exc, RETRY_S)
+                asyncio.get_running_loop().call_later(RETRY_S, self.changed)
                 return
 
 

@@ -37,6 +37,7 @@ from engine.errors import (
     JobNotFound,
     ReflowError,
     RescaleRefused,
+    StaleJobMaster,
     UserFunctionError,
     WaitTimeout,
 )
@@ -169,15 +170,25 @@ class JobHandle:
             self.stop()
             return path
         failed: ReflowError | None = None
-        try:
-            ray.get(self._master.stop.remote(), timeout=self.deadlines.stop_s)
-        except RayActorError:
-            pass  # gone already: nothing left to stop
-        except RayError as exc:
-            failed = translate(exc, job=self.job_id, call="stop", seconds=self.deadlines.stop_s)
-            failed.__cause__ = exc
+        end = time.monotonic() + self.deadlines.failover_s
+        while True:
+            try:
+                ray.get(self._master.stop.remote(), timeout=self.deadlines.stop_s)
+            except RayActorError:
+                # a detached job's JobMaster that Ray restarts is asked again: its tasks
+                # outlive it, and only a JobMaster stops them with their sinks flushed
+                if self.detached and time.monotonic() < end and self._restartable():
+                    time.sleep(0.1)
+                    continue
+            except RayError as exc:
+                failed = translate(exc, job=self.job_id, call="stop",
+                                   seconds=self.deadlines.stop_s)
+                failed.__cause__ = exc
+            break
         with contextlib.suppress(Exception):
             ray.kill(self._master)
+        if self.detached and not isinstance(failed, StaleJobMaster):
+            _kill_job_actors(self.job_id)  # whatever no JobMaster stopped (detached actors)
         registry.forget(self.job_id)
         if failed is not None:
             raise failed
@@ -366,6 +377,16 @@ class JobHandle:
             self.stop()
 
 
+def _kill_job_actors(job_id: str) -> None:
+    """Kill every named actor of job ``job_id`` still there (a detached job's tasks outlive
+    a JobMaster that died, and only a JobMaster or this kills them)."""
+    with contextlib.suppress(Exception):
+        for entry in ray.util.list_named_actors(all_namespaces=True):
+            if entry["namespace"] == NAMESPACE and entry["name"].startswith(f"{job_id}/"):
+                with contextlib.suppress(Exception):
+                    ray.kill(ray.get_actor(entry["name"], namespace=NAMESPACE))
+
+
 def _raise(exc: RayError, job: str, call: str, seconds: float) -> NoReturn:
     """Raise ``exc`` translated: a reflow error raised remotely as itself (its message is
     the point; Ray's wrapping is noise), any other with Ray's error as the cause."""
@@ -434,6 +455,8 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
     except RayError as exc:
         with contextlib.suppress(Exception):
             ray.kill(master)
+        if detached:  # its tasks are detached: nothing else would end them
+            _kill_job_actors(job_id)
         _raise(exc, job_id, "start", d.start_s)
     registry.record(job_id, url, detached)  # reachable by name from other processes
     handle = JobHandle(master, job_id, url, config, detached)

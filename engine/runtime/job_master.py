@@ -50,7 +50,12 @@ from engine.control.durable import (
     job_record_of,
     running_of,
 )
-from engine.control.failover import FailoverDecision, FailoverPath, decide_failover
+from engine.control.failover import (
+    RESTART_ACTIONS,
+    FailoverDecision,
+    FailoverPath,
+    decide_failover,
+)
 from engine.control.job_state import JobRecord
 from engine.control.reconfiguration import DecisionRecord, RescaleRecord
 from engine.dataflow import graph as g
@@ -92,6 +97,7 @@ from engine.time.clock import SystemClock
 from engine.wire.codec import pack_exact
 from engine.wire.messages import (
     CheckpointAborted,
+    DropReplicas,
     JobStatus,
     Resume,
     StopTask,
@@ -105,6 +111,7 @@ from migration.coordinator import SubscaleIds
 from migration.report import RescaleReport
 
 NAMESPACE = "reflow"
+EARLY_REPORTS = 10_000  # reports kept while a takeover runs
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +182,9 @@ class JobMaster:
         self._logic_bytes: tuple[g.JobGraph | None, dict[str, bytes]] = (None, {})
         self._takeover: asyncio.Task[None] | None = None
         self.fenced: StaleJobMaster | None = None
+        # reports that arrive while a takeover runs, handled once it ended (bounded: a
+        # takeover takes seconds; beyond the bound the oldest go, as they did before)
+        self._early_reports: list[bytes] | None = [] if self.keeper is not None else None
         if detached and (takeover or _restarted_by_ray()):
             # an async actor's constructor runs on its loop: the takeover starts at once
             self._takeover = asyncio.get_running_loop().create_task(self._take_over())
@@ -217,8 +227,15 @@ class JobMaster:
         self._write(self.record.with_status(state, error))
 
     def _actions_changed(self) -> None:
+        before = {r.action.kind for r in self.record.actions}
         self.record = self.record.with_actions(self.arbitration.core.running)
-        self._persist()
+        granted = {r.action.kind for r in self.record.actions} - before
+        if self.keeper is not None and granted & RESTART_ACTIONS:
+            # written ahead: a takeover must see the rescale (or change of logic) running
+            # before any task hears of it, or it would reconcile with tasks left half-way
+            self.keeper.write_now()
+        else:
+            self._persist()
 
     # -- the helpers' ports: requests that change the job's record
     def deploying(self, dep: Deployment) -> None:
@@ -284,7 +301,11 @@ class JobMaster:
         await self._each(tasks, call, deadline)
 
     def kill_tasks(self) -> None:
-        """Kill every task actor (a restart: none may write on); standby actors stay."""
+        """Kill every task actor (a restart: none may write on); standby actors stay. A
+        fenced JobMaster kills nothing (the tasks are the newer one's)."""
+        if self.fenced is not None:
+            self.handles.clear()
+            return
         for name, h in list(self.handles.items()):
             with contextlib.suppress(Exception):
                 ray.kill(h)
@@ -395,6 +416,7 @@ class JobMaster:
 
     def _create(self, name: str, spec: TaskSpec, node: str | None = None) -> None:
         """A new task actor for ``spec`` (on Ray node ``node`` when given)."""
+        self._check_owner()  # a fenced JobMaster starts no task under the newer one
         me = ray.get_runtime_context().current_actor
         where: dict[str, Any] = {}
         if node is not None:
@@ -425,7 +447,7 @@ class JobMaster:
                                                   self._fill_standby)
 
     def _fill_standby(self) -> None:
-        if self.state.active:
+        if self.state.active and self.fenced is None:
             self.pool.fill()
 
     # -- lifecycle
@@ -495,12 +517,15 @@ class JobMaster:
                           self.subscale_ids.next_id)
 
     def _on_fenced(self, exc: StaleJobMaster) -> None:
-        """A newer JobMaster owns the job: stop acting (its tasks are the new one's), and
-        answer every call with ``exc``."""
+        """A newer JobMaster owns the job: stop acting (its tasks are the new one's: this
+        one kills, creates and restarts nothing from now on), and answer every call with
+        ``exc``."""
         log.error("job %s: %s; this JobMaster stops acting", self.job_id, exc)
         self.fenced = exc
-        for t in self._background:
-            t.cancel()
+        me = asyncio.current_task()
+        for t in [*self._background, self._restart_task, self._takeover]:
+            if t is not None and t is not me:
+                t.cancel()
         self.controllers.stop()
         self.handles.clear()
         self._notify()
@@ -509,16 +534,31 @@ class JobMaster:
         if self.fenced is not None:
             raise self.fenced
 
+    async def _owner(self) -> None:
+        """Before a call that changes the job: a takeover in progress ends first (within
+        ``Deadlines.failover_s``); a fenced JobMaster raises ``StaleJobMaster``."""
+        t = self._takeover
+        if t is not None and not t.done() and t is not asyncio.current_task():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(t), self.deadlines.failover_s)
+        self._check_owner()
+
     async def _take_over(self) -> None:
-        """Take the job over after a loss of its JobMaster (``engine.runtime.failover``)."""
+        """Take the job over after a loss of its JobMaster (``engine.runtime.failover``);
+        reports the tasks send meanwhile are kept and handled after it."""
         try:
             await self._take_over_steps()
         except Exception as exc:  # noqa: BLE001 - the job fails, saying why
             err = reflow_error_in(exc)
             msg = str(err) if err is not None else f"{type(exc).__name__}: {exc}"
             log.error("job %s: the takeover failed: %s", self.job_id, msg)
-            if self.state.active:
+            if self.state.active and self.fenced is None:
                 await self._fail(f"the JobMaster's takeover failed: {msg}")
+        finally:
+            early, self._early_reports = self._early_reports, None
+            for payload in early or ():
+                with contextlib.suppress(Exception):
+                    await self.report(payload)
 
     async def _take_over_steps(self) -> None:
         assert self.keeper is not None
@@ -542,13 +582,13 @@ class JobMaster:
         running = [r.action.kind for r in running_of(durable, path=path)]
         for r in self.record.decisions:
             self.controllers.decision_log.add(r)
-        coord = self.checkpointing.coord
-        metas = await asyncio.to_thread(self._retained_checkpoints)
+        metas, whole = await asyncio.to_thread(self._retained_checkpoints)
         handles, answers = await ask_tasks(self.dep.task_names(), self.deadlines.control_s)
         decision = decide_failover(
-            self.state, running, answers,
-            metas[-1].checkpoint_id if metas else 0, durable.next_checkpoint_id)
-        coord.retained = metas
+            self.state, running, answers, metas[-1].checkpoint_id if metas else 0,
+            durable.next_checkpoint_id, whole)
+        coord = self.checkpointing.coord
+        coord.retained = [m for m in metas if m.kind == CheckpointKind.CHECKPOINT]
         if metas:
             coord.restored(metas[-1])
         coord.next_id = decision.next_checkpoint_id
@@ -560,51 +600,86 @@ class JobMaster:
             self._notify()
             return
         self.note_failure(note)
-        await kill_leftovers(self.job_id,
-                             handles if decision.path == FailoverPath.RECONCILE else {},
+        reconcile = decision.path == FailoverPath.RECONCILE
+        await kill_leftovers(self.job_id, handles if reconcile else {},
                              self.deadlines.control_s)
-        self.handles.update(handles if decision.path == FailoverPath.RECONCILE else {})
-        for name in self.handles:
-            self.health.created(name)
-        if decision.path == FailoverPath.RECONCILE:
-            # the live tasks know their channels by the lost JobMaster's ids
-            self.ids.restore(durable.channels, durable.next_channel_id)
-            self.subscale_ids.next_id = durable.next_subscale_id
-            await self._reconcile(decision, ActionKind.CHECKPOINT in running)
+        if reconcile:
+            reconcile = await self._reconcile(decision, handles, durable)
+            if not reconcile:
+                note = f"{note}; reconciling failed: restarting from the latest checkpoint"
+                self.note_failure(note)
+        running_names = set(self.controllers.names)
         for c in controllers_of(durable, path=path):
-            self.controllers.add(c)
+            if getattr(c, "name", "") not in running_names:  # one re-added by a driver
+                self.controllers.add(c)
         self._start_services()
-        if decision.path == FailoverPath.RESTART:
+        if not reconcile:
             await self.fail(note, force=True)
         else:
             await self._maybe_finish()
         self._notify()
 
-    def _retained_checkpoints(self) -> list[CheckpointMetadata]:
-        """The job's complete checkpoints in its directory that read back, oldest first
-        (the newest ``checkpoints_retained``)."""
-        out = []
-        for loc in complete_checkpoints(self.checkpointing.root)[
-                -max(1, self.config.checkpoints_retained):]:
-            with contextlib.suppress(RestoreError):
+    def _retained_checkpoints(self) -> tuple[list[CheckpointMetadata], bool]:
+        """The job's complete checkpoints that read back, oldest first (the newest
+        ``checkpoints_retained`` of its directory, and the record's last one: a savepoint
+        the job was restored from counts until a checkpoint completes), and whether the
+        newest of them read back. ``RestoreError`` when the record names a checkpoint and
+        none reads back: the job is never started from nothing in its place."""
+        found = complete_checkpoints(self.checkpointing.root)
+        pointer = self.record.checkpoint
+        if pointer is not None and pointer.location not in found:
+            found = [pointer.location, *found]  # a savepoint, or a listing that failed
+        candidates = found[-(max(1, self.config.checkpoints_retained) + 1):]
+        out: list[CheckpointMetadata] = []
+        whole = True
+        for loc in candidates:
+            try:
                 out.append(read_metadata(loc))
-        return out
+            except RestoreError:
+                whole = whole and loc != candidates[-1]
+        if pointer is not None and not out:
+            raise RestoreError(
+                f"job {self.job_id}: its record names checkpoint {pointer.location}, and "
+                f"no complete checkpoint in {self.checkpointing.root} reads back: restore it "
+                "by hand from a savepoint (job.run(restore_from=...))",
+                path=pointer.location, reason="unreadable")
+        return sorted({m.checkpoint_id: m for m in out}.values(),
+                      key=lambda m: m.checkpoint_id), whole
 
-    async def _reconcile(self, decision: FailoverDecision, checkpointing: bool) -> None:
+    async def _reconcile(self, decision: FailoverDecision, handles: dict[str, Any],
+                         durable: Any) -> bool:
         """Keep the live tasks: they report to this JobMaster from now on, stop aligning
-        checkpoints the old one started, and sources held by a stop-with-savepoint read
-        on."""
+        checkpoints the old one started, drop replicas it placed (this one does not know
+        them) and read on if a stop-with-savepoint held their sources. False (nothing
+        kept: every task killed) when a task did not take part in time."""
+        self.handles.update(handles)
+        for name in handles:
+            self.health.created(name)
+        # the live tasks know their channels by the lost JobMaster's ids
+        self.ids.restore(durable.channels, durable.next_channel_id)
+        self.subscale_ids.next_id = durable.next_subscale_id
+        self.finished |= decision.finished
         me = ray.get_runtime_context().current_actor
         deadline = self.clock.monotonic() + self.deadlines.control_s
-        tasks = list(self.handles)
+        tasks = list(handles)
         epoch = self.keeper.epoch if self.keeper is not None else 0
-        await self._each(tasks, lambda t: self.handles[t].adopt.remote(me, epoch), deadline)
-        for cid in decision.abort:
-            await self._each(tasks, lambda t, c=cid: self.call(t, CheckpointAborted(c)),
+        keyed = [t for v in self.plan.vertices if v.keyed for t in self.dep.tasks[v.name]]
+        everything = tuple(range(self.plan.num_key_groups))
+        try:
+            await self._each(tasks, lambda t: self.handles[t].adopt.remote(me, epoch),
                              deadline)
-        if checkpointing:  # a stop-with-savepoint may have held the sources
+            for cid in decision.abort:
+                await self._each(tasks, lambda t, c=cid: self.call(t, CheckpointAborted(c)),
+                                 deadline)
+            await self._each(keyed, lambda t: self.call(t, DropReplicas(everything)),
+                             deadline)
             await self._each(tasks, lambda t: self.call(t, Resume()), deadline)
-        self.finished = set(decision.finished)
+        except Exception as exc:  # noqa: BLE001 - a task that cannot take part: restart
+            log.warning("job %s: reconciling failed (%s: %s)", self.job_id,
+                        type(exc).__name__, exc)
+            self.kill_tasks()
+            return False
+        return True
 
     async def _deploy(self) -> None:
         """The first deploy (``engine.control.steps.DeploySteps``, run by ``Recovery``):
@@ -642,6 +717,10 @@ class JobMaster:
         """A task's report: job-level bookkeeping, then every running rescale sees it."""
         msg = decode_message(payload)
         if getattr(msg, "task", None) not in self.handles:
+            early = self._early_reports
+            if early is not None and self._takeover is not None and not self._takeover.done():
+                early.append(payload)
+                del early[:-EARLY_REPORTS]
             return  # a task killed by a restart (or removed) said something late
         if isinstance(msg, TaskFinished):
             self.finished.add(msg.task)
@@ -658,6 +737,7 @@ class JobMaster:
 
     async def set_replication(self, operator: str, policy: str, period_s: float | None,
                               hot_fraction: float | None) -> None:
+        await self._owner()
         await self.replicas.set_policy(operator, policy, period_s, hot_fraction)
 
     async def _maybe_finish(self) -> None:
@@ -793,7 +873,7 @@ class JobMaster:
         ``CheckpointFailed`` (the job goes on: with ``stop``, its sources resume)."""
         from engine.checkpoints.store import join
 
-        self._check_owner()
+        await self._owner()
         if self.state != JobState.RUNNING:
             raise CheckpointFailed(f"job {self.job_id} is {self.state}; a savepoint needs a "
                                    "running job", reason=f"job {self.state}")
@@ -828,10 +908,7 @@ class JobMaster:
         """Ask each task to stop (flushing its sinks, see ``_stop_tasks``); then kill every
         actor. A detached job's record says it stopped before this returns (a JobMaster
         restarted later keeps it stopped)."""
-        if self.fenced is not None:
-            return  # the job is another JobMaster's
-        if self._takeover is not None and not self._takeover.done():
-            self._takeover.cancel()
+        await self._owner()  # a takeover ends first; a fenced JobMaster stops nothing
         if self.state.active:
             await self._stop_tasks()
             self._set_state(JobState.STOPPED)
@@ -859,7 +936,7 @@ class JobMaster:
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None = None, planning: Any = None,
                       strategy: Any = None) -> bytes:
-        self._check_owner()
+        await self._owner()
         return encode_message(await self.rescaler.rescale(operator, parallelism, protocol,
                                                           assignment, planning,
                                                           strategy=strategy))
@@ -867,7 +944,7 @@ class JobMaster:
     # -- controllers (``engine.runtime.controller_runner``)
     async def add_controller(self, controller: Any) -> str:
         """Run ``controller`` on this job; returns the name it runs under."""
-        self._check_owner()
+        await self._owner()
         if not self.state.active:
             raise JobNotRunningError(f"job {self.job_id} is {self.state}; controllers run "
                                      "only while it runs")
@@ -888,7 +965,7 @@ class JobMaster:
 
     # -- change of logic (``engine.runtime.logic``)
     async def change_logic(self, operator: str, fn: Any) -> bytes:
-        self._check_owner()
+        await self._owner()
         return encode_message(await self.logic.change(operator, fn))
 
     # -- placement
@@ -918,6 +995,7 @@ class JobMaster:
 
     async def place(self, operator: str, task_index: int, node: str, protocol: str = "drrs",
                     by: str = "handle") -> bytes:
+        await self._owner()
         return encode_message(await self.rescaler.place(operator, task_index, node, protocol,
                                                         by))
 

@@ -139,8 +139,8 @@ class Recovery:
         p = self.port
         if self.restarting:
             return True  # a failure of what we are killing, or during the restart
-        if p.record.status != JobState.RUNNING:
-            return False
+        if p.record.status != JobState.RUNNING and not (force and p.record.status.active):
+            return False  # (a takeover restarts a job lost while deploying or restarting)
         decision = None if force else self.strategy.on_failure(cause)
         if decision is not None and not decision.restart:
             if p.record.restarts:

@@ -207,3 +207,66 @@ def test_an_unreadable_job_record_fails_the_takeover_naming_it(ray_cluster, tmp_
         h2.stop()
     finally:
         moment.release()
+
+
+def test_a_jobmaster_crashed_while_the_job_restarts_restarts_it(ray_cluster, tmp_path):
+    """The record says ``restarting`` (a task died, the JobMaster waits out the restart
+    delay): the new JobMaster restarts the job from its checkpoint. Before, it failed the
+    job for good (the restart strategy's check saw a job that was not running)."""
+    sink = TestingSink(str(tmp_path / "out"))
+    moment = Moment.at(2000, 500, len(RECORDS))
+    cfg = checkpointed(str(tmp_path / "chk"), restart_attempts=3, restart_delay_s=30.0)
+    h = running_sum_job(RECORDS, 2, sink, rate=3000, gates=moment.gates,
+                        config=cfg).run(detached=True)
+    try:
+        moment.wait(h)
+        _checkpoint_after(h)
+        ray.kill(ray.get_actor(task_actors(h, "sum")[0], namespace=NAMESPACE))
+        wait_until(lambda: h.status().state == "restarting", "the restart to begin", h)
+        moment.release()
+        _crash(h)
+        wait_until(lambda: h.status().master_epoch == 2, "the takeover", h)
+        st = h.wait(240)
+        assert st.state == "finished", st
+        assert "restart" in st.last_failure or st.restarts >= 1, st
+    finally:
+        moment.release()
+        h.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(RECORDS))
+
+
+def test_a_takeover_before_the_first_checkpoint_keeps_the_savepoint_it_was_restored_from(
+        ray_cluster, tmp_path):
+    """A job restored from a savepoint has no checkpoint of its own yet: after a takeover,
+    a task's failure restarts it from that savepoint, not from nothing."""
+    sink = TestingSink(str(tmp_path / "out"))
+    first = Moment.at(2000, 0, len(RECORDS))
+    cfg = checkpointed(str(tmp_path / "chk"), restart_attempts=3)
+    h = running_sum_job(RECORDS, 2, sink, rate=3000, gates=first.gates, config=cfg).run()
+    try:
+        first.wait(h)
+        first.start.open()
+        savepoint = h.stop(savepoint=str(tmp_path / "sp"))
+    finally:
+        first.release()
+    assert savepoint is not None
+    later = Moment.at(4000, 500, len(RECORDS))
+    quiet = checkpointed(str(tmp_path / "chk"), restart_attempts=3,
+                         checkpoint_interval_s=600.0)  # no checkpoint of its own
+    h2 = running_sum_job(RECORDS, 2, sink, rate=3000, gates=later.gates,
+                         config=quiet).run(restore_from=savepoint, detached=True)
+    try:
+        later.wait(h2)
+        _crash(h2)
+        wait_until(lambda: h2.status().master_epoch == 2, "the takeover", h2)
+        later.start.open()
+        ray.kill(ray.get_actor(task_actors(h2, "sum")[0], namespace=NAMESPACE))
+        wait_until(lambda: h2.status().restarts >= 1, "the restart", h2)
+        later.end.open()
+        st = h2.wait(240)
+        assert st.state == "finished", st
+        assert st.checkpoints.restored_from.rstrip("/").endswith("sp"), st.checkpoints
+    finally:
+        later.release()
+        h2.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(RECORDS))

@@ -96,3 +96,8 @@ def test_reconcile_exactly_when_it_is_safe(status, running, answers, latest, cou
         assert d.next_checkpoint_id > max(latest, counter - 1)
         if d.path == FailoverPath.RECONCILE:
             assert set(d.abort) == set(range(latest + 1, d.next_checkpoint_id))
+
+
+def test_a_newest_checkpoint_that_does_not_read_back_restarts():
+    d = decide_failover(JobState.RUNNING, [], ALIVE, 4, 6, checkpoints_whole=False)
+    assert d.path == FailoverPath.RESTART and "read back" in d.reason

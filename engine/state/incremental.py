@@ -86,7 +86,8 @@ def lengths_bytes(raw: Sequence[bytes]) -> bytes:
     return a.tobytes()
 
 
-def _lengths(data: bytes) -> array[int]:
+def lengths_of(data: bytes) -> array[int]:
+    """The lengths ``lengths_bytes`` wrote."""
     a = array("I")
     a.frombytes(data)
     if sys.byteorder == "big":
@@ -102,7 +103,7 @@ def _cut(data: bytes, head: int, end: int, lengths: bytes | None) -> list[bytes]
     count = (first & 0x0F if first & 0xF0 == 0x90
              else int.from_bytes(data[head + 1:start], "big"))
     if lengths is not None:
-        offsets = list(itertools.accumulate(_lengths(lengths), initial=start))
+        offsets = list(itertools.accumulate(lengths_of(lengths), initial=start))
         if offsets[-1] != end or len(offsets) != count + 1:
             raise CodecError("key-group blob: the lengths do not match the entries")
         return list(map(data.__getitem__, map(slice, offsets[:-1], offsets[1:])))

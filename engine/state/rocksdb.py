@@ -58,8 +58,6 @@ import itertools
 import operator
 import os
 import shutil
-import sys
-from array import array
 from collections.abc import (
     ItemsView,
     Iterable,
@@ -75,6 +73,7 @@ import msgpack
 import rocksdict as rd
 
 from engine.errors import CodecError, ReflowError, StateBackendError
+from engine.state.incremental import array_header, lengths_bytes, lengths_of
 from engine.state.keyed import (
     _DELTA_TAG,
     GROUP_TAG,
@@ -126,29 +125,6 @@ def _successor(prefix: bytes) -> bytes:
     """The smallest key above every key starting with ``prefix`` (never all 0xff here:
     key groups are below 0xffff)."""
     return (int.from_bytes(prefix, "big") + 1).to_bytes(len(prefix), "big")
-
-
-def _array_header(n: int) -> bytes:
-    if n < 16:
-        return bytes((0x90 | n,))
-    if n < 1 << 16:
-        return b"\xdc" + n.to_bytes(2, "big")
-    return b"\xdd" + n.to_bytes(4, "big")
-
-
-def _lengths_bytes(raw: list[bytes]) -> bytes:
-    a = array("I", map(len, raw))
-    if sys.byteorder == "big":
-        a.byteswap()
-    return a.tobytes()
-
-
-def _lengths(data: bytes) -> array[int]:
-    a = array("I")
-    a.frombytes(data)
-    if sys.byteorder == "big":
-        a.byteswap()
-    return a
 
 
 def _interleave(items: list[tuple[bytes, bytes]]) -> list[bytes]:
@@ -424,10 +400,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 raw = _interleave(list(self._scan(view.prefix, view.end)))
                 if raw:
                     tables += 1
-                    parts += (b"\x93", pack_exact(name), _array_header(len(raw)), *raw,
-                              pack_exact(_lengths_bytes(raw)))
+                    parts += (b"\x93", pack_exact(name), array_header(len(raw)), *raw,
+                              pack_exact(lengths_bytes(raw)))
         timers = pack_exact(sorted(self.timers.get(key_group, ()), key=repr))
-        return b"".join((b"\x93", _GROUP_TAG, _array_header(tables), *parts, timers))
+        return b"".join((b"\x93", _GROUP_TAG, array_header(tables), *parts, timers))
 
     def install(self, key_group: int, data: bytes) -> None:
         """Install a key-group blob of either backend, replacing anything held for it;
@@ -582,7 +558,7 @@ def _split_blob(data: bytes) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
                 start = head + (1 if first & 0xF0 == 0x90 else 3 if first == 0xDC else 5)
                 count = (first & 0x0F if first & 0xF0 == 0x90
                          else int.from_bytes(data[head + 1:start], "big"))
-                offsets = list(itertools.accumulate(_lengths(u.unpack()), initial=start))
+                offsets = list(itertools.accumulate(lengths_of(u.unpack()), initial=start))
                 raw = list(map(data.__getitem__, map(slice, offsets[:-1], offsets[1:])))
                 if offsets[-1] != end or len(raw) != count:
                     raise CodecError("key-group blob: the lengths do not match the entries")

@@ -69,6 +69,7 @@ from engine.dataflow.guarantees import sink_guarantees
 from engine.dataflow.physical import PhysicalPlan
 from engine.errors import (
     CheckpointFailed,
+    ControllerError,
     FailurePhase,
     JobFailedError,
     JobNotRunningError,
@@ -608,9 +609,8 @@ class JobMaster:
             if not reconcile:
                 note = f"{note}; reconciling failed: restarting from the latest checkpoint"
                 self.note_failure(note)
-        running_names = set(self.controllers.names)
         for c in controllers_of(durable, path=path):
-            if getattr(c, "name", "") not in running_names:  # one re-added by a driver
+            with contextlib.suppress(ControllerError):  # one a driver added back already
                 self.controllers.add(c)
         self._start_services()
         if not reconcile:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import ray
@@ -176,19 +176,28 @@ async def ask_tasks(names: list[str], seconds: float
     return handles, answers
 
 
-async def kill_leftovers(job_id: str, keep: Mapping[str, Any], seconds: float) -> list[str]:
+def kill_job_actors(job_id: str, keep: Collection[str] = (),
+                    masters: bool = False) -> list[str]:
     """Kill every named actor of job ``job_id`` (``<job id>/...`` in reflow's namespace)
-    except its JobMasters and the tasks in ``keep``, and wait (at most ``seconds``) until
-    their names are free for the actors that replace them; the names killed."""
+    but those in ``keep`` and, unless ``masters``, its JobMasters; the names killed (a
+    detached job's actors outlive a JobMaster that died: only a JobMaster or this ends
+    them)."""
     killed = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name, namespace = entry["name"], entry["namespace"]
-        if (namespace != NAMESPACE or not name.startswith(f"{job_id}/") or "/master" in name
-                or name in keep):
+        if (namespace != NAMESPACE or not name.startswith(f"{job_id}/") or name in keep
+                or ("/master" in name and not masters)):
             continue
         with contextlib.suppress(Exception):
             ray.kill(ray.get_actor(name, namespace=NAMESPACE))
             killed.append(name)
+    return killed
+
+
+async def kill_leftovers(job_id: str, keep: Mapping[str, Any], seconds: float) -> list[str]:
+    """``kill_job_actors`` but the JobMasters and ``keep``, then wait (at most ``seconds``)
+    until the names are free for the actors that replace them; the names killed."""
+    killed = kill_job_actors(job_id, keep)
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     for name in killed:
@@ -206,4 +215,4 @@ def describe(decision: FailoverDecision, epoch: int) -> str:
     return (f"JobMaster failover (epoch {epoch}): {decision.path}: {decision.reason}")
 
 
-__all__ = ["RecordKeeper", "ask_tasks", "describe", "kill_leftovers"]
+__all__ = ["RecordKeeper", "ask_tasks", "describe", "kill_job_actors", "kill_leftovers"]

@@ -44,6 +44,7 @@ from engine.errors import (
 from engine.observability.metrics import JobMetrics
 from engine.runtime import local_ray, registry
 from engine.runtime.deadlines import Deadlines
+from engine.runtime.failover import kill_job_actors
 from engine.runtime.failures import reflow_error_in, translate
 from engine.runtime.job_master import NAMESPACE, RemoteJobMaster
 from engine.wire.messages import JobStatus, decode_message
@@ -102,11 +103,7 @@ class JobHandle:
 
     def _restartable(self) -> bool:
         """The JobMaster is still known by name (alive or being restarted by Ray)."""
-        try:
-            ray.get_actor(f"{self.job_id}/master", namespace=NAMESPACE)
-        except ValueError:
-            return False
-        return True
+        return registry.master_exists(self.job_id)
 
     def status(self) -> JobStatus:
         """The job's state, error, standby pool and unresponsive tasks; within
@@ -188,7 +185,8 @@ class JobHandle:
         with contextlib.suppress(Exception):
             ray.kill(self._master)
         if self.detached and not isinstance(failed, StaleJobMaster):
-            _kill_job_actors(self.job_id)  # whatever no JobMaster stopped (detached actors)
+            with contextlib.suppress(Exception):  # whatever no JobMaster stopped
+                kill_job_actors(self.job_id, masters=True)
         registry.forget(self.job_id)
         if failed is not None:
             raise failed
@@ -377,16 +375,6 @@ class JobHandle:
             self.stop()
 
 
-def _kill_job_actors(job_id: str) -> None:
-    """Kill every named actor of job ``job_id`` still there (a detached job's tasks outlive
-    a JobMaster that died, and only a JobMaster or this kills them)."""
-    with contextlib.suppress(Exception):
-        for entry in ray.util.list_named_actors(all_namespaces=True):
-            if entry["namespace"] == NAMESPACE and entry["name"].startswith(f"{job_id}/"):
-                with contextlib.suppress(Exception):
-                    ray.kill(ray.get_actor(entry["name"], namespace=NAMESPACE))
-
-
 def _raise(exc: RayError, job: str, call: str, seconds: float) -> NoReturn:
     """Raise ``exc`` translated: a reflow error raised remotely as itself (its message is
     the point; Ray's wrapping is noise), any other with Ray's error as the cause."""
@@ -456,7 +444,8 @@ def deploy(graph: g.JobGraph, config: JobConfig, address: str | None = None,
         with contextlib.suppress(Exception):
             ray.kill(master)
         if detached:  # its tasks are detached: nothing else would end them
-            _kill_job_actors(job_id)
+            with contextlib.suppress(Exception):
+                kill_job_actors(job_id, masters=True)
         _raise(exc, job_id, "start", d.start_s)
     registry.record(job_id, url, detached)  # reachable by name from other processes
     handle = JobHandle(master, job_id, url, config, detached)

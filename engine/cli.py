@@ -14,6 +14,8 @@
     reflow plot --prometheus URL --dashboard NAME
                                            the Grafana dashboard's queries drawn to a PNG
     reflow bench NAME [ARGS]               examples/bench/NAME.py of the checkout here
+    reflow bench papers [PAPER [ARGS]]     the papers' reproductions: list them, or run
+                                           examples/papers/PAPER.py
     reflow example NAME [ARGS]             examples/NAME.py of the checkout here
 
 Output is for people by default; ``--json`` prints one JSON document instead (list,
@@ -52,6 +54,7 @@ from engine.errors import JobNotFound, JobNotRunningError, ReflowError
 from engine.names import JobState
 
 BENCH_DIR = os.path.join("examples", "bench")
+PAPERS_DIR = os.path.join("examples", "papers")
 EXAMPLES_DIR = "examples"
 POLL_S = 0.25  # how often progress is redrawn
 
@@ -595,8 +598,40 @@ def _checkout_script(kind: str, folder: str, name: str, rest: list[str],
 
 
 def _bench(name: str, rest: list[str], cwd: str | None = None) -> int:
-    """``reflow bench NAME [args]``: ``examples/bench/NAME.py`` of the checkout in ``cwd``."""
+    """``reflow bench NAME [args]``: ``examples/bench/NAME.py`` of the checkout in ``cwd``;
+    ``reflow bench papers``: the papers' scripts listed, ``reflow bench papers PAPER
+    [args]``: ``examples/papers/PAPER.py`` run."""
+    if name == "papers":
+        if rest and not rest[0].startswith("-"):
+            return _checkout_script("bench papers", PAPERS_DIR, rest[0], rest[1:], cwd)
+        return _list_papers(cwd)
     return _checkout_script("bench", BENCH_DIR, name, rest, cwd)
+
+
+def _list_papers(cwd: str | None = None) -> int:
+    """Print each ``examples/papers/*.py`` of the checkout with its docstring's first line
+    (read, not imported); 2 without the folder."""
+    import ast
+
+    cwd = os.path.abspath(cwd or os.getcwd())
+    where = os.path.join(cwd, PAPERS_DIR)
+    if not os.path.isdir(where):
+        print(f"reflow bench papers: no {PAPERS_DIR}/ under {cwd}: run it from the root of a "
+              "reflow checkout", file=sys.stderr)
+        return 2
+    names = sorted(f[:-3] for f in os.listdir(where) if f.endswith(".py")
+                   and not f.startswith("_"))
+    width = max((len(n) for n in names), default=0)
+    for n in names:
+        try:
+            with open(os.path.join(where, n + ".py")) as f:
+                doc = ast.get_docstring(ast.parse(f.read())) or ""
+        except (OSError, SyntaxError, ValueError):
+            doc = ""
+        print(f"{n:<{width}}  {doc.splitlines()[0] if doc else ''}".rstrip())
+    print(f"run one: reflow bench papers NAME [--quick] [--out DIR]; what each reproduces: "
+          f"{PAPERS_DIR}/README.md")
+    return 0
 
 
 # ------------------------------------------------------------------ parser
@@ -662,7 +697,7 @@ def parser() -> argparse.ArgumentParser:
     rs.add_argument("operator", help="the operator's name (as `reflow status JOB` lists it)")
     rs.add_argument("parallelism", type=int, help="its number of tasks after the rescale")
     rs.add_argument("--protocol", default="drrs",
-                    help="drrs (default), pause-resume, fluid, batched, non-disruptive, "
+                    help="drrs (default), meces, pause-resume, fluid, batched, non-disruptive, "
                          "stop-restart")
     job_args(rs)
 

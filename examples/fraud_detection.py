@@ -626,7 +626,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"throughput:  {len(txs) / elapsed:,.0f} transactions/s over {elapsed:.1f} s")
     if stopped or args.no_check:
-        print("result: not checked")
+        print("result: not checked (" + ("--no-check" if args.no_check else
+                                         "stopped at --duration before its input ended: "
+                                         "the output is a prefix") + ")")
         return 0
     if swapped is not None:
         problems = check_swap(txs, sink.results(), rules, swapped)

@@ -646,7 +646,7 @@ class _LiveStats:
 
 
 class LiveRescale(RescaleCoordinator):
-    """A live rescale (drrs, pause-resume, fluid, batched, non-disruptive): hold the
+    """A live rescale (drrs, meces, pause-resume, fluid, batched, non-disruptive): hold the
     operator's tasks (they must not finish while groups move), plan, create new tasks,
     run the plan's subscales (at once within limits, or step by step), remove tasks left
     without groups, release.
@@ -913,7 +913,8 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
                          if kg in replicas and replicas[kg][0] == d_name)
     expect = [
         Call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
-                                    spec.trigger, s_name, chunk_bytes), (s_name,)),
+                                    spec.reroutes, s_name, chunk_bytes,
+                                    spec.fetch_on_demand), (s_name,)),
         Call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
                                     OutputChannel(rcid, d_name, REROUTE_PORT), len(direct),
                                     spec.aligned, spec.block_aligned, with_replica), (d_name,)),

@@ -1,7 +1,7 @@
 """The per-task side of live migration: ``MigrationParticipant`` (docs/architecture.md).
 
-Why apart from the task core: every live protocol (drrs, pause-resume, fluid, batched,
-non-disruptive) runs the same per-task state machine, switched by the flags of its
+Why apart from the task core: every live protocol (drrs, meces, pause-resume, fluid,
+batched, non-disruptive) runs the same per-task state machine, switched by the flags of its
 ``ExpectOutgoing``/``InjectSubscale`` messages; the core (``engine.task.core``) only stores,
 schedules and processes. As in Flink's ``BarrierHandlerState`` + ``Controller``, the two sides
 meet at two narrow interfaces: the core calls the participant only through
@@ -41,9 +41,15 @@ Guarantees:
   output channels when a subscale's groups freeze (at its watermark then), the new owner
   ``WatermarkRelease`` once the subscale is done there, behind the outputs of its records
   and timers; receivers stay at or below the hold in between (``engine.time.event_time``).
-* A group's state is shipped once: on the first trigger or pull (drrs), or once every
-  confirm is in (aligned protocols); to a holder of a replica at the group's last replicated
-  version only the changes since.
+* A group's state is shipped once: on the first trigger or pull (drrs), on its fetch or
+  background pull (meces), or once every confirm is in (aligned protocols); to a holder of a
+  replica at the group's last replicated version only the changes since.
+* Meces (``ExpectIncoming.fetch_on_demand``): the new owner fetches a group (``PullState``)
+  the first time one of its records finds the state missing, even before the old owner was
+  triggered; a fetch that reaches the old owner before the subscale's first confirm starts
+  the migration there with the fetched group. The rest follow in the background, one pull at
+  a time while no fetch is in flight. A group never goes back: the old owner re-routes the
+  records of a shipped group it still finds (as drrs) instead of fetching the state back.
 """
 
 from __future__ import annotations
@@ -300,6 +306,8 @@ class _Incoming:
     state_in: set[int] = field(default_factory=set)
     sizes: dict[int, int] = field(default_factory=dict)
     requested: set[int] | None = None  # None until the old owner was triggered
+    fetch_on_demand: bool = False  # meces: fetch a group on its first record that must wait
+    fetched: set[int] = field(default_factory=set)  # meces: asked for by a record
     bytes_in: int = 0
     chunk_bytes: int = 0  # state that may be in flight beyond one group
 
@@ -325,12 +333,14 @@ class NewOwnerRole:
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
                direct_channels: tuple[int, ...], reroute_channel: int,
-               confirm_needed: bool = True, old_owner: str = "", chunk_bytes: int = 0) -> None:
+               confirm_needed: bool = True, old_owner: str = "", chunk_bytes: int = 0,
+               fetch_on_demand: bool = False) -> None:
         if subscale_id in self.subscales:
             return
         self.subscales[subscale_id] = _Incoming(
             subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel,
-            confirm_needed, old_owner, chunk_bytes=chunk_bytes)
+            confirm_needed, old_owner, chunk_bytes=chunk_bytes,
+            fetch_on_demand=fetch_on_demand)
         for kg in key_groups:
             self.group_subscale[kg] = subscale_id
 
@@ -342,6 +352,20 @@ class NewOwnerRole:
             inc.requested = {pushed} if pushed in inc.key_groups else set()
             inc.sizes = dict(sizes)
 
+    def fetch(self, key_group: int) -> tuple[int, str] | None:
+        """Meces: a record of incoming ``key_group`` must wait; the (subscale, old owner) to
+        fetch the group from now, or None (not fetch-on-demand, or its state is here or
+        already asked for: each group is asked for once)."""
+        sid = self.group_subscale.get(key_group)
+        if sid is None:
+            return None
+        inc = self.subscales[sid]
+        if (not inc.fetch_on_demand or key_group in inc.state_in or key_group in inc.fetched
+                or (inc.requested is not None and key_group in inc.requested)):
+            return None
+        inc.fetched.add(key_group)
+        return sid, inc.old_owner
+
     def next_pull(self, subscale_id: int) -> int | None:
         """The group to pull next, or None (not triggered yet, all pulled, or the pulls on
         their way hold the subscale's ``chunk_bytes``): the one with the most records set
@@ -352,8 +376,9 @@ class NewOwnerRole:
         inc = self.subscales.get(subscale_id)
         if inc is None or inc.requested is None:
             return None
-        in_flight = [kg for kg in inc.requested if kg not in inc.state_in]
-        left = [kg for kg in inc.key_groups if kg not in inc.requested]
+        asked = inc.requested | inc.fetched
+        in_flight = [kg for kg in asked if kg not in inc.state_in]
+        left = [kg for kg in inc.key_groups if kg not in asked]
         if not left or (in_flight and not inc.chunk_bytes):
             return None
         waiting = {kg: 0 for kg in left}
@@ -483,8 +508,10 @@ class MigrationParticipant:
                 return Ack()
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
                                 reroute_channel=rcid, confirm_needed=confirm_needed,
-                                old_owner=old_owner, chunk_bytes=chunk):
-                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner, chunk)
+                                old_owner=old_owner, chunk_bytes=chunk,
+                                fetch_on_demand=on_demand):
+                self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner, chunk,
+                                     on_demand)
                 if confirm_needed:
                     self.host.add_input(rcid, REROUTE_PORT)
                 return Ack()
@@ -501,7 +528,10 @@ class MigrationParticipant:
                     self._pull_next(sid)
                 return Ack()
             case PullState(subscale=sid, key_group=kg):
-                self._on_pull(sid, kg)
+                if sid in self.old_role.subscales and self.old_role.should_migrate(sid):
+                    self._migrate_out(sid, kg)  # meces: a fetch before the first barrier
+                else:
+                    self._on_pull(sid, kg)
                 return Ack()
             case RefreshReplicas(targets=targets):
                 return self._refresh_replicas(targets)
@@ -566,7 +596,9 @@ class MigrationParticipant:
                 self.host.router.reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
             elif nr.incoming(kg) and not nr.ready(cid, kg):
                 if not nr.can_set_aside():
+                    self._fetch(kg)
                     break
+                self._fetch(kg)
                 nr.set_aside(cid, kg, values[pos], tss[pos], keys[pos], port)
             else:
                 ready.append((values[pos], tss[pos], keys[pos], kg, port))
@@ -606,7 +638,8 @@ class MigrationParticipant:
         for sid, inc in self.new_role.subscales.items():
             parts.append(f"in {sid} groups {list(inc.key_groups)} state in {sorted(inc.state_in)} "
                          f"confirms {len(inc.confirms)}/{len(inc.direct_channels)}"
-                         f"{'' if inc.confirm_needed else ' (not needed)'}")
+                         f"{'' if inc.confirm_needed else ' (not needed)'}"
+                         f"{f' fetched {sorted(inc.fetched)}' if inc.fetch_on_demand else ''}")
         if self.new_role.aside_count:
             parts.append(f"{self.new_role.aside_count} records set aside")
         return parts
@@ -649,15 +682,17 @@ class MigrationParticipant:
             router.send_event_to({direct.channel_id}, PauseBarrier(msg.subscale))
 
     # ------------------------------------------------------------ old owner
-    def _migrate_out(self, sid: int) -> None:
-        """First barrier of the subscale (drrs): the new owner may pull the groups."""
+    def _migrate_out(self, sid: int, fetched: int | None = None) -> None:
+        """First barrier of the subscale (drrs, meces), or its first fetch (meces,
+        ``fetched``: that group goes first): the new owner may pull the groups."""
         out = self.old_role.subscales[sid]
         self._trigger_at[sid] = self.host.clock.now()
         self._freeze_leaving(sid)
         self.host.router.open_reroute(self._reroute_channels[sid])
         b = self._backend()
         sizes = tuple((kg, b.estimated_group_bytes(kg)) for kg in out.key_groups)
-        first = self.old_role.first_push(sid, dict(sizes))
+        first = (fetched if fetched in out.key_groups
+                 else self.old_role.first_push(sid, dict(sizes)))
         self.host.send_priority(out.new_owner, SubscaleTriggered(sid, sizes, first))
         self._state_sent[sid] = 0
         self._on_pull(sid, first)  # two hops sooner than a pull; the priority path keeps order
@@ -780,6 +815,12 @@ class MigrationParticipant:
             host.report(SubscaleDone(host.name, sid, SubscaleRole.NEW.value, inc.bytes_in, 0, 0.0,
                                      host.suspended_s))
             host.check_finish()
+
+    def _fetch(self, kg: int) -> None:
+        """Meces: a record of ``kg`` must wait here; fetch the group unless asked already."""
+        asked = self.new_role.fetch(kg)
+        if asked is not None:
+            self.host.send_priority(asked[1], PullState(asked[0], kg))
 
     def _pull_next(self, sid: int) -> None:
         """Ask for the next groups of the subscale (one at a time, or as many as its chunk

@@ -44,6 +44,11 @@ class RescaleReport:
     which went from ``old_parallelism`` to ``new_parallelism`` tasks with it, in the same
     rescale (a forward edge joins equal parallelisms); empty when there were none or the
     parallelism did not change.
+    ``restarts``: how often the job restarted (from its last checkpoint, or its input's
+    start) while the request ran (a task failed); the request then ran again once the job
+    ran, so ``old_parallelism`` is
+    the operator's when the request came, ``new_parallelism`` its parallelism now, and
+    the figures of what moved are the last attempt's.
     """
 
     operator: str
@@ -72,6 +77,7 @@ class RescaleReport:
     assignment_reason: str = ""
     requested_protocol: str = ""
     with_partners: tuple[str, ...] = ()
+    restarts: int = 0
 
     @property
     def cut_short(self) -> bool:
@@ -94,6 +100,12 @@ class RescaleReport:
                      f"; {self.assignment} assignment predicted {self.predicted_bytes} bytes")
         if self.requested_protocol and self.requested_protocol != self.protocol:
             predicted += f" (asked for {self.requested_protocol})"
+        if self.restarts:
+            predicted += (f"; the job restarted {self.restarts} time"
+                          f"{'s' if self.restarts > 1 else ''} during it (a task failed; "
+                          f"the request ran again): {self.operator!r} now runs "
+                          f"{self.new_parallelism} tasks, and what moved is the last "
+                          "attempt's")
         if not self.cut_short:
             return (f"{head} done in {self.duration_s:.2f} s: moved {self.key_groups_moved} "
                     f"key groups ({self.bytes_moved} bytes){predicted}")

@@ -391,10 +391,14 @@ class CheckpointCoordinator:
     # -- restores
     def restored(self, meta: CheckpointMetadata) -> None:
         """The job now runs from ``meta``: it is the checkpoint a failure goes back to until
-        a newer one completes, and ids continue after it."""
+        a newer one completes, and ids continue after it. The retained list as it is now
+        (a takeover's, read from the store) is registered at once: a checkpoint of it that
+        a recovery drops before the next one completes is then deleted with its files,
+        not left behind as a complete checkpoint no one retains."""
         self.latest = meta
         self.next_id = max(self.next_id, meta.checkpoint_id + 1)
         self.restored_from = meta.location
+        self.shared.sync(self.retained)
 
     # -- what it says
     def take_outcomes(self) -> list[Outcome]:

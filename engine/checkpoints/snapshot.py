@@ -10,10 +10,12 @@ does inline. Both call ``persist`` and send what it returns to the JobMaster; bo
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from engine.checkpoints.store import part_file_name, read_groups, write_task_part
+from engine.checkpoints.local import LocalCopies, read_refs
+from engine.checkpoints.store import join, part_file_name, write_task_part
 from engine.errors import CodecError, RestoreError
 from engine.state.incremental import merge_chain
 from engine.time.clock import Clock
@@ -24,6 +26,8 @@ from engine.wire.messages import (
     InstallKeyGroups,
     RestoreState,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,9 +53,12 @@ class TaskSnapshot:
     unchanged: tuple[int, ...] = ()
 
 
-def persist(snap: TaskSnapshot, clock: Clock) -> CheckpointAck | CheckpointDeclined:
+def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
+            ) -> CheckpointAck | CheckpointDeclined:
     """Write the snapshot's key groups to the store and say so; a store that refuses
-    declines the checkpoint (naming the error), it never raises."""
+    declines the checkpoint (naming the error), it never raises. ``local``: also keep a
+    local copy (``engine.checkpoints.local``; a local disk that refuses is logged, the
+    checkpoint stands without it)."""
     if snap.declined:
         return CheckpointDeclined(snap.task, snap.checkpoint_id, snap.declined)
     start = clock.monotonic()
@@ -65,18 +72,28 @@ def persist(snap: TaskSnapshot, clock: Clock) -> CheckpointAck | CheckpointDecli
             return CheckpointDeclined(snap.task, snap.checkpoint_id,
                                       f"its state could not be written to {snap.location}: "
                                       f"{type(exc).__name__}: {exc}")
+        if local is not None:
+            try:
+                local.keep_copy(snap.checkpoint_id, join(snap.location, file), snap.groups)
+            except OSError as exc:
+                log.warning("task %s: no local copy of checkpoint %d (%s: %s); recovery "
+                            "reads the store", snap.task, snap.checkpoint_id,
+                            type(exc).__name__, exc)
     written = sum(length for _, _, length, _ in index)
     return CheckpointAck(snap.task, snap.checkpoint_id, file, index, snap.source_state,
                          snap.transactions, written, snap.alignment_s, snap.sync_s,
                          clock.monotonic() - start, snap.deltas, snap.unchanged)
 
 
-def read_chains(refs: tuple[tuple[int, str, int, int, int], ...]) -> list[tuple[int, bytes]]:
+def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
+                local_root: str | None = None) -> list[tuple[int, bytes]]:
     """Key groups read from the store and checked, a group given several links (an
     incremental checkpoint's chain, base first) merged into one full blob
     (``engine.state.incremental.merge_chain``); ``RestoreError`` naming the file when one
-    is missing, short or corrupt, or a chain does not hold together."""
-    read = read_groups(refs)
+    is missing, short or corrupt, or a chain does not hold together. ``local_root``: the
+    job's local recovery folder on this node, whose copies are read first
+    (``engine.checkpoints.local.read_refs``)."""
+    read, _ = read_refs(refs, local_root)
     chains: dict[int, list[bytes]] = {}
     for kg, data in read:
         chains.setdefault(kg, []).append(data)
@@ -97,13 +114,13 @@ def read_chains(refs: tuple[tuple[int, str, int, int, int], ...]) -> list[tuple[
     return out
 
 
-def restore_messages(msg: RestoreState) -> list[Any]:
-    """The core's messages for a ``RestoreState``: its key groups read from the store and
-    checked, chains merged (``read_chains``; ``RestoreError`` when one is missing or
-    corrupt), then its transactions."""
+def restore_messages(msg: RestoreState, local_root: str | None = None) -> list[Any]:
+    """The core's messages for a ``RestoreState``: its key groups read from the store (or
+    local copies under ``local_root``) and checked, chains merged (``read_chains``;
+    ``RestoreError`` when one is missing or corrupt), then its transactions."""
     out: list[Any] = []
     if msg.groups:
-        out.append(InstallKeyGroups(tuple(read_chains(msg.groups))))
+        out.append(InstallKeyGroups(tuple(read_chains(msg.groups, local_root))))
     if msg.transactions:
         out.append(CommitTransactions(msg.transactions))
     return out

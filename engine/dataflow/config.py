@@ -140,7 +140,13 @@ class JobConfig:
     new owner from the start, so the budget bounds the wait of its last group.
     ``warm_standby_tasks``: idle task actors kept ready for scale-out; a rescale that takes
     some leaves the pool short until ``warm_standby_refill_s`` after it ended (starting
-    actors costs CPU, which the rescale should not compete with).
+    actors costs CPU, which the rescale should not compete with); a restart after a
+    failure also takes one for each task whose process died.
+    ``recovery_reuses_processes``: a restart after a failure turns the task actors that are
+    still alive into standby actors (``recycle``: stopped as if killed) and makes them the
+    restarted tasks, each its former task where it can, instead of starting a process per
+    task (a few seconds each on a loaded machine); only the dead tasks' processes are new
+    (or warm standby actors). False: every task actor is killed and started anew.
     ``rescale_timeout_s``: how long a rescale phase or subscale may take before the job fails.
     ``control_timeout_s``: how long the driver's ``JobHandle`` waits for the JobMaster to
     answer ``status``/``metrics``/``set_replication`` (the JobMaster waits half of it for
@@ -208,6 +214,13 @@ class JobConfig:
     no retained checkpoint refers to it (``engine.checkpoints.shared``). Flink's
     ``state.backend.incremental``. Savepoints stay whole and self-contained. False
     (default): every checkpoint writes every key group whole, and nothing is tracked.
+    ``local_recovery``: each task also keeps its checkpoint parts on its node's disk (a
+    hard link to the stored file when the store is the local filesystem, a copy
+    otherwise; under ``state_dir``), and a task restored on that node reads them instead
+    of the store, each key group checked against its checksum (the store when a copy is
+    missing or does not match; ``engine.checkpoints.local``). Flink's
+    ``state.backend.local-recovery``. It pays when the store is remote; it costs a second
+    write of each part to the local disk and that disk's space for the last checkpoints.
     """
 
     batch_size: int = 1000
@@ -227,6 +240,7 @@ class JobConfig:
     drrs_max_subscales: int | None = None
     warm_standby_tasks: int = 0
     warm_standby_refill_s: float = 10.0
+    recovery_reuses_processes: bool = True
     rescale_timeout_s: float = 300.0
     control_timeout_s: float = 5.0
     batched_step_size: int = 4
@@ -255,6 +269,7 @@ class JobConfig:
     state_dir: str | None = None
     state_memory_bytes: int = 128 << 20
     incremental_checkpoints: bool = False
+    local_recovery: bool = False
 
     def __post_init__(self) -> None:
         """Refuse (``ConfigError``, naming the field, the value and what is expected) a

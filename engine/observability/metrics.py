@@ -332,7 +332,7 @@ class JobCollector:
             align.add_metric([self.job, operator, str(index)], seconds)
         yield align
         restarts = CounterMetricFamily("reflow_job_restarts",
-                                       "Restarts of the job from a checkpoint after a failure",
+                                       "Restarts of the job begun after a failure (each attempt)",
                                        labels=["job"])
         restarts.add_metric([self.job], self.restarts)
         yield restarts

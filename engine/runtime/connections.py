@@ -22,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from engine.errors import DownstreamDied
+from engine.runtime.failures import actor_death
 from engine.task.core import TaskCore
 from engine.wire.transport import DataClient, DataServer, ServerConnection
 
@@ -98,7 +99,7 @@ class DataConnections:
             if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
                 return await self._open_client(target)
             raise DownstreamDied(f"cannot open a data connection to task {target}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+                                  f"{type(exc).__name__}: {actor_death(exc)}") from exc
         if self.handles.get(target) is not handle:  # the name now stands for a new actor
             client.close()
             return await self._open_client(target)
@@ -107,6 +108,12 @@ class DataConnections:
             old.close()
         self._clients[target] = client
         return client
+
+    async def close_connections(self) -> None:
+        """Close every data connection this task opened and wait for their readers (a task
+        that stopped sends nothing more; one that sends again opens new ones)."""
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
 
     def _new_handles(self, handles: dict[str, Any]) -> None:
         """Take the handles a control call brings. A name that now stands for another

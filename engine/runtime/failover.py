@@ -151,14 +151,19 @@ def _status_answer(status: str) -> TaskAnswer:
     return TaskAnswer.RUNNING
 
 
-async def ask_tasks(names: list[str], seconds: float
+async def ask_tasks(names: list[str], seconds: float, job_id: str = ""
                     ) -> tuple[dict[str, Any], dict[str, TaskAnswer]]:
     """The actors of tasks ``names`` found by name, and what each said of itself within
-    ``seconds`` (``TaskAnswer.MISSING``: no such actor, it died, or no answer in time)."""
+    ``seconds`` (``TaskAnswer.MISSING``: no such actor, it died, or no answer in time).
+    With ``job_id``, a task whose actor has another name (a recycled or standby actor
+    that became the task: ``TaskActor.recycle``) is found by asking the job's other
+    actors which task they run."""
     handles: dict[str, Any] = {}
     for name in names:
         with contextlib.suppress(ValueError):
             handles[name] = ray.get_actor(name, namespace=NAMESPACE)
+    if job_id and len(handles) < len(names):
+        await _find_renamed(job_id, names, handles, seconds)
     answers = {n: TaskAnswer.MISSING for n in names}
 
     async def ask(name: str) -> None:
@@ -176,12 +181,40 @@ async def ask_tasks(names: list[str], seconds: float
     return handles, answers
 
 
+async def _find_renamed(job_id: str, names: list[str], handles: dict[str, Any],
+                        seconds: float) -> None:
+    """Add to ``handles`` the tasks of ``names`` run by actors of job ``job_id`` named
+    otherwise (each asked its task's name; one that does not answer in ``seconds`` is
+    left out)."""
+    wanted = set(names) - set(handles)
+    others = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"]
+        if (entry["namespace"] == NAMESPACE and name.startswith(f"{job_id}/")
+                and name not in handles and "/master" not in name):
+            with contextlib.suppress(ValueError):
+                others.append(ray.get_actor(name, namespace=NAMESPACE))
+    if not others:
+        return
+    futs = [asyncio.ensure_future(_await(h.task_name.remote())) for h in others]
+    done, pending = await asyncio.wait(futs, timeout=seconds)
+    for f in pending:
+        f.cancel()
+    for handle, fut in zip(others, futs, strict=True):
+        if fut in done and fut.exception() is None and fut.result() in wanted:
+            handles[fut.result()] = handle
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
 def kill_job_actors(job_id: str, keep: Collection[str] = (),
-                    masters: bool = False) -> list[str]:
+                    masters: bool = False, keep_ids: Collection[Any] = ()) -> list[str]:
     """Kill every named actor of job ``job_id`` (``<job id>/...`` in reflow's namespace)
-    but those in ``keep`` and, unless ``masters``, its JobMasters; the names killed (a
-    detached job's actors outlive a JobMaster that died: only a JobMaster or this ends
-    them)."""
+    but those in ``keep`` or with an actor id in ``keep_ids`` and, unless ``masters``, its
+    JobMasters; the names killed (a detached job's actors outlive a JobMaster that died:
+    only a JobMaster or this ends them)."""
     killed = []
     for entry in ray.util.list_named_actors(all_namespaces=True):
         name, namespace = entry["name"], entry["namespace"]
@@ -189,7 +222,10 @@ def kill_job_actors(job_id: str, keep: Collection[str] = (),
                 or ("/master" in name and not masters)):
             continue
         with contextlib.suppress(Exception):
-            ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            if actor._actor_id in keep_ids:
+                continue
+            ray.kill(actor)
             killed.append(name)
     return killed
 
@@ -197,7 +233,8 @@ def kill_job_actors(job_id: str, keep: Collection[str] = (),
 async def kill_leftovers(job_id: str, keep: Mapping[str, Any], seconds: float) -> list[str]:
     """``kill_job_actors`` but the JobMasters and ``keep``, then wait (at most ``seconds``)
     until the names are free for the actors that replace them; the names killed."""
-    killed = kill_job_actors(job_id, keep)
+    # an actor that runs a task under another name (recycled) is kept by its identity
+    killed = kill_job_actors(job_id, keep, keep_ids={h._actor_id for h in keep.values()})
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
     for name in killed:

@@ -50,6 +50,42 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+# Ray's words for a worker its memory monitor killed (its advice is kept for those only)
+_OOM_WORDS = ("memory pressure", "low on memory", "OOM kill reason", "OutOfMemoryError")
+# where Ray's generic list of causes for a worker that exited unexpectedly begins
+_CAUSES = re.compile(r"\s*(Some common causes include|There are some potential root causes)")
+_FIELD = re.compile(r"^\t(\w+): (.*)$")
+
+
+def actor_death(exc: BaseException | str) -> str:
+    """Why an actor died, in a line, from Ray's error (``ActorDiedError``) or its text:
+    without the field list (class name, actor id, namespace ...) and, unless Ray's memory
+    monitor killed it for memory (then Ray's text and advice are kept whole), without
+    Ray's generic list of causes and advice, which would bury the job's own message (a
+    worker that exited unexpectedly gets one short hint instead)."""
+    text = str(exc).strip()
+    if any(w in text for w in _OOM_WORDS):
+        return " ".join(line.strip() for line in text.splitlines() if line.strip())
+    fields: dict[str, str] = {}
+    rest: list[str] = []
+    for line in text.splitlines():
+        m = _FIELD.match(line)
+        if m is not None:
+            fields[m.group(1)] = m.group(2)
+        elif line.strip() and line.strip() != "The actor died unexpectedly before finishing " \
+                "this task.":
+            rest.append(line.strip())
+    what = " ".join(rest) or "The actor died."
+    cut = _CAUSES.search(what)
+    if cut is not None:
+        what = what[:cut.start()].rstrip() + (
+            " The process was killed (a SIGKILL, e.g. the kernel's OOM killer) or crashed: "
+            "see the worker's log.")
+    where = " on ".join(f"{k} {fields[k]}" if k == "pid" else fields[k]
+                        for k in ("pid", "ip") if k in fields)
+    return f"{what}{f' ({where})' if where else ''}"
+
+
 def reflow_error_in(exc: BaseException) -> ReflowError | None:
     """The ``ReflowError`` a remote call raised, or None when it raised something else."""
     inner = unwrap(exc)
@@ -151,4 +187,4 @@ def open_failure(exc: BaseException, operators: Sequence[g.OperatorDef], task: s
     return None
 
 
-__all__ = ["open_failure", "reflow_error_in", "translate", "unwrap", "user_objects"]
+__all__ = ["actor_death", "open_failure", "reflow_error_in", "translate", "unwrap", "user_objects"]

@@ -85,7 +85,7 @@ from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.controller_runner import ControllerRunner
 from engine.runtime.deadlines import Deadlines
 from engine.runtime.failover import RecordKeeper, ask_tasks, describe, kill_leftovers
-from engine.runtime.failures import reflow_error_in
+from engine.runtime.failures import actor_death, reflow_error_in
 from engine.runtime.health import StandbyPool
 from engine.runtime.logic import LogicChanger
 from engine.runtime.recovery import Recovery
@@ -163,6 +163,10 @@ class JobMaster:
         self.collector.rescales_total = {v.name: 0 for v in self.record.plan.vertices}
         self.endpoint: MetricsEndpoint | None = None
         self.nodes: dict[str, str] = {}  # task name -> the Ray node it runs on, where known
+        # a restart's recycled task actors ((vertex, task index) they ran, handle), and
+        # whether a restart takes standby actors for the rest (recycle_tasks, create_task)
+        self._recycled: list[tuple[tuple[str, int], Any]] = []
+        self._reusing = False
         self.checkpointing = Checkpointing(self, self.arbitration)
         self.recovery = Recovery(self, self.arbitration, self.checkpointing)
         self.replicas = ReplicaKeeper(self, self.arbitration)
@@ -254,13 +258,14 @@ class JobMaster:
 
     def restart_began(self, cause: str) -> None:
         self._write(self.record.restart_began(cause))
+        self.collector.restarts = self.record.epoch  # restarts begun, as status() says
 
     def restart_retried(self) -> None:
         self._write(self.record.restart_retried())
+        self.collector.restarts = self.record.epoch
 
     def restarted(self) -> None:
         self._write(self.record.restarted())
-        self.collector.restarts = self.record.restarts
         self._notify()
 
     def restart_gave_up(self, suffix: str) -> None:
@@ -294,9 +299,73 @@ class JobMaster:
         """Set at the next change of the job (a report, a failure, a stop)."""
         return self._changed
 
-    def create_task(self, name: str, spec: TaskSpec) -> None:
-        """A new task actor for ``spec`` (a deploy or a restart)."""
-        self._create(name, spec)
+    async def create_task(self, name: str, spec: TaskSpec) -> None:
+        """A task actor for ``spec`` (a deploy or a restart): an actor of the same vertex
+        that ``recycle_tasks`` kept (the one that ran the same task index first: its
+        process holds that task's local copies; its Ray name stays the first task's,
+        ``<job>/<vertex>/<index>/g<n>``), else a warm standby actor that answers its ping
+        when this replaces recycled ones, else a new actor. A reused actor's
+        ``configure`` is awaited before any other call reaches it."""
+        handle = self._take_recycled(spec.vertex, spec.task_index)
+        if handle is None and self._reusing and len(self.pool):
+            handle = await self.pool.take()
+        if handle is None:
+            self._create(name, spec)
+            return
+        self._check_owner()
+        self._configuring[name] = handle.configure.remote(spec)
+        self.handles[name] = handle
+        self.health.created(name)
+
+    def _take_recycled(self, vertex: str, index: int) -> Any:
+        for i, (key, _) in enumerate(self._recycled):
+            if key == (vertex, index):
+                return self._recycled.pop(i)[1]
+        for i, (key, _) in enumerate(self._recycled):
+            if key[0] == vertex:
+                return self._recycled.pop(i)[1]
+        return None  # never another vertex's: an actor's name keeps saying what it runs
+
+    async def recycle_tasks(self) -> None:
+        """A restart (or a stop-restart rescale): every task actor stops as if killed;
+        with ``JobConfig.recovery_reuses_processes`` those alive become standby actors that
+        ``create_task`` makes the restarted tasks (``TaskActor.recycle``, within
+        ``Deadlines.task_poll_s``), and the others are killed; every task is forgotten as
+        by ``kill_tasks``. ``release_recycled`` kills the ones no task took."""
+        if (not self.config.recovery_reuses_processes or self.fenced is not None
+                or not self.handles):
+            self.kill_tasks()
+            return
+        tasks = list(self.handles.items())
+        where = {t: (v, i) for v, names in self.dep.tasks.items() for i, t in enumerate(names)}
+
+        async def recycle(handle: Any) -> bool:
+            try:
+                await asyncio.wait_for(handle.recycle.remote(), self.deadlines.task_poll_s)
+            except Exception:  # noqa: BLE001 - dead, or stuck: killed instead
+                return False
+            return True
+
+        alive = await asyncio.gather(*(recycle(h) for _, h in tasks))
+        for (name, handle), ok in zip(tasks, alive, strict=True):
+            if ok and name in where:
+                self._recycled.append((where[name], handle))
+            else:
+                with contextlib.suppress(Exception):
+                    ray.kill(handle)
+            self.watch.forget(name)
+        self._reusing = True
+        self.handles.clear()
+        self._configuring.clear()
+        self.finished.clear()
+
+    def release_recycled(self) -> None:
+        """The restart's tasks exist: recycled actors no task took are killed."""
+        left, self._recycled = self._recycled, []
+        self._reusing = False
+        for _, handle in left:
+            with contextlib.suppress(Exception):
+                ray.kill(handle)
 
     async def each(self, tasks: list[str], call: Any, deadline: float) -> None:
         await self._each(tasks, call, deadline)
@@ -315,10 +384,11 @@ class JobMaster:
         self._configuring.clear()
         self.finished.clear()
 
-    def forget_tasks(self) -> None:
-        """A restart: every task is killed, the failures they reported are void, running
-        rescales give up what they did, and no replica exists any more."""
-        self.kill_tasks()
+    async def forget_tasks(self) -> None:
+        """A restart: every task is stopped (``recycle_tasks``), the failures they
+        reported are void, running rescales give up what they did, and no replica exists
+        any more."""
+        await self.recycle_tasks()
         self.deferred_failure = None
         self.rescaler.restarted()
         self.replicas.reset()
@@ -584,7 +654,8 @@ class JobMaster:
         for r in self.record.decisions:
             self.controllers.decision_log.add(r)
         metas, whole = await asyncio.to_thread(self._retained_checkpoints)
-        handles, answers = await ask_tasks(self.dep.task_names(), self.deadlines.control_s)
+        handles, answers = await ask_tasks(self.dep.task_names(), self.deadlines.control_s,
+                                           self.job_id)
         decision = decide_failover(
             self.state, running, answers, metas[-1].checkpoint_id if metas else 0,
             durable.next_checkpoint_id, whole)
@@ -595,7 +666,7 @@ class JobMaster:
         coord.next_id = decision.next_checkpoint_id
         note = describe(decision, epoch)
         log.warning("job %s: %s", self.job_id, note)
-        self.collector.restarts = self.record.restarts
+        self.collector.restarts = self.record.epoch
         if decision.path == FailoverPath.ENDED:
             await kill_leftovers(self.job_id, {}, self.deadlines.control_s)
             self._notify()
@@ -767,7 +838,28 @@ class JobMaster:
         await self._teardown()
 
     async def task_failed(self, msg: TaskFailed) -> None:
-        """Task ``msg.task`` failed: the job fails (and restarts, if its strategy says so)."""
+        """Task ``msg.task`` failed: the job fails (and restarts, if its strategy says so).
+        A task that failed because a task it sends to could not be reached names the task
+        that died when the watch finds one dead: that is the failure, not its sender."""
+        if msg.downstream:
+            # the sender saw its socket close before Ray declares the actor dead: ask the
+            # tasks until one is (or for up to control_timeout_s: then the sender's report)
+            end = self.clock.monotonic() + self.deadlines.control_s
+            while True:
+                died = await self.watch.poll()
+                if self.state != JobState.RUNNING:  # failed meanwhile (the watch saw it too)
+                    return
+                if died or self.clock.monotonic() >= end:
+                    break
+                await asyncio.sleep(0.1)
+            if died:
+                task, exc = died[0]
+                vertex, index = next(((v, ts.index(task)) for v, ts in self.dep.tasks.items()
+                                      if task in ts), ("", -1))
+                self.failure = TaskFailed(task, vertex, index, "", actor_death(exc))
+                await self.fail(f"{self.watch.death(task, exc)} (task {msg.task} lost its "
+                                "data connection to it)")
+                return
         error = (f"task {msg.task} of operator {msg.operator!r} failed: "
                  f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
         self.failure = msg
@@ -828,10 +920,10 @@ class JobMaster:
             self.job_id, str(self.state), self.error,
             f.operator if f else "", f.task_index if f else -1, f.record if f else "",
             f.cause if f else "", self.endpoint.url if self.endpoint else "",
-            len(self.pool), self.watch.unresponsive(), self.record.restarts,
+            len(self.pool), self.watch.unresponsive(), self.record.epoch,
             self.record.last_failure, self.checkpointing.coord.stats(),
             self.sink_guarantees, self.detached,
-            self.keeper.epoch if self.keeper is not None else 0,
+            self.keeper.epoch if self.keeper is not None else 0, self.record.restarts,
         ))
 
     def rescale_ticks(self) -> int:

@@ -67,17 +67,22 @@ class RecoveryPort(JobPort, Protocol):
     @property
     def ids(self) -> ChannelIds: ...
 
-    def create_task(self, name: str, spec: TaskSpec) -> None: ...
+    async def create_task(self, name: str, spec: TaskSpec) -> None: ...
 
     def kill_tasks(self) -> None: ...
+
+    def release_recycled(self) -> None:
+        """Recycled task actors that no new task took are killed."""
+        ...
 
     def deploying(self, dep: Deployment) -> None:
         """The job runs ``dep`` from now on (its tasks are being created)."""
         ...
 
-    def forget_tasks(self) -> None:
-        """Every task is killed for a restart: their failures, the rescales' work and the
-        replicas go with them."""
+    async def forget_tasks(self) -> None:
+        """Every task is stopped for a restart (killed, or recycled when the job reuses
+        its processes): their failures, the rescales' work and the replicas go with
+        them."""
         ...
 
     def take_deferred_failure(self) -> TaskFailed | None: ...
@@ -184,7 +189,7 @@ class Recovery:
     async def _restart(self, cause: str) -> None:
         p = self.port
         await self.checkpoints.abort(f"the job restarts after a failure: {cause}")
-        p.forget_tasks()
+        await p.forget_tasks()
         await asyncio.sleep(self.strategy.delay_s)
         coord = self.checkpoints.coord
         latest = coord.latest
@@ -260,21 +265,24 @@ class Recovery:
         deadline = p.clock.monotonic() + p.deadlines.deploy_s
         queue: deque[Any] = deque(machine.start())
         started = on_start is None
-        while not machine.done:
-            cmd = queue.popleft()
-            if not started and isinstance(cmd, SendControl) and cmd.phase == Phase.START:
-                started = True
-                assert on_start is not None
-                on_start()
-            try:
-                result = await self._apply(cmd, deadline)
-            except Exception as exc:
-                err = reflow_error_in(exc)
-                if err is None:
-                    raise
-                queue.extend(machine.on_error(cmd, err))
-                continue
-            queue.extend(machine.on_result(cmd, result))
+        try:
+            while not machine.done:
+                cmd = queue.popleft()
+                if not started and isinstance(cmd, SendControl) and cmd.phase == Phase.START:
+                    started = True
+                    assert on_start is not None
+                    on_start()
+                try:
+                    result = await self._apply(cmd, deadline)
+                except Exception as exc:
+                    err = reflow_error_in(exc)
+                    if err is None:
+                        raise
+                    queue.extend(machine.on_error(cmd, err))
+                    continue
+                queue.extend(machine.on_result(cmd, result))
+        finally:
+            p.release_recycled()  # the tasks exist (or the deploy failed)
         return machine.report()
 
     async def _apply(self, cmd: Any, deadline: float) -> Any:
@@ -287,8 +295,8 @@ class Recovery:
                     t, by_task[t].message, by_task[t].introduce), deadline)
             case CreateTasks(vertex=vertex, names=names, deployment=dep):
                 for name in names:
-                    p.create_task(name, TaskSpec.of(dep, vertex, dep.tasks[vertex].index(name),
-                                                    name, p.config))
+                    await p.create_task(name, TaskSpec.of(
+                        dep, vertex, dep.tasks[vertex].index(name), name, p.config))
             case RemoveTasks():
                 p.kill_tasks()
             case ReplaceDeployment(deployment=dep):

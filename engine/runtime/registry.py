@@ -226,8 +226,8 @@ def connect(address: str, auth_mode: str = "") -> None:
         from ray._raylet import Config  # type: ignore[attr-defined]  # not in ray's stub
 
         Config.initialize("")
+    check_reachable(address)  # also when connected: an address that does not answer says so
     if not ray.is_initialized():
-        check_reachable(address)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False,
                  configure_logging=False)
 

@@ -118,6 +118,10 @@ class RescalePort(JobPort, Protocol):
 
     def kill_tasks(self) -> None: ...
 
+    async def recycle_tasks(self) -> None:
+        """Stop every task for a redeploy (its process reused when the job says so)."""
+        ...
+
     def refill_standby_later(self) -> None: ...
 
     async def maybe_finish(self) -> None: ...
@@ -262,16 +266,31 @@ class Rescaler:
         """Run the request; when the job restarts from a checkpoint during it (a task
         died), what it did is gone with the tasks, so it runs again, planned from the
         restored assignment, once the job runs: it returns when the operator runs as asked
-        (or raises the job's failure when the restart strategy gave up)."""
+        (or raises the job's failure when the restart strategy gave up). The report of a
+        request the job restarted under says so (``restarts``) and keeps the parallelism
+        the request began from and its time (like Flink, whose rescale by restart reports
+        the job running at the new parallelism, not an error): the last attempt alone
+        could read "4 -> 4" for a 2 -> 4 request the restart had half done."""
+        vertex = next((v for v in self.port.dep.plan.vertices if v.name == operator), None)
+        before = vertex.parallelism if vertex is not None else None
+        requested_at, restarts = self.port.clock.now(), 0
         while True:
             if self.port.record.status == JobState.RESTARTING:
                 await self.recovery.wait_running(self.recovery.epoch)
             epoch = self.recovery.epoch
             try:
-                return await self._rescale(operator, parallelism, protocol, assignment,
-                                           planning, strategy)
+                report = await self._rescale(operator, parallelism, protocol, assignment,
+                                             planning, strategy)
             except JobRestarted:
+                restarts += 1
                 await self.recovery.wait_running(epoch)
+                continue
+            if not restarts:
+                return report
+            return dataclasses.replace(
+                report, restarts=restarts, requested_at=requested_at,
+                duration_s=report.completed_at - requested_at,
+                old_parallelism=report.old_parallelism if before is None else before)
 
     async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
                        assignment: tuple[int, ...] | None, planning: Any,
@@ -521,7 +540,7 @@ class Rescaler:
                 plan = plan.with_parallelism(changed)  # forward edges keep equal sides
                 restore = plan_restore(meta, plan, p.job_id, p.record.next_generation,
                                        assignments=assignments, partitions=p.dep.partitions)
-                p.kill_tasks()
+                await p.recycle_tasks()
                 self.replicas.reset()
                 await self.recovery.deploy(restore.deployment, restore.tasks)
                 return restore.deployment

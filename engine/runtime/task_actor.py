@@ -29,6 +29,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
+from engine.checkpoints.local import LocalCopies, local_root
 from engine.checkpoints.snapshot import TaskSnapshot, persist, restore_messages
 from engine.errors import (
     DataChannelError,
@@ -40,7 +41,8 @@ from engine.errors import (
     StaleJobMaster,
 )
 from engine.runtime.connections import DataConnections
-from engine.runtime.failures import open_failure
+from engine.runtime.failures import actor_death, open_failure
+from engine.state.incremental import MAX_DELTA_CHAIN
 from engine.task.channel import CreditGate
 from engine.task.core import RUNNING, TaskCore, TaskSpec
 from engine.time.clock import SystemClock
@@ -82,6 +84,10 @@ class TaskActor(DataConnections):
         raises that error (an actor whose constructor raised would only say it died)."""
         self.master = master
         self.master_epoch = 0  # raised by adopt(): older JobMasters are refused
+        self._generation = 0  # one more per recycle(): callbacks of an older task drop out
+        # local recovery copies (JobConfig.local_recovery) of this process's tasks
+        self._local: LocalCopies | None = None
+        self._local_root: str | None = None
         self.handles: dict[str, Any] = {}
         self._broken: ReflowError | None = None
         if spec is not None:
@@ -117,6 +123,11 @@ class TaskActor(DataConnections):
             raise self._broken from exc
         self.clock = self.core.clock
         self.gate = CreditGate(spec.config.credits)
+        cfg = spec.config
+        if cfg.local_recovery and self._local is None:  # kept across recycle()
+            self._local_root = local_root(cfg, spec.job_id)
+            self._local = LocalCopies(self._local_root, keep=(
+                MAX_DELTA_CHAIN + 2 if cfg.incremental_checkpoints else 2))
         freeze_startup_heap()
 
     def _event(self) -> asyncio.Event:
@@ -129,8 +140,8 @@ class TaskActor(DataConnections):
     async def push(self, channel_id: int, seq: int, payload: bytes) -> None:
         """A data frame (transport "ray"); returns once the task has taken it for
         processing (the ack)."""
-        core = self.core
-        if core.status not in _ACTIVE:
+        core = getattr(self, "core", None)
+        if core is None or core.status not in _ACTIVE:  # a standby, recycled: dropped
             return
         core.receive(channel_id, seq, payload)
         fut = asyncio.get_running_loop().create_future()
@@ -140,6 +151,52 @@ class TaskActor(DataConnections):
 
     async def ping(self) -> None:
         """A cheap call: answers at once unless the actor is dead or its loop is blocked."""
+
+    async def task_name(self) -> str:
+        """The name of the task this actor runs ("(standby)" for none): a recycled or
+        standby actor's Ray name is not its task's (``engine.runtime.failover.ask_tasks``)."""
+        return self._task_name()
+
+    async def recycle(self) -> None:
+        """Stop being a task, as if killed, and become a warm standby actor that
+        ``configure`` makes a task again (a restart reuses the process instead of starting
+        one: ``JobConfig.recovery_reuses_processes``).
+
+        As if killed: nothing more is sent, reported, committed or written by the task's
+        sinks (their writers are not closed: a restart drops their uncommitted output);
+        its loop is cancelled, its data connections and server closed, frames and pushes
+        still arriving are acknowledged and dropped, its state backend closed (a RocksDB
+        one's files removed), and a checkpoint part still being written is not reported.
+        Idempotent; a standby actor has nothing to do."""
+        core = getattr(self, "core", None)
+        if core is None:
+            return
+        self._generation += 1
+        core.host.discard()  # nothing of the task runs from here on (no writer is closed)
+        loop_task, self._loop_task = self._loop_task, None
+        if loop_task is not None:
+            loop_task.cancel()
+            with contextlib.suppress(BaseException):
+                await loop_task
+        server, self._server = self._server, None
+        if server is not None:
+            server.on_frame = _drop_frame
+            server.close()
+        await self.close_connections()
+        for pending in list(self._connecting.values()):
+            pending.cancel()
+        self._connecting.clear()
+        self._release_all_acks()
+        for q in self.in_flight.values():
+            for fut in q:
+                if isinstance(fut, asyncio.Future):
+                    fut.cancel()
+        self.in_flight.clear()
+        self.handles.clear()
+        del self.core
+        self._broken = None
+        self._wake = self._send_lock = self._kick = None
+        gc.collect()  # the old task's objects go now, before a restore reads its output
 
     async def adopt(self, master: Any, epoch: int) -> None:
         """Report to ``master`` from now on: the JobMaster of ``epoch`` took the job over
@@ -195,7 +252,8 @@ class TaskActor(DataConnections):
             raise err from exc
         fx = reply.effects
         if fx.restore is not None:  # read the groups here, in a thread; the core installs
-            for inner in await asyncio.to_thread(restore_messages, fx.restore):
+            for inner in await asyncio.to_thread(restore_messages, fx.restore,
+                                                 self._local_root):
                 core.handle(inner)
             self._send_reports()
             return encode_message(reply.message)
@@ -216,6 +274,8 @@ class TaskActor(DataConnections):
         self._send_reports()
         self._ack_consumed()
         wake.set()
+        if fx.close_outputs:  # it sends nothing more (its frames were settled)
+            await self.close_connections()
         return encode_message(answer)
 
     def _persist_snapshots(self) -> None:
@@ -227,14 +287,17 @@ class TaskActor(DataConnections):
             if not snap.groups:  # nothing to write: say so at once
                 self._report_snapshot(snap)
                 continue
-            fut = asyncio.get_running_loop().run_in_executor(None, persist, snap, self.clock)
-            fut.add_done_callback(functools.partial(self._written, snap))
+            fut = asyncio.get_running_loop().run_in_executor(None, persist, snap, self.clock,
+                                                             self._local)
+            fut.add_done_callback(functools.partial(self._written, snap, self._generation))
 
     def _report_snapshot(self, snap: TaskSnapshot) -> None:
         self.core.report(persist(snap, self.clock))
         self._send_reports()
 
-    def _written(self, snap: TaskSnapshot, fut: asyncio.Future[Any]) -> None:
+    def _written(self, snap: TaskSnapshot, generation: int, fut: asyncio.Future[Any]) -> None:
+        if generation != self._generation:  # recycled meanwhile: the task is gone
+            return
         self.core.report(fut.result())  # persist never raises
         self._send_reports()
 
@@ -335,15 +398,17 @@ class TaskActor(DataConnections):
                 waits = [self.in_flight[c][0] for c in blocked]
                 kick = asyncio.ensure_future(self._kick.wait())
                 t0 = self.clock.monotonic()
-                await asyncio.wait([*waits, kick], return_when=asyncio.FIRST_COMPLETED)
-                kick.cancel()
+                try:
+                    await asyncio.wait([*waits, kick], return_when=asyncio.FIRST_COMPLETED)
+                finally:  # also when cancelled (a recycle): no waiter left pending
+                    kick.cancel()
                 self.core.counters.on_backpressured(self.clock.monotonic() - t0)
 
     async def _await_ack(self, fut: Any) -> None:
         try:
             await fut
         except (RayActorError, DataChannelError) as exc:
-            raise DownstreamDied(str(exc)) from exc
+            raise DownstreamDied(actor_death(exc)) from exc
 
     def _reap_acks(self) -> None:
         """Count acknowledged frames (oldest first per channel); a failed push means the
@@ -354,7 +419,7 @@ class TaskActor(DataConnections):
                 self.gate.on_ack(cid)
                 exc = fut.exception()
                 if exc is not None:
-                    raise DownstreamDied(str(exc))
+                    raise DownstreamDied(actor_death(exc))
 
     async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
         for cid, q in list(self.in_flight.items()):  # a control call may add channels meanwhile
@@ -427,7 +492,7 @@ class TaskActor(DataConnections):
             await self._send_outbox()
             await self._settle_in_flight()
         except DownstreamDied as exc:
-            core.fail_internal(f"a downstream task died: {exc}")
+            core.fail_internal(f"a downstream task died: {exc}", downstream=True)
         except OutputCodecError as exc:  # flushed outside an operator call: same report
             core.fail_output(exc)
         except Exception as exc:  # an engine bug: fail loudly with the task named
@@ -451,6 +516,11 @@ class TaskActor(DataConnections):
         if core.keyed is not None and core.next_timer_ms() is not None:
             candidates.append(timer_every)
         return max(0.0, min(candidates))
+
+
+def _drop_frame(channel_id: int, seq: int, payload: bytes, conn: ServerConnection) -> None:
+    """A frame for a task this actor no longer runs (recycled): acknowledged, dropped."""
+    conn.ack(channel_id, seq)
 
 
 def _acknowledge(key: tuple[int, int], ack: asyncio.Future[None] | ServerConnection) -> None:

@@ -24,6 +24,7 @@ from ray.exceptions import RayActorError
 
 from engine.names import JobState
 from engine.observability.metrics import TaskMetrics
+from engine.runtime.failures import actor_death
 from engine.runtime.health import TaskHealth
 from engine.runtime.ports import JobPort
 from engine.wire.messages import decode_message
@@ -71,11 +72,18 @@ class Watch:
             await asyncio.sleep(p.config.metrics_poll_interval_s)
             for n, exc in await self.poll():
                 if p.record.status == JobState.RUNNING:
-                    await p.fail(f"task {n} died: {type(exc).__name__}: {exc}")
+                    await p.fail(self.death(n, exc))
                     break
             p.metrics_polled()  # the controllers' metrics history
             if await p.check_standby() and not p.rescaling:
                 p.refill_standby_later()
+
+    def death(self, task: str, exc: BaseException) -> str:
+        """The job's error when ``task``'s actor died with ``exc``: the task and its
+        operator first, then why in a line (``failures.actor_death``)."""
+        vertex = next((v for v, ts in self.port.dep.tasks.items() if task in ts), None)
+        op = f" of operator {vertex!r}" if vertex is not None else ""
+        return f"task {task}{op} died: {type(exc).__name__}: {actor_death(exc)}"
 
     async def poll(self) -> list[tuple[str, BaseException]]:
         """Ask every live task for its metrics and wait ``Deadlines.task_poll_s``. Returns

@@ -356,11 +356,12 @@ class TaskCore:
         """Send ``msg`` to the JobMaster."""
         self.reports.append(msg)
 
-    def fail(self, operator: str, record: str, cause: str, permanent: bool = False) -> None:
+    def fail(self, operator: str, record: str, cause: str, permanent: bool = False,
+             downstream: bool = False) -> None:
         """Fail the task naming ``operator`` (and the ``record``) and report why."""
         self.status = FAILED
         self.failure = TaskFailed(self.name, operator, self.spec.task_index, record, cause,
-                                  permanent)
+                                  permanent, downstream)
         self.reports.append(self.failure)
 
     def stop(self, end_outputs: bool) -> tuple[tuple[str, Any], ...]:
@@ -462,10 +463,10 @@ class TaskCore:
         self.status = FINISHED
         self.reports.append(TaskFinished(self.name))
 
-    def fail_internal(self, cause: str) -> None:
-        """The shell met an error outside an operator call (a receiver died, an engine
-        bug): fail naming the task's vertex."""
-        self.fail(self.spec.vertex, "", cause)
+    def fail_internal(self, cause: str, downstream: bool = False) -> None:
+        """The shell met an error outside an operator call (a receiver died:
+        ``downstream``; an engine bug): fail naming the task's vertex."""
+        self.fail(self.spec.vertex, "", cause, downstream=downstream)
 
     def _describe(self) -> str:
         """Where this task's migrations and inputs stand (a stuck rescale's error)."""

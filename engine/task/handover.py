@@ -27,7 +27,7 @@ from engine.task.spec import FAILED, RUNNING, TaskStatus
 from engine.wire.messages import AddInputs, ReleaseSource, SourceReleased
 
 #: stopping: send everything queued and wait until every frame sent was acknowledged
-STOPPED_EFFECTS = Effects(flush_all=True, settle_all=True)
+STOPPED_EFFECTS = Effects(flush_all=True, settle_all=True, close_outputs=True)
 
 
 class HandoverHost(Protocol):

@@ -15,6 +15,7 @@ class besides ``TaskCore`` that uses the core's internal methods.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
@@ -24,7 +25,7 @@ from engine.io.sources import PartitionedReader
 from engine.state.keyed import EVENT_TIME, KeyedStateBackend
 from engine.task.channel import OutputRouter
 from engine.task.inputs import InputSet
-from engine.task.spec import Record, TaskStatus
+from engine.task.spec import FAILED, Record, TaskStatus
 from engine.time.clock import Clock
 
 if TYPE_CHECKING:
@@ -177,6 +178,19 @@ class CoreHost:
 
     def source_offsets(self) -> dict[str, Any]:
         return self.core.source_offsets()
+
+    def discard(self) -> None:
+        """Stop the task as if killed (a restart reuses its process:
+        ``engine.runtime.task_actor.TaskActor.recycle``): nothing of it runs, reports or
+        snapshots any more and its state backend is closed (a RocksDB one's files
+        removed); its sinks' writers are left unclosed (a restart drops their uncommitted
+        output)."""
+        core = self.core
+        core.status = FAILED
+        core.reports.clear()
+        core.snapshots.clear()
+        with contextlib.suppress(Exception):  # a backend a stop closed already
+            core.chain.close_state()
 
     def function_replaced(self, operator: str, fn: Any) -> None:
         core = self.core

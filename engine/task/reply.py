@@ -38,13 +38,16 @@ class Effects:
     the frames sent on these output channels were acknowledged; ``settle_all``: on every
     channel. ``start_loop``: the task started, run its processing loop (once). ``restore``:
     read these key groups and transactions from the store (off the loop), give the core the
-    messages they make (``engine.checkpoints.snapshot.restore_messages``) and answer."""
+    messages they make (``engine.checkpoints.snapshot.restore_messages``) and answer.
+    ``close_outputs``: after all that, close the task's data connections (it stopped:
+    nothing more is sent on them)."""
 
     flush_all: bool = False
     settle: frozenset[int] = frozenset()
     settle_all: bool = False
     start_loop: bool = False
     restore: RestoreState | None = None
+    close_outputs: bool = False
 
     def __post_init__(self) -> None:
         if (self.settle or self.settle_all) and not self.flush_all:

@@ -585,7 +585,9 @@ class ExpectIncoming:
     """To the new owner: ``key_groups`` are coming. With ``confirm_needed`` (DRRS) confirms
     for ``direct_channels`` come back on ``reroute_channel`` (added as an input) and a
     direct record waits for its channel's confirm; otherwise a record of a group is ready
-    once the group's state is in."""
+    once the group's state is in. With ``fetch_on_demand`` (Meces) a record of a group whose
+    state is not here and not asked for yet makes the new owner fetch it (``PullState``) at
+    once, before the old owner was triggered and beside the pull in flight."""
 
     subscale: int
     key_groups: tuple[int, ...]
@@ -594,6 +596,7 @@ class ExpectIncoming:
     confirm_needed: bool = True
     old_owner: str = ""  # drrs: where to pull the groups from
     chunk_bytes: int = 0  # drrs: state that may be in flight beyond one group (0: one at a time)
+    fetch_on_demand: bool = False
 
 
 @wire
@@ -622,7 +625,9 @@ class PriorityBatch:
 @wire
 @dataclass(frozen=True, slots=True)
 class PullState:
-    """DRRS, priority, new owner → old owner: send ``key_group`` of the subscale now."""
+    """DRRS, priority, new owner → old owner: send ``key_group`` of the subscale now. Meces:
+    also a fetch on demand, which may come before the subscale's first barrier and then
+    starts the migration at the old owner."""
 
     subscale: int
     key_group: int
@@ -823,7 +828,9 @@ class TaskFinished:
 class TaskFailed:
     """``task`` failed; ``record`` is the repr of the offending record, or '' when none.
     ``permanent``: the job's own definition makes it fail again whatever a restart does
-    (e.g. keyed state no codec can encode): the job fails without restarting."""
+    (e.g. keyed state no codec can encode): the job fails without restarting.
+    ``downstream``: it failed because a task it sends to could not be reached (it died,
+    most likely: the JobMaster then names the task that died, not this one)."""
 
     task: str
     operator: str
@@ -831,6 +838,7 @@ class TaskFailed:
     record: str
     cause: str
     permanent: bool = False
+    downstream: bool = False
 
 
 @wire
@@ -903,8 +911,10 @@ class JobStatus:
     dead). ``unresponsive``: ``(task, seconds)`` for each task that did not answer the
     JobMaster's latest metrics poll, with the seconds since it last answered (a task stuck
     in user code, e.g. processing the same batch for that long); sorted by task.
-    ``restarts``: how often the job was restarted from a checkpoint after a failure, the
-    last of which ``last_failure`` names; ``checkpoints``: ``CheckpointStats``; ``sinks``:
+    ``restarts``: how often a restart of the job began after a failure (each attempt, as
+    Flink's ``numRestarts``: one that is still running or failed and was tried again
+    counts), the last of which ``last_failure`` names; ``restarts_completed``: how many of
+    them got the job running again; ``checkpoints``: ``CheckpointStats``; ``sinks``:
     each sink's delivery guarantee (``SinkGuarantee``); ``detached``: the job outlives its
     driver and Ray restarts its JobMaster; ``master_epoch``: how many JobMasters have owned
     the job (1 for the first; each failover adds one; 0 for an undetached job). New fields
@@ -926,6 +936,7 @@ class JobStatus:
     sinks: tuple[SinkGuarantee, ...] = ()
     detached: bool = False
     master_epoch: int = 0
+    restarts_completed: int = 0
 
     def __post_init__(self) -> None:
         for entry in self.unresponsive:

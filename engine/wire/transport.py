@@ -210,6 +210,11 @@ class DataClient:
         self._pending: dict[tuple[int, int], asyncio.Future[None]] = {}
         self._closed: BaseException | None = None
         self._reader_task = asyncio.get_running_loop().create_task(self._read_acks(reader))
+        # a task actor whose process exits (its JobMaster gone, Ray stopping) leaves its
+        # readers waiting for acknowledgements that cannot matter any more: asyncio's
+        # "Task was destroyed but it is pending!" for them (one per connection, at every
+        # such exit) is noise; ``aclose`` ends them in order when a task stops
+        self._reader_task._log_destroy_pending = False  # type: ignore[attr-defined]
 
     @classmethod
     async def connect(cls, host: str, port: int, token: bytes, peer: str,
@@ -279,8 +284,16 @@ class DataClient:
                 fut.exception()  # retrieved here: a sender that stopped waiting logs nothing
 
     def close(self) -> None:
+        """Close the connection; its reader ends at the loop's next turn (``aclose`` waits
+        for that)."""
         self._reader_task.cancel()
         self._writer.close()
+
+    async def aclose(self) -> None:
+        """Close the connection and wait until its reader has ended (a task that stops
+        closes its connections so: nothing of them is left when its process exits)."""
+        self.close()
+        await asyncio.gather(self._reader_task, return_exceptions=True)
 
 
 def tls_contexts(tls: TLS) -> tuple[ssl.SSLContext, ssl.SSLContext]:

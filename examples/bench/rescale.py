@@ -146,7 +146,7 @@ NONE = "none"  # the run without a rescale
 SCENARIOS = ("micro", "micro-in", "skew", "source", "q7", "q8")
 COLORS = {NONE: "0.45", "drrs": "tab:blue", "stop-restart": "tab:red",
           "pause-resume": "tab:orange", "fluid": "tab:green", "batched": "tab:olive",
-          "non-disruptive": "tab:purple"}
+          "non-disruptive": "tab:purple", "meces": "tab:brown"}
 
 # scenario defaults: (full, quick)
 DEFAULTS: dict[str, dict[str, tuple[Any, Any]]] = {

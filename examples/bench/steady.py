@@ -42,6 +42,13 @@ appended), the least CPU per record any engine running this job in CPython would
 ``rows / floor`` in records per CPU-second is the share of the job's CPU that is its own
 work, the rest is the engine's (frames, the second process, flow control, the sink).
 
+``--trace``: the half-load runs also gather per-second stall evidence
+(``harness/stalls.py``): inside the task workers every collection, task step, metrics
+answer and sink save of at least 2 ms (wall and the thread's CPU ms) and a watchdog's late
+wake-ups; from ``/proc``, each job process's CPU and run-queue wait per second; the worst
+seconds are printed with what happened in them. ``--half-rate R`` runs only half-load
+runs at R records/s (``--half-repeats`` rounds; writes ``half-load.json``).
+
 Writes ``examples/bench/out/steady/results.json`` and ``steady.png``.
 """
 
@@ -54,6 +61,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -66,7 +74,17 @@ from engine.dataflow.keygroups import DEFAULT_NUM_KEY_GROUPS, KeyGroupCache
 from engine.names import JobState
 from engine.time import SystemClock
 from engine.wire.messages import Frame, decode_frame, encode_frame
-from examples.bench.harness import BenchRunError, cli, jobs, procs, profile, provenance, render, run
+from examples.bench.harness import (
+    BenchRunError,
+    cli,
+    jobs,
+    procs,
+    profile,
+    provenance,
+    render,
+    run,
+    stalls,
+)
 from examples.bench.harness import analysis as an
 
 NUM_KEYS = 100_000
@@ -92,11 +110,17 @@ def add_counts(a: Any, b: Any) -> tuple[Any, int]:
     return (a[0], a[1] + b[1])
 
 
+def source_kwargs(rate: float | None, num_records: int | None, duration_s: float | None,
+                  columnar: bool = False) -> dict[str, Any]:
+    """The benchmark's ``GeneratorSource`` arguments."""
+    return {"rate": rate, "num_records": num_records, "duration_s": duration_s,
+            "num_keys": NUM_KEYS, "skew": "zipf", "zipf_exponent": ZIPF_EXPONENT,
+            "seed": jobs.SEED, "columnar": columnar}
+
+
 def source(rate: float | None, num_records: int | None, duration_s: float | None,
            columnar: bool = False) -> GeneratorSource:
-    return GeneratorSource(rate=rate, num_records=num_records, duration_s=duration_s,
-                           num_keys=NUM_KEYS, skew="zipf", zipf_exponent=ZIPF_EXPONENT,
-                           seed=jobs.SEED, columnar=columnar)
+    return GeneratorSource(**source_kwargs(rate, num_records, duration_s, columnar))
 
 
 def build(parallelism: int, source_parallelism: int, src: GeneratorSource, sink: Sink,
@@ -125,11 +149,20 @@ def interior_rate(timeline: list[dict[str, Any]]) -> tuple[float | None, int]:
     return sum(r["count"] for r in inner) / seconds, seconds
 
 
+def _label(actor: str) -> str:
+    """A job actor's short label: ``source0``, ``count1``, ``master``."""
+    parts = actor.split("/")
+    if len(parts) >= 3 and parts[1] in ("gen", "count"):
+        return ("source" if parts[1] == "gen" else "count") + parts[2]
+    return "master" if "master" in actor.lower() else parts[-1]
+
+
 def _sampled(p: int, args: argparse.Namespace, src: GeneratorSource, sink: Sink,
-             config: JobConfig, profile_it: bool) -> dict[str, Any]:
+             config: JobConfig, profile_it: bool, trace: bool = False) -> dict[str, Any]:
     """Run the job to its end while sampling its processes (and py-spying its first source
-    and count task when ``profile_it``): deploy time, span, state, pids, sampler, profiles,
-    wall start."""
+    and count task when ``profile_it``; with ``trace``, their scheduler statistics every
+    0.25 s, ``stalls.SchedSampler``): deploy time, span, state, pids, sampler, profiles,
+    wall start, sched samples."""
     t0 = time.monotonic()
     handle = build(p, args.source_parallelism, src, sink, config).run()
     t_started = time.monotonic()
@@ -139,6 +172,10 @@ def _sampled(p: int, args: argparse.Namespace, src: GeneratorSource, sink: Sink,
         pids = procs.wait_for_pids(handle.job_id, args.source_parallelism + p + 1)
         sampler = procs.RssSampler(pids, t_started, interval=0.25 if src.rate is None else 1.0)
         sampler.start()
+        sched = None
+        if trace:
+            sched = stalls.SchedSampler({_label(n): pid for n, pid in pids.items()})
+            sched.start()
         recorders: dict[str, Any] = {}
         if profile_it:
             targets = {label: pid for name, pid in pids.items()
@@ -151,6 +188,7 @@ def _sampled(p: int, args: argparse.Namespace, src: GeneratorSource, sink: Sink,
         span, state = run.wait_finished(handle, args.poll if src.rate is None else 0.5,
                                         timeout, since=t_started)
         sampler.stop()
+        sched_samples = sched.stop() if sched is not None else None
         if state != JobState.FINISHED or span is None:
             raise BenchRunError(f"run p={p} ended in state {state!r}; see the task logs above, "
                                 f"or raise --timeout ({args.timeout:g} s)")
@@ -158,7 +196,7 @@ def _sampled(p: int, args: argparse.Namespace, src: GeneratorSource, sink: Sink,
     finally:
         handle.stop()
     return {"deploy_s": t_started - t0, "span": span, "pids": pids, "sampler": sampler,
-            "profiles": profiles, "wall_started": wall_started}
+            "profiles": profiles, "wall_started": wall_started, "sched": sched_samples}
 
 
 def _timeline(sink: LatencySink, wall_started: float) -> list[dict[str, Any]]:
@@ -245,14 +283,30 @@ def run_bytewax(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_half_load(p: int, variant: str, rate: float, args: argparse.Namespace,
                   config: JobConfig) -> dict[str, Any]:
-    sink = LatencySink()  # the plain one: what a user measures latency with
-    src = source(rate, None, args.duration, variant == "columnar")
-    if variant == "columnar":
+    """One open-loop run at ``rate``; with ``args.trace``, the per-second stall evidence
+    (``harness.stalls``) beside the latency."""
+    columnar = variant == "columnar"
+    trace_dir = tempfile.mkdtemp(prefix="reflow-steady-trace-") if args.trace else None
+    if trace_dir is None:
+        sink = LatencySink()  # the plain one: what a user measures latency with
+        src = source(rate, None, args.duration, columnar)
+    else:
+        sink = stalls.TracedLatencySink(trace_dir)
+        src = stalls.TracedGeneratorSource(trace_dir, **source_kwargs(
+            rate, None, args.duration, columnar))
+    if columnar:
         config = columnar_config(config, args)
-    s = _sampled(p, args, src, sink, config, False)
+    s = _sampled(p, args, src, sink, config, False, trace=trace_dir is not None)
     warm_second = math.ceil(s["wall_started"] + args.warmup)
     h = an.merged(jobs.latency_seconds(sink), warm_second)
+    trace = None
+    if trace_dir is not None:
+        rows = stalls.per_second(sink.timeline(), s["sched"] or [],
+                                 stalls.read_probes(trace_dir))
+        rows = [r for r in rows if r["second"] >= warm_second]
+        trace = {"per_second": rows, "worst": stalls.worst(rows), "dir": trace_dir}
     return {
+        "trace": trace,
         "variant": variant,
         "parallelism": p,
         "rate": rate,
@@ -480,6 +534,16 @@ def print_table(results: dict[str, Any]) -> None:
           f"{la.get('loadavg_at_end', [0])[0]:.1f} at end\n")
 
 
+def _actor_cores(r: dict[str, Any]) -> str:
+    """Cores each of a run's actors used (``source0 0.95 count0 0.71 ...``), other: the
+    rest of the machine."""
+    c = r.get("cpu") or {}
+    per = sorted((_label(n), v) for n, v in (c.get("per_actor_cores") or {}).items())
+    if not per:
+        return "-"
+    return " ".join(f"{n} {v:.2f}" for n, v in per) + f" other {c['other_cores']:.2f}"
+
+
 def _cores(r: dict[str, Any]) -> str:
     c = r.get("cpu") or {}
     if not c:
@@ -569,6 +633,58 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
     return 0
 
 
+def print_trace(half: dict[str, Any]) -> None:
+    """The worst seconds of a traced half-load run, with what happened in them."""
+    trace = half.get("trace")
+    if not trace:
+        return
+    print("    worst seconds (p99 ms; per process CPU/run-queue wait ms; the longest event "
+          "of each kind, wall ms (its thread's CPU ms)):")
+    for r in trace["worst"]:
+        procs_ = sorted({k.split(".")[0] for k in r if k.endswith(".cpu_ms")})
+        sched = " ".join(f"{n} {r[n + '.cpu_ms']:.0f}/{r.get(n + '.wait_ms', 0):.0f}"
+                         for n in procs_)
+        events = " ".join(
+            f"{k[:-4]} {v:.0f}" + (f" ({r[k[:-4] + '_cpu_max']:.0f} cpu)"
+                                   if k[:-4] + "_cpu_max" in r else "")
+            for k, v in r.items() if k.endswith("_max") and not k.endswith("_cpu_max"))
+        print(f"      {r['second'] % 1000:03d}: p99 {r['p99_ms']:.1f} max {r['max_ms']:.1f} "
+              f"| {sched} other {r.get('other_ms', 0):.0f} | {events or '-'}")
+
+
+def half_load_only(args: argparse.Namespace, config: JobConfig,
+                   results: dict[str, Any]) -> int:
+    """``--half-rate``: ``--half-repeats`` rounds of half-load runs at that rate, the
+    variants and parallelisms alternated within each round; writes ``half-load.json``."""
+    results["half_load"] = []
+    run.init_ray()
+    try:
+        for rep in range(args.half_repeats):
+            for p in args.parallelism:
+                for v in args.variants:
+                    if v == "bytewax":
+                        continue
+                    half = run_half_load(p, v, args.half_rate, args, config)
+                    results["half_load"].append(half)
+                    lat = half["latency_after_warmup"]
+                    print(f"  round {rep + 1} {v} p={p} at {args.half_rate:,.0f}/s: p50 "
+                          f"{lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms  max "
+                          f"{lat['max_ms']:.1f} ms  cores job/other {_cores(half)}  load "
+                          f"{half['loadavg_at_end'][0]:.1f}", flush=True)
+                    print_trace(half)
+    finally:
+        run.shutdown_ray()
+    provenance.finish(results)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "half-load.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    la = results["machine"]
+    print(f"load average {la['loadavg_at_start'][0]:.1f} at start, "
+          f"{la.get('loadavg_at_end', [0])[0]:.1f} at end; wrote {path}")
+    return 0
+
+
 def full_speed_runs(args: argparse.Namespace, config: JobConfig,
                     results: dict[str, Any]) -> None:
     """Every (parallelism, variant) ``--repeats`` times, the variants alternated within
@@ -583,8 +699,8 @@ def full_speed_runs(args: argparse.Namespace, config: JobConfig,
                 results["full_speed"].append(r)
                 print(f"  repeat {rep + 1}/{args.repeats} {v} p={p}: "
                       f"{fmt0(r['in_out_throughput'])}/s first in -> last out, "
-                      f"{fmt0(r['records_per_cpu_s'])} per CPU-second, load "
-                      f"{r['loadavg_at_end'][0]:.1f}", flush=True)
+                      f"{fmt0(r['records_per_cpu_s'])} per CPU-second, cores "
+                      f"{_actor_cores(r)}, load {r['loadavg_at_end'][0]:.1f}", flush=True)
 
 
 def half_load_runs(args: argparse.Namespace, config: JobConfig,
@@ -604,6 +720,7 @@ def half_load_runs(args: argparse.Namespace, config: JobConfig,
             lat = half["latency_after_warmup"]
             print(f"  p50 {lat['p50_ms']:.1f} ms  p99 {lat['p99_ms']:.1f} ms  max "
                   f"{lat['max_ms']:.1f} ms", flush=True)
+            print_trace(half)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -641,6 +758,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     help="only the profiled full-speed run at the first parallelism, of the "
                          "first of --variants (rows for bytewax); writes "
                          "profile.json (not results.json)")
+    ap.add_argument("--trace", action="store_true",
+                    help="half-load runs also gather per-second stall evidence: collections, "
+                         "slow task steps, metrics answers and sink saves inside the task "
+                         "workers, and each job process's CPU and run-queue wait "
+                         "(harness/stalls.py); the worst seconds are printed")
+    ap.add_argument("--half-rate", type=float,
+                    help="only half-load runs, at this many records/s (no ceiling, floor or "
+                         "full-speed runs); writes half-load.json")
+    ap.add_argument("--half-repeats", type=int, default=1,
+                    help="with --half-rate: runs per variant and parallelism, alternated (1)")
     args = ap.parse_args(argv)
     cli.fill_defaults(args, TIMING)
     args.out = cli.out_dir(args, "steady")
@@ -696,6 +823,8 @@ def main(argv: list[str] | None = None) -> int:
     })
     if args.profile_only:
         return profile_only(args, config, results)
+    if args.half_rate:
+        return half_load_only(args, config, results)
     print(f"ceiling: plain loop over {args.records:,} pre-generated records ...")
     results["ceiling"] = measure_ceiling(args.records)
     print(f"  {results['ceiling']['throughput']:,.0f} records/s")

@@ -18,13 +18,15 @@ from migration.protocols.base import (
     protocol_used,
 )
 from migration.protocols.drrs import DRRS
+from migration.protocols.meces import MECES
 from migration.protocols.megaphone import BATCHED, FLUID
 from migration.protocols.non_disruptive import NON_DISRUPTIVE
 from migration.protocols.pause_resume import PAUSE_RESUME
 from migration.protocols.stop_restart import STOP_RESTART
 
 PROTOCOLS: dict[RescaleProtocol, ProtocolSpec] = {
-    p.name: p for p in (DRRS, STOP_RESTART, PAUSE_RESUME, FLUID, BATCHED, NON_DISRUPTIVE)}
+    p.name: p for p in (DRRS, STOP_RESTART, PAUSE_RESUME, FLUID, BATCHED, NON_DISRUPTIVE,
+                        MECES)}
 LIVE: dict[RescaleProtocol, ProtocolSpec] = {n: p for n, p in PROTOCOLS.items() if p.live}
 
 

@@ -9,6 +9,7 @@ the data plane every live protocol runs the same per-task state machine
 protocol           trigger  aligned  block  pause new   scheduling
 =================  =======  =======  =====  ==========  ================================
 drrs               yes      no       no     no          subscales at once, per-task limit
+meces              fetch    no       no     no          one step: a subscale per pair
 pause-resume       no       yes      yes    yes         one step: every group at once
 fluid              no       yes      yes    no          steps of one group, in sequence
 batched            no       yes      yes    no          steps of k groups (or a matching)
@@ -22,8 +23,12 @@ adds or drains tasks (``LiveMechanism``, ``protocol_used``); ``stop-restart`` st
 it is for every operator.
 
 *trigger*: predecessors send a priority trigger and the old owner migrates at once,
-re-routing later records (DRRS). *aligned*: the old owner ships a group's state only once
-every predecessor's confirm barrier is in, so nothing is ever re-routed. *block*: while
+re-routing later records (DRRS). *fetch* (``fetch_on_demand``, Meces): no trigger; the new
+owner fetches a group the moment a record of it finds the state missing, and the old owner
+starts on that first fetch or its first confirm barrier, then sends the rest in the
+background, re-routing later records as DRRS does. *aligned*: the old owner ships a group's
+state only once every predecessor's confirm barrier is in, so nothing is ever re-routed.
+*block*: while
 aligning, a channel that delivered its barrier is not read. *pause new*: the new owner reads
 nothing from a channel after its barrier until the state is in. In every live protocol the
 new owner sets aside records of a group whose state has not arrived (bounded, per channel).
@@ -43,6 +48,7 @@ class RescaleProtocol(NameEnum):
     """The protocols ``JobHandle.rescale`` accepts."""
 
     DRRS = "drrs"
+    MECES = "meces"
     STOP_RESTART = "stop-restart"
     PAUSE_RESUME = "pause-resume"
     FLUID = "fluid"
@@ -109,12 +115,24 @@ class ProtocolSpec:
     pause_new_owner: bool
     concurrent: bool  # True: subscales scheduled independently; False: steps in sequence
     planner: Callable[[PlanRequest], MigrationPlan]
+    fetch_on_demand: bool = False  # Meces: the new owner fetches a group on its first record
 
     def __post_init__(self) -> None:
-        if self.live and self.trigger == self.aligned:
-            raise ValueError(f"protocol {self.name}: exactly one of trigger and aligned")
+        if self.live and (self.trigger or self.fetch_on_demand) == self.aligned:
+            raise ValueError(f"protocol {self.name}: exactly one of trigger, "
+                             "fetch_on_demand and aligned")
+        if self.trigger and self.fetch_on_demand:
+            raise ValueError(f"protocol {self.name}: exactly one of trigger, "
+                             "fetch_on_demand and aligned")
         if self.block_aligned and not self.aligned:
             raise ValueError(f"protocol {self.name}: block_aligned needs aligned")
+
+    @property
+    def reroutes(self) -> bool:
+        """The old owner ships groups before every confirm is in and re-routes the records
+        of shipped groups it still finds (drrs, meces); the new owner waits for each
+        predecessor's confirm to come back through it."""
+        return self.live and not self.aligned
 
     def needs_profiles(self, request_planning: Any, subscale_bytes: int | None) -> bool:
         """Whether planning needs per-group load and size from the tasks."""

@@ -51,7 +51,7 @@ from tests.jobs import (
 pytestmark = pytest.mark.ray
 
 EXAMPLES = int(os.environ.get("REFLOW_ORACLE_EXAMPLES", "1"))
-LIVE_PROTOCOLS = ["drrs", "pause-resume", "fluid", "batched", "non-disruptive"]
+LIVE_PROTOCOLS = ["drrs", "pause-resume", "fluid", "batched", "non-disruptive", "meces"]
 RECORDS = 6000  # at 2,000 records/s: a 3 s job, longer with restarts
 MARGIN = 600
 
@@ -689,7 +689,9 @@ def test_the_oracle_with_incremental_checkpoints_is_exact_on_both_backends(
     checkpoints are incremental (``JobConfig.incremental_checkpoints``): the restores read
     key groups as chains of a full blob and deltas written by several checkpoints, and the
     output is the run's without faults. The retained checkpoints must hold such chains
-    (else the example proved nothing about them), and every file they refer to exists."""
+    (else the example proved nothing about them), and every file they refer to exists.
+    With local recovery on: the restarted tasks read their chains' links from the node's
+    copies (``engine.checkpoints.local``) where they have them, the store for the rest."""
     import sys
     from unittest import mock
 
@@ -702,7 +704,7 @@ def test_the_oracle_with_incremental_checkpoints_is_exact_on_both_backends(
     def incremental(root: str, **extra: Any) -> JobConfig:
         roots.append(root)
         return plain(root, incremental_checkpoints=True, state_backend=backend,
-                     state_dir=str(tmp_path / "state"), **extra)
+                     state_dir=str(tmp_path / "state"), local_recovery=True, **extra)
 
     with mock.patch.object(sys.modules[__name__], "checkpointed", incremental):
         _check(kind, protocol, start_p, actions, data_seed, 0)

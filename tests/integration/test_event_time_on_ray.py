@@ -154,7 +154,7 @@ def downstream_window_reference(records):
 
 @pytest.mark.parametrize("protocol", [
     "drrs", *(pytest.param(p, marks=pytest.mark.slow)
-              for p in ("pause-resume", "fluid", "batched", "non-disruptive"))])
+              for p in ("pause-resume", "fluid", "batched", "non-disruptive", "meces"))])
 def test_a_window_downstream_of_a_live_rescale_sees_no_late_record(ray_cluster, protocol):
     """The event-time invariant on Ray: a live rescale of the windowed "sum" (2 -> 4, then
     4 -> 2) while windows downstream of it, keyed by another key, fire; no record is late

@@ -2,7 +2,9 @@
 local Ray cluster: exact equality with their plain-Python references on seeded inputs, also
 with an operator rescaled live mid-run (every operator with every live protocol in the slow
 variant, one case per example a day in the default suite), plus the generators' shapes and
-the CSV readers on tiny files."""
+the CSV readers on tiny files. Every example script's own verdict line is asserted too
+(``result: OK`` on its whole output): twitch, stock exchange and fraud detection run by
+their ``main``, the latency controller (which must rescale), NEXMark's ``run.py``."""
 
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ from engine.errors import RescaleRefused
 from engine.io.sinks import LatencySink
 from engine.io.testing import SourceGate, TestingSink, TestingSource
 from examples import fraud_detection as fd
+from examples import latency_controller as lc
 from examples import stock_exchange as se
 from examples import twitch as tw
 from examples import wordcount as wc
+from examples.nexmark import run as nexmark_run
 from migration.protocols import LIVE
 from tests.jobs import Moment, check_reports
 
@@ -566,3 +570,127 @@ def test_wordcount_example_with_spark_rescaled_live(tmp_path, protocol):
     moved = re.search(rf"^{re.escape(protocol)} rescale of 'count' 2 -> 4 .*moved (\d+) key "
                       r"groups", proc.stdout, re.M)
     assert moved and int(moved.group(1)) > 0, proc.stdout
+
+
+# ============================================================================ verdict lines
+#
+# Each example script ends with a verdict on its whole output (issue 32 item 17): run by its
+# own ``main`` on a short input, it must print ``result: OK`` and return 0.
+
+VERDICT_OK = re.compile(r"^result: OK\b.*$", re.M)
+
+
+def _verdict_line(out: str) -> str:
+    lines = [x for x in out.splitlines() if x.startswith("result: ")]
+    assert lines, f"no verdict line in the example's output:\n{out[-3000:]}"
+    return lines[-1]
+
+
+@pytest.mark.parametrize("example,argv", [
+    (tw, ["--events", "3000", "--parallelism", "2", "--key-groups", "32"]),
+    (se, ["--events", "3000", "--parallelism", "2", "--key-groups", "32", "--symbols", "20"]),
+    (fd, ["--events", "3000", "--parallelism", "2", "--key-groups", "32"]),
+], ids=["twitch", "stock_exchange", "fraud_detection"])
+def test_example_main_ends_with_an_ok_verdict(ray_cluster, capsys, example, argv):
+    assert example.main(argv) == 0, capsys.readouterr().out[-3000:]
+    line = _verdict_line(capsys.readouterr().out)
+    assert line.startswith("result: OK (equals the plain-Python reference)"), line
+
+
+def test_latency_controller_rescales_in_time_and_its_output_is_exact(ray_cluster, capsys):
+    """The example's controller rescales (before: once, after the p99 had reached 37.9 s,
+    and no verdict): its verdict says OK only when a rescale ran and every key's counts
+    are exact, and its first scale-up is 1 -> 2 (its decisions are printed with when they
+    were made; no wall time is asserted)."""
+    rc = lc.main(["--duration", "20", "--calm", "60"])
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 0, out[-3000:]
+    line = _verdict_line(out)
+    assert re.match(r"result: OK \(rescaled [1-9]\d* times?; 30,000 records", line), line
+    ups = [m for m in re.finditer(r"^\s+-?[\d.]+ s  scale 'agg' to (\d+) \(drrs\): executed",
+                                  out, re.M)]
+    assert ups and int(ups[0].group(1)) == 2, out
+
+
+def test_latency_controller_verdict_fails_without_a_rescale_or_on_a_wrong_count():
+    expected = {1: 2, 2: 1}
+    assert lc.verdict([(1, 1), (2, 1), (1, 2)], expected) == []
+    assert lc.verdict([(1, 1), (2, 1)], expected)                  # a count missing
+    assert lc.verdict([(1, 2), (2, 1), (1, 1)], expected)          # out of order
+    assert lc.verdict([(1, 1), (2, 1), (1, 2), (3, 1)], expected)  # a key too many
+
+
+def test_nexmark_run_checks_its_whole_output(ray_cluster, capsys):
+    """``run.py`` checks every output by default (before: only with --check, and the
+    default run's Q7 had one window, so one record was checked): here ten 2-second
+    windows of Q7 at parallelism 2, all equal to reference.py's."""
+    argv = ["--query", "q7", "--events", "20000", "--size-ms", "2000", "--parallelism", "2",
+            "--key-groups", "32", "--timeout", "300"]
+    rc = nexmark_run.main(argv)
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    line = _verdict_line(out)
+    m = re.match(r"result: OK \(all ([\d,]+) results equal the reference \(([\d,]+) "
+                 r"windows\)\)", line)
+    assert m and int(m.group(2).replace(",", "")) >= 9, line
+
+
+def test_nexmark_compare_fails_on_an_empty_reference_or_a_difference():
+    assert nexmark_run.compare("q7", [], [], 2)[0] is False               # nothing checked
+    ok, detail = nexmark_run.compare("q7", [(0, 10, 1, 2, 3, 4)], [(0, 10, 1, 2, 3, 4)], 2)
+    assert ok and "1 windows" in detail
+    assert nexmark_run.compare("q1", [(1,), (2,)], [(2,), (1,)], 2)[0]      # a multiset
+    assert not nexmark_run.compare("q7", [(0, 10, 1, 2, 3, 4)], [(0, 10, 1, 2, 3, 5)], 2)[0]
+
+
+def test_wordcount_verdict_checks_every_word():
+    from collections import Counter as C
+
+    occurrences = C({"a": 2, "b": 1})
+    assert wc.check_counts({"a": (2, 1, 2, 2), "b": (1, 1, 1, 1)}, occurrences) == []
+    assert wc.check_counts({"a": (2, 1, 2, 1), "b": (1, 1, 1, 1)}, occurrences)  # a repeat
+    assert wc.check_counts({"a": (2, 1, 2, 2)}, occurrences)                     # b missing
+
+
+def _slo_window(marker_ms: float, backlog: int, backlog_change: int, busy: float = 0.95):
+    """A 4-second metrics window: the source read 4,000 records (1,000/s) and ends with
+    ``backlog`` records due and unread (``backlog_change`` over the window); the keyed
+    operator's one task was ``busy`` of the time; the markers' latency was ``marker_ms``."""
+    from engine.observability.latency import LatencyHistogram
+    from engine.observability.rates import MetricsWindow, OperatorRates, TaskRates
+
+    def task(op: str, **kw: Any) -> TaskRates:
+        base = dict(task=f"{op}/0", operator=op, task_index=0, seconds=4.0, records_in=4000,
+                    records_out=4000, useful_s=4.0 * busy, idle_s=0.0, backpressured_s=0.0,
+                    queued_frames=0, state_bytes=0, key_groups=0)
+        return TaskRates(**{**base, **kw})
+
+    h = LatencyHistogram()
+    h.observe_many([marker_ms] * 100)
+    return MetricsWindow(0.0, 4.0, {
+        "gen": OperatorRates("gen", 4.0, (task("gen", source_backlog=backlog,
+                                                backlog_change=backlog_change),)),
+        "agg": OperatorRates("agg", 4.0, (task("agg"),))}, h)
+
+
+def test_latency_controller_counts_the_sources_lag():
+    """Markers see only the queue inside the job: with their p99 at 200 ms under an SLO of
+    500 ms, a source 1.5 s behind its schedule (1,500 records due, read at 1,000/s) is over
+    the SLO and the controller adds a task (before: no change until the markers' p99 passed
+    the SLO, 70 s into the run). A backlog that drains within the window changes nothing;
+    no lag and idle tasks (p > 1) start the calm period."""
+    from types import SimpleNamespace
+
+    def view(p: int) -> Any:
+        return SimpleNamespace(rescaling=False, finishing=False, now=100.0,
+                               operator=lambda name: SimpleNamespace(parallelism=p))
+
+    c = lc.LatencySLO("agg", "gen", 500.0, 6)
+    d = c.decide(_slo_window(200.0, 1500, 2000), view(1))
+    assert d.kind == "scale" and d.parallelism == 2, d
+    assert "source lag 1,500" in d.reason, d.reason
+    d = c.decide(_slo_window(200.0, 1500, -2000), view(2))          # drains in 3 s
+    assert d.kind == "no-change" and "drains" in d.reason, d
+    d = c.decide(_slo_window(50.0, 0, 0, busy=0.1), view(2))
+    assert d.kind == "no-change" and d.reason.startswith("calm"), d

@@ -101,6 +101,41 @@ def test_a_crashed_jobmaster_reconciles_with_its_live_tasks(ray_cluster, tmp_pat
     assert per_key(sink.results()) == per_key(running_sum_reference(RECORDS))
 
 
+def test_a_jobmaster_crashed_after_a_restart_reconciles_with_the_recycled_task_actors(
+        ray_cluster, tmp_path):
+    """A task killed, the job restarted with the live tasks' processes reused (each keeps
+    its first task's Ray name while it runs the next generation's task), then the
+    JobMaster crashes: the new one finds those tasks by asking the job's actors which task
+    they run, and reconciles (no second restart). Before, it looked them up by task name
+    only, found them missing, and restarted the job."""
+    sink = TestingSink(str(tmp_path / "out"))
+    moment = Moment.at(2500, 500, len(RECORDS))
+    cfg = checkpointed(str(tmp_path / "chk"), restart_attempts=3)
+    h = running_sum_job(RECORDS, 2, sink, rate=3000, gates=moment.gates,
+                        config=cfg).run(detached=True)
+    try:
+        moment.wait(h)
+        _checkpoint_after(h)
+        ray.kill(ray.get_actor(task_actors(h, "sum")[0], namespace=NAMESPACE))
+        wait_until(lambda: h.status().restarts_completed >= 1
+                   and h.status().state == "running", "the restart", h)
+        _checkpoint_after(h)
+        renamed = [t for t in _all_tasks(h) if t.endswith("/g0")]
+        assert renamed, f"no task actor was reused: {_all_tasks(h)}"
+        _crash(h)
+        wait_until(lambda: h.status().master_epoch == 2, "the takeover", h)
+        moment.start.open()
+        moment.end.open()
+        st = h.wait(240)
+        assert st.state == "finished", st
+        assert st.restarts == 1, f"the takeover restarted the job: {st.last_failure}"
+        assert "reconcile" in st.last_failure, st.last_failure
+    finally:
+        moment.release()
+        h.stop()
+    assert per_key(sink.results()) == per_key(running_sum_reference(RECORDS))
+
+
 def test_a_jobmaster_crashed_during_a_rescale_restarts_the_job_from_its_checkpoint(
         ray_cluster, tmp_path):
     sink = TestingSink(str(tmp_path / "out"))

@@ -79,9 +79,9 @@ def _dead(pid: int) -> bool:
 
 def test_rocksdb_directories_follow_the_tasks_through_a_kill_rescales_and_the_end(
         ray_cluster: Any, tmp_path: Any) -> None:
-    """Issue 29: a task's RocksDB directory lives as long as the task. A killed task's
-    (and those its restart killed) are removed when a task next starts on the node, once
-    their processes are gone; a task a live scale-in removes closes its backend when it
+    """Issue 29: a task's RocksDB directory lives as long as the task. A killed task's is
+    removed when a task next starts on the node, once its process is gone; a task whose
+    process a restart reuses closes its backend and removes its directory as it stops; a task a live scale-in removes closes its backend when it
     stops (its directory goes with the rescale); at the job's end every task is stopped
     and no directory is left. The output is exact throughout."""
     state_dir = tmp_path / "state"
@@ -100,11 +100,14 @@ def test_rocksdb_directories_follow_the_tasks_through_a_kill_rescales_and_the_en
         done = h.status().checkpoints.completed
         wait_until(lambda: h.status().checkpoints.completed > done, "a checkpoint", h)
         checkpoints_on_ray.kill(task_actors(h, "sum")[0])
-        wait_until(lambda: h.status().restarts >= 1, "the restart", h)
-        # the killed task and its sibling (killed by the restart) left their directories;
-        # they go when a task starts after their processes are gone
-        wait_until(lambda: all(_dead(p) for p in before.values()),
-                   "the killed tasks' processes to exit", h)
+        wait_until(lambda: h.status().restarts_completed >= 1, "the restart", h)
+        # the killed task left its directory (it goes when a task starts after its process
+        # is gone); its sibling's process runs a restarted task (recovery reuses it) and
+        # its old backend was closed, its directory removed, when it stopped its old task
+        wait_until(lambda: any(_dead(p) for p in before.values()),
+                   "the killed task's process to exit", h)
+        alive = {d for d, p in before.items() if not _dead(p)}
+        assert len(alive) == 1 and not alive & set(_instances(state_dir)), (before, alive)
         first.start.open()
         h.rescale("sum", 3, "drrs")
         first.end.open()

@@ -46,6 +46,9 @@ def _write(folder, addr: registry.JobAddress | dict) -> None:
 def jobs(tmp_path, monkeypatch):
     monkeypatch.setenv(registry.ENV_DIR, str(tmp_path))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # as the ``reflow`` command's own process: connected to no cluster, whatever an earlier
+    # test of this pytest process left connected (the session's Ray cluster)
+    monkeypatch.setattr(registry, "connected_address", lambda: None)
     return tmp_path
 
 
@@ -235,7 +238,11 @@ def test_an_ended_jobs_status_in_json_is_the_whole_status_and_exits_1(monkeypatc
 
 
 def test_the_help_of_run_says_what_detached_does(capsys):
+    def connected() -> bool:
+        return sys.modules.get("ray") is not None and sys.modules["ray"].is_initialized()
+
+    before = connected()  # an earlier test of this process may have connected
     with pytest.raises(SystemExit):
         cli.main(["run", "--help"])
     assert "REFLOW_DETACHED=1" in capsys.readouterr().out
-    assert sys.modules.get("ray") is None or not sys.modules["ray"].is_initialized()
+    assert connected() == before  # the help connected to no cluster

@@ -1309,7 +1309,7 @@ def _refresh(net, owner: str, holder: str, kg: int, held: int) -> tuple[Replicas
     return reply, net[holder].handle(update)
 
 
-@pytest.mark.parametrize("protocol", ["drrs", "non-disruptive"])
+@pytest.mark.parametrize("protocol", ["drrs", "non-disruptive", "meces"])
 def test_a_migration_to_a_fresh_replica_ships_only_the_changes(clock, sink, protocol):
     keys = [key_in(A, i) for i in range(30)]
     recs = [(k, 1) for k in keys] + [(b, 2)]

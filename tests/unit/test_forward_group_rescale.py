@@ -238,7 +238,7 @@ def test_a_keyed_operator_rescales_live_with_its_forward_partners(
 #: the partner's tasks do not relay GroupLeft/GroupArrived (checked when written; the
 #: pause-resume seeds never did: its aligned pause leaves nothing in flight)
 ORDER_SEEDS = {"batched": (9, 18), "drrs": (8, 12), "fluid": (0, 2),
-               "non-disruptive": (1, 2), "pause-resume": (11, 12)}
+               "non-disruptive": (1, 2), "pause-resume": (11, 12), "meces": (38, 62)}
 
 
 @pytest.mark.parametrize("protocol", sorted(LIVE))

@@ -292,7 +292,7 @@ def forked_job(records, sink, *, config=CFG) -> StreamJob:
 
 
 @pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("protocol", ["drrs", "pause-resume", "non-disruptive"])
+@pytest.mark.parametrize("protocol", ["drrs", "pause-resume", "non-disruptive", "meces"])
 def test_stateless_tasks_relay_holds_across_a_forward_edge(clock, tmp_path, protocol, seed):
     """A rebalance of "sum" at the same parallelism (a forward edge allows it): the old
     owner's hold reaches the window through "tag" task s and the new owner's release

@@ -42,22 +42,23 @@ from collections.abc import Iterable, Sequence
 
 from engine.checkpoints.store import read_groups
 from engine.errors import RestoreError
-from engine.state.backends import StateConfig, remove_abandoned, state_root
+from engine.state.backends import (
+    LOCK_FILE,
+    StateConfig,
+    path_component,
+    remove_abandoned,
+    state_root,
+)
 
 #: the folder under a node's state root that holds local recovery copies
 LOCAL_FOLDER = "local-recovery"
-_LOCK_FILE = "reflow.lock"  # the name engine.state.backends.remove_abandoned checks
 
 GroupRef = tuple[int, str, int, int, int]  # (key group, URI, offset, length, crc32)
 
 
 def local_root(config: StateConfig, job_id: str) -> str:
     """The folder of job ``job_id``'s local copies on this node."""
-    return os.path.join(state_root(config), LOCAL_FOLDER, _safe(job_id))
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._=-" else "_" for c in name) or "_"
+    return os.path.join(state_root(config), LOCAL_FOLDER, path_component(job_id or "job"))
 
 
 def copy_name(uri: str) -> str:
@@ -96,7 +97,7 @@ class LocalCopies:
             remove_abandoned(os.path.dirname(self.root))
             directory = os.path.join(parent, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
             os.makedirs(directory, exist_ok=True)
-            fd = os.open(os.path.join(directory, _LOCK_FILE), os.O_CREAT | os.O_RDWR, 0o600)
+            fd = os.open(os.path.join(directory, LOCK_FILE), os.O_CREAT | os.O_RDWR, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             self._lock, self.directory = fd, directory
         return self.directory

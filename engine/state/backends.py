@@ -50,7 +50,7 @@ class StateConfig(Protocol):
 #: the folder of the system's temporary directory under which tasks keep RocksDB state
 #: when ``JobConfig.state_dir`` is None
 DEFAULT_STATE_FOLDER = "reflow-state"
-_LOCK_FILE = "reflow.lock"  # engine.state.rocksdb's lock file
+LOCK_FILE = "reflow.lock"  # flock'ed in an instance directory while it is in use
 
 
 def state_root(config: StateConfig) -> str:
@@ -58,14 +58,14 @@ def state_root(config: StateConfig) -> str:
     return config.state_dir or os.path.join(tempfile.gettempdir(), DEFAULT_STATE_FOLDER)
 
 
-def _safe(name: str) -> str:
+def path_component(name: str) -> str:
     """``name`` as one path component (task names hold ``/`` and spaces at times)."""
     return re.sub(r"[^A-Za-z0-9._=-]", "_", name) or "_"
 
 
 def task_state_dir(config: StateConfig, job_id: str, task_name: str) -> str:
     """The folder of every instance of task ``task_name`` of job ``job_id`` on this node."""
-    return os.path.join(state_root(config), _safe(job_id or "job"), _safe(task_name or "task"))
+    return os.path.join(state_root(config), path_component(job_id or "job"), path_component(task_name or "task"))
 
 
 def _pid_alive(pid: int) -> bool:
@@ -89,7 +89,7 @@ def _abandoned(instance: str) -> bool:
     if pid != os.getpid() and _pid_alive(pid):
         return False
     try:
-        lock = open(os.path.join(instance, _LOCK_FILE), "ab")  # noqa: SIM115 - closed below
+        lock = open(os.path.join(instance, LOCK_FILE), "ab")  # noqa: SIM115 - closed below
     except OSError:
         return False
     with lock:

@@ -73,6 +73,7 @@ import msgpack
 import rocksdict as rd
 
 from engine.errors import CodecError, ReflowError, StateBackendError
+from engine.state.backends import LOCK_FILE
 from engine.state.incremental import array_header, lengths_bytes, lengths_of
 from engine.state.keyed import (
     _DELTA_TAG,
@@ -97,7 +98,6 @@ _MAX_LOANS = 4096  # loans written back early, when fast paths read many mutable
 # fsync, and the flushed memtable scans ~1.5x faster afterwards than the ingested file
 _BATCH_BYTES = 16 << 20
 _MISSING = object()
-_LOCK_FILE = "reflow.lock"
 
 _GROUP_TAG = pack_exact(GROUP_TAG)
 
@@ -183,7 +183,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         path = self.directory
         try:
             os.makedirs(path, exist_ok=True)
-            lock = open(os.path.join(path, _LOCK_FILE), "ab")  # noqa: SIM115 - held while open
+            lock = open(os.path.join(path, LOCK_FILE), "ab")  # noqa: SIM115 - held while open
         except OSError as exc:
             raise self._error(f"cannot create the state directory ({exc.strerror or exc}); "
                               "give the task a writable directory") from exc

@@ -49,9 +49,13 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    (``cpu_per_task``, else its reservation, else measured from its CPU time, else 1). A
    bound never scales an operator down.
 8. **No flapping.** No decision while a rescale runs, nor within ``stabilisation_s`` after
-   one ends (and the metrics window never spans a rescale); a scale-up is carried out at
-   once, a scale-down only after it was recommended continuously for
-   ``scale_down_delay_s``, and then to the highest parallelism recommended meanwhile.
+   one ends (and the metrics window never spans a rescale), nor on a window a task's
+   counters span longer than (useful + idle + backpressured time over ``_OVERSPAN`` x the
+   window: its snapshot at the start was late or missing, so its rates and utilisation
+   are inflated: "377% busy" and a source read at 2.8x its rate on a loaded machine,
+   issue 32); a scale-up is carried out at once, a scale-down only after it was
+   recommended continuously for ``scale_down_delay_s``, and then to the highest
+   parallelism recommended meanwhile.
 
 ``estimate`` is the pure computation (one ``Estimate`` per operator); ``decide`` adds the
 band, the delays and the decisions. Subclasses change ``disruption_s`` (what an action
@@ -77,6 +81,9 @@ from engine.observability.rates import OperatorRates
 
 _BLOCKED = 0.1  # a source backpressured longer than this share of the window wanted more
 _SATURATED = 0.9  # a busiest task at least this busy (CPU wait excluded) takes no more
+# a task's accounted time (useful + idle + backpressured) beyond this many times the window:
+# its counters are not the window's (its snapshot at the start was late or missing)
+_OVERSPAN = 1.25
 
 
 @dataclass(frozen=True)
@@ -404,12 +411,25 @@ class DS2(Controller):
         if metrics.seconds < self.min_window_s:
             return (f"metrics window of {metrics.seconds:.1f} s is shorter than "
                     f"{self.min_window_s:g} s")
-        return ""
+        return _overspan(metrics)
 
     def finish(self, decisions: list[Decision], estimates: Mapping[str, Estimate],
                metrics: MetricsWindow, view: JobView) -> list[Decision]:
         """What becomes of the recommended scale decisions (DS2 carries them all out)."""
         return decisions
+
+
+def _overspan(metrics: MetricsWindow) -> str:
+    """Why the window does not measure ("" when it does): a task whose accounted time
+    exceeds ``_OVERSPAN`` x the window."""
+    for r in metrics.operators.values():
+        for t in r.tasks:
+            spent = t.useful_s + t.idle_s + t.backpressured_s
+            if t.seconds > 0 and spent > _OVERSPAN * t.seconds:
+                return (f"waiting for a window that measures: task {t.task}'s counters span "
+                        f"{spent:.1f} s of a {t.seconds:.1f} s window (its snapshot at the "
+                        "start was late or missing)")
+    return ""
 
 
 __all__ = ["DS2", "Estimate", "even_split"]

@@ -55,6 +55,7 @@ from engine import (  # noqa: E402
     JobConfig,
     KeyedProcessFunction,
     Sink,
+    Source,
     SourceGate,
     StreamJob,
     TestingSink,
@@ -218,13 +219,20 @@ def loyalty_score(minutes: int, sessions: int, days: int) -> float:
 
 class Loyalty(KeyedProcessFunction):
     """Per (viewer, streamer): running minutes, sessions and distinct days (keyed state);
-    emits ``("loyalty", viewer, streamer, minutes, sessions, days, score)`` per segment."""
+    emits ``("loyalty", viewer, streamer, minutes, sessions, days, score)`` per segment.
+    ``pad_bytes``: also that many bytes of state per pair (benchmarks size the state)."""
+
+    def __init__(self, pad_bytes: int = 0) -> None:
+        self.pad_bytes = pad_bytes
 
     def open(self, ctx: Any) -> None:
         self.stats = ctx.value_state("stats")
+        self.pad = ctx.value_state("pad")
 
     def process_element(self, seg: tuple, ctx: Any) -> Iterable[tuple]:
         user, streamer, minutes, start = seg
+        if self.pad_bytes and self.pad.value() is None:
+            self.pad.update(bytes(self.pad_bytes))
         st = self.stats.value() or [0, 0, {}]
         st[0] += minutes
         st[1] += 1
@@ -240,30 +248,43 @@ def build(lines: list[str], sink: Sink, parallelism: int = 2, *, rate: float | N
           engagement_window_ms: int = HOUR_MS, watch_window_ms: int = DAY_MS,
           watermark_interval_ms: float = 50.0, late_sink: Sink | None = None,
           sink_parallelism: int = 1,
-          gate: SourceGate | Sequence[SourceGate] | None = None) -> StreamJob:
+          gate: SourceGate | Sequence[SourceGate] | None = None,
+          source: Source | None = None,
+          parallelism_of: dict[str, int] | None = None,
+          loyalty_pad_bytes: int = 0) -> StreamJob:
     """The Twitch job over raw ``lines`` (one source task, so per-viewer order is the line
     order); every output goes to ``sink`` tagged ``engagement``/``watch``/``loyalty``.
-    ``gate``: holds the source at a record (tests rescale there)."""
+    ``gate``: holds the source at a record (tests rescale there). ``source``: reads the
+    lines instead of a ``TestingSource`` over ``lines`` (the DRRS benchmark replays them
+    open-loop: ``examples.bench.harness.replay``); ``parallelism_of``: operator name ->
+    parallelism for the keyed operators (default ``parallelism``); ``loyalty_pad_bytes``:
+    state padding per (viewer, streamer) pair (``Loyalty``)."""
+    par = (parallelism_of or {}).get
     if bound_ms >= gap_ms:
         raise ValueError("the watermark bound must be below the session gap")
     job = StreamJob("twitch", num_key_groups=key_groups, parallelism=parallelism,
                     config=config or JobConfig())
     events = (
-        job.source(TestingSource(lines, rate=rate, timestamp_fn=event_time, gate=gate),
+        job.source(source or TestingSource(lines, rate=rate, timestamp_fn=event_time,
+                                           gate=gate),
                    name="lines",
                    parallelism=1, watermarks=WatermarkStrategy(bound_ms, watermark_interval_ms))
         .map(parse, name="parse")
         .filter(is_valid, name="valid")
     )
-    sessions = events.key_by(viewer_of).process(Sessionise(gap_ms), name="sessionise")
+    sessions = events.key_by(viewer_of).process(Sessionise(gap_ms), name="sessionise",
+                                                parallelism=par("sessionise"))
     segs = sessions.flat_map(segments, name="segments")
     engagement = (segs.key_by(streamer_of)
                   .window(tumbling_event_time(engagement_window_ms), late_sink=late_sink)
-                  .aggregate(Engagement(), engagement_result, name="engagement"))
+                  .aggregate(Engagement(), engagement_result, name="engagement",
+                             parallelism=par("engagement")))
     watch = (sessions.key_by(viewer_of)
              .window(tumbling_event_time(watch_window_ms), late_sink=late_sink)
-             .aggregate(WatchTime(), watch_result, name="watch_time"))
-    loyalty = segs.key_by(viewer_streamer).process(Loyalty(), name="loyalty")
+             .aggregate(WatchTime(), watch_result, name="watch_time",
+                        parallelism=par("watch_time")))
+    loyalty = segs.key_by(viewer_streamer).process(Loyalty(loyalty_pad_bytes), name="loyalty",
+                                                   parallelism=par("loyalty"))
     engagement.union(watch, loyalty).sink(sink, name="sink", parallelism=sink_parallelism)
     return job
 

@@ -86,6 +86,12 @@ from migration.protocols import (
     ProtocolSpec,
     RescaleProtocol,
 )
+from migration.protocols.drrs import (
+    DrrsMechanism,
+    describe_without,
+    drrs_without,
+    parse_without,
+)
 from migration.report import RescaleReport
 from migration.scheduling import StepScheduler, SubscaleScheduler
 
@@ -121,7 +127,9 @@ class RescaleRequest:
     ``reason``: who asked and why (a user call, a controller's decision); ``place``:
     ``(task index, node id)`` for a placement (``Placement``: the task moves to that Ray
     node, ``parallelism`` stays); ``strategy``: how to choose the target assignment
-    (``migration.assignment.AssignmentSpec``; None with no ``assignment``: uniform ranges)."""
+    (``migration.assignment.AssignmentSpec``; None with no ``assignment``: uniform ranges);
+    ``without``: DRRS mechanisms switched off (``migration.protocols.drrs.DrrsMechanism``,
+    the ablation; only with protocol drrs, ``ValueError`` otherwise)."""
 
     operator: str
     parallelism: int
@@ -131,13 +139,19 @@ class RescaleRequest:
     reason: str = "requested"
     place: tuple[int, str] | None = None
     strategy: AssignmentSpec | None = None
+    without: frozenset[DrrsMechanism] = frozenset()
 
     def __post_init__(self) -> None:
         check_count(f"rescale of {self.operator!r}: parallelism", self.parallelism)
+        object.__setattr__(self, "without", parse_without(self.without))
         if self.assignment is not None and self.strategy is not None:
             raise ValueError(f"rescale of {self.operator!r}: give an assignment or a strategy, "
                              "not both")
         object.__setattr__(self, "protocol", RescaleProtocol.parse(self.protocol, "protocol"))
+        if self.without and self.protocol != RescaleProtocol.DRRS:
+            raise ValueError(f"rescale of {self.operator!r}: without= switches off mechanisms "
+                             f"of drrs ({', '.join(sorted(self.without))}); protocol "
+                             f"'{self.protocol}' has none of them")
         if self.place is not None:
             check_count(f"placement of {self.operator!r}: task index", self.place[0], 0)
             if self.place[0] >= self.parallelism:
@@ -394,7 +408,8 @@ class RescaleCoordinator:
         self.config = ctx.config
         self.clock = clock
         self.vertex = request.operator
-        self.spec: ProtocolSpec = PROTOCOLS[request.protocol]
+        self.spec: ProtocolSpec = (drrs_without(request.without) if request.without
+                                   else PROTOCOLS[request.protocol])
         self.dep = ctx.deployment
         self.phase = Phase.HOLD
         self.committed = False
@@ -609,6 +624,9 @@ class RescaleCoordinator:
             cfg.drrs_subscale_size, cfg.drrs_subscale_bytes, cfg.batched_step_size,
             cfg.batched_matching))
         self.ctx.subscale_ids.take(len(plan.subscales))
+        if self.spec.without:
+            plan = dataclasses.replace(
+                plan, reason=f"drrs {describe_without(self.spec.without)}; {plan.reason}")
         return plan
 
 
@@ -672,7 +690,8 @@ class LiveRescale(RescaleCoordinator):
         # drrs: subscales at once follow the machine's idle cores (migration.pacing)
         self.pacer = (HeadroomPacer(ctx.max_subscales,
                                     max_chunk_bytes=ctx.config.drrs_max_chunk_bytes)
-                      if self.spec.concurrent and ctx.config.drrs_pacing else None)
+                      if self.spec.concurrent and self.spec.divided and ctx.config.drrs_pacing
+                      else None)
 
     def on_headroom(self, idle_cores: float) -> None:
         """A measurement of the idle cores the migration could use (the runtime sends one
@@ -789,7 +808,8 @@ class LiveRescale(RescaleCoordinator):
             s.first_start if s.first_start is not None else done, s.rerouted, s.suspended,
             s.delay, tuple(s.timings), self.superseded, self._reason(plan),
             len(plan.steps) if not self.spec.concurrent else 1, len(plan.moved),
-            with_partners=self._with_partners(old_p != len(self._names))))
+            with_partners=self._with_partners(old_p != len(self._names)),
+            without=tuple(sorted(self.spec.without))))
 
     def _creation(self, new_names: tuple[str, ...]
                   ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
@@ -820,11 +840,16 @@ class LiveRescale(RescaleCoordinator):
         return gone
 
     def _reason(self, plan: MigrationPlan) -> str:
-        if not self.spec.concurrent:
+        spec = self.spec
+        if not spec.concurrent:
             return plan.reason
+        acyclic = ("; no two running subscales in a cycle of (old, new) pairs"
+                   if spec.coupled or not spec.schedule_records else "")
+        if not spec.divided:
+            return f"{plan.reason}{acyclic}"
         paced = "" if self.pacer is None else f"; {self.pacer.describe()}"
         return (f"{plan.reason}; at most {self.ctx.max_subscales} at once and "
-                f"{self.config.drrs_max_subscales_per_task} per task{paced}")
+                f"{self.config.drrs_max_subscales_per_task} per task{paced}{acyclic}")
 
     def _run_subscales(self, plan: MigrationPlan) -> Generator[Command, Any, None]:
         cfg, clock, vertex = self.config, self.clock, self.vertex
@@ -833,9 +858,16 @@ class LiveRescale(RescaleCoordinator):
         owned = {i: current.count(i) for i in range(work_p)}
         sched: SubscaleScheduler | StepScheduler
         if self.spec.concurrent:
-            sched = SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task,
-                                      self.ctx.max_subscales if self.pacer is None
-                                      else self.pacer.limit)
+            spec = self.spec
+            # channels may wait on a migration: no cycle of running subscales
+            acyclic = spec.coupled or not spec.schedule_records
+            if spec.divided:
+                sched = SubscaleScheduler(plan, owned, cfg.drrs_max_subscales_per_task,
+                                          self.ctx.max_subscales if self.pacer is None
+                                          else self.pacer.limit, acyclic=acyclic)
+            else:
+                sched = SubscaleScheduler(plan, owned, max(1, len(plan.subscales)), None,
+                                          acyclic=acyclic, bounded=False)
         else:
             sched = StepScheduler(plan.steps)
         self._sched = sched
@@ -914,10 +946,11 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
     expect = [
         Call(d_name, ExpectIncoming(sub.subscale_id, sub.key_groups, direct, rcid,
                                     spec.reroutes, s_name, chunk_bytes,
-                                    spec.fetch_on_demand), (s_name,)),
+                                    spec.fetch_on_demand, spec.schedule_records), (s_name,)),
         Call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
                                     OutputChannel(rcid, d_name, REROUTE_PORT), len(direct),
-                                    spec.aligned, spec.block_aligned, with_replica), (d_name,)),
+                                    spec.aligned, spec.block_aligned, with_replica,
+                                    spec.coupled), (d_name,)),
     ]
     inject = [Call(u, InjectSubscale(sub.subscale_id, e.edge_id, sub.key_groups, sub.new,
                                      spec.trigger, spec.pause_new_owner)) for e, u in preds]

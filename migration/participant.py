@@ -50,6 +50,11 @@ Guarantees:
   the migration there with the fetched group. The rest follow in the background, one pull at
   a time while no fetch is in flight. A group never goes back: the old owner re-routes the
   records of a shipped group it still finds (as drrs) instead of fetching the state back.
+* The DRRS ablation (``migration.protocols.drrs.drrs_without``): with
+  ``ExpectOutgoing.coupled`` the old owner freezes the groups on the first confirm and
+  migrates on the last (no trigger), forwarding every confirm first; with
+  ``ExpectIncoming.schedule_records`` off a record that must wait stops its channel (nothing
+  set aside) and pulls follow the subscale's order.
 """
 
 from __future__ import annotations
@@ -212,6 +217,7 @@ class _Outgoing:
     predecessors: int  # how many confirms to expect
     aligned: bool = False  # ship once every confirm is in (no re-routing)
     block: bool = False  # and do not read a channel after its confirm until then
+    coupled: bool = False  # drrs without decoupled barriers: migrate on the last confirm
     confirms: set[int] = field(default_factory=set)
     migrated: bool = False  # triggered (drrs): its groups may be pulled
     pulled: set[int] = field(default_factory=set)
@@ -232,11 +238,11 @@ class OldOwnerRole:
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...], new_owner: str,
                reroute_channel: int, predecessors: int, aligned: bool = False,
-               block: bool = False) -> None:
+               block: bool = False, coupled: bool = False) -> None:
         if subscale_id not in self.subscales:
             self.subscales[subscale_id] = _Outgoing(
                 subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors,
-                aligned, block)
+                aligned, block, coupled)
 
     def should_migrate(self, subscale_id: int) -> bool:
         """True exactly once per subscale: on its first trigger or confirm barrier. A trigger
@@ -308,6 +314,7 @@ class _Incoming:
     requested: set[int] | None = None  # None until the old owner was triggered
     fetch_on_demand: bool = False  # meces: fetch a group on its first record that must wait
     fetched: set[int] = field(default_factory=set)  # meces: asked for by a record
+    schedule_records: bool = True  # False: a record that must wait stops its channel
     bytes_in: int = 0
     chunk_bytes: int = 0  # state that may be in flight beyond one group
 
@@ -334,13 +341,13 @@ class NewOwnerRole:
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
                direct_channels: tuple[int, ...], reroute_channel: int,
                confirm_needed: bool = True, old_owner: str = "", chunk_bytes: int = 0,
-               fetch_on_demand: bool = False) -> None:
+               fetch_on_demand: bool = False, schedule_records: bool = True) -> None:
         if subscale_id in self.subscales:
             return
         self.subscales[subscale_id] = _Incoming(
             subscale_id, tuple(key_groups), frozenset(direct_channels), reroute_channel,
             confirm_needed, old_owner, chunk_bytes=chunk_bytes,
-            fetch_on_demand=fetch_on_demand)
+            fetch_on_demand=fetch_on_demand, schedule_records=schedule_records)
         for kg in key_groups:
             self.group_subscale[kg] = subscale_id
 
@@ -383,7 +390,7 @@ class NewOwnerRole:
             return None
         waiting = {kg: 0 for kg in left}
         for (_, kg), recs in self.aside.items():
-            if kg in waiting:
+            if kg in waiting and inc.schedule_records:
                 waiting[kg] += len(recs)
         best = min(left, key=lambda kg: (-waiting[kg], inc.sizes.get(kg, 0),
                                          inc.key_groups.index(kg)))
@@ -437,7 +444,12 @@ class NewOwnerRole:
         return self.subscales.pop(subscale_id)
 
     # -- set-aside buffers
-    def can_set_aside(self) -> bool:
+    def can_set_aside(self, key_group: int = -1) -> bool:
+        """Whether a record of incoming ``key_group`` that must wait may be set aside: the
+        cap allows it and its subscale schedules records (-1: any group)."""
+        sid = self.group_subscale.get(key_group)
+        if sid is not None and not self.subscales[sid].schedule_records:
+            return False
         return self.aside_count < self.cap
 
     def set_aside(self, channel: int, key_group: int, value: Any, timestamp: int, key: Any,
@@ -486,6 +498,7 @@ class MigrationParticipant:
         self._trigger_at: dict[int, float] = {}
         # old owner: groups of a triggered subscale -> the watermark at its first barrier
         self._leaving: dict[int, int] = {}
+        self._frozen: set[int] = set()  # subscales whose groups froze here (old owner)
         if host.config.live_rescaling:
             host.hold_timers(self._holds_timers)
 
@@ -500,8 +513,10 @@ class MigrationParticipant:
                 self._inject(msg)
                 return Ack()
             case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n,
-                                aligned=aligned, block=block, replicas=replicas):
-                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block)
+                                aligned=aligned, block=block, replicas=replicas,
+                                coupled=coupled):
+                self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block,
+                                     coupled)
                 if replicas:
                     self._replicas_at_new[sid] = dict(replicas)
                 self._reroute_channels[sid] = rc
@@ -509,9 +524,9 @@ class MigrationParticipant:
             case ExpectIncoming(subscale=sid, key_groups=kgs, direct_channels=dcs,
                                 reroute_channel=rcid, confirm_needed=confirm_needed,
                                 old_owner=old_owner, chunk_bytes=chunk,
-                                fetch_on_demand=on_demand):
+                                fetch_on_demand=on_demand, schedule_records=schedule):
                 self.new_role.expect(sid, kgs, dcs, rcid, confirm_needed, old_owner, chunk,
-                                     on_demand)
+                                     on_demand, schedule)
                 if confirm_needed:
                     self.host.add_input(rcid, REROUTE_PORT)
                 return Ack()
@@ -595,7 +610,7 @@ class MigrationParticipant:
             if rc is not None:
                 self.host.router.reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
             elif nr.incoming(kg) and not nr.ready(cid, kg):
-                if not nr.can_set_aside():
+                if not nr.can_set_aside(kg):
                     self._fetch(kg)
                     break
                 self._fetch(kg)
@@ -615,7 +630,7 @@ class MigrationParticipant:
         if frame.pos < len(frame.values):
             kg = frame.kgs[frame.pos] if frame.kgs is not None else -1
             return not (nr.incoming(kg) and not nr.ready(channel_id, kg)
-                        and not nr.can_set_aside())
+                        and not nr.can_set_aside(kg))
         return not (_waits_for_aside(frame.event) and nr.has_aside(channel_id))
 
     def user_watermark(self, watermark: int) -> int:
@@ -656,6 +671,9 @@ class MigrationParticipant:
         receivers are held at this watermark until the new owner has processed everything
         of the subscale (it may have sent a later watermark already, and records of the
         groups may still reach it re-routed or set aside)."""
+        if sid in self._frozen:
+            return
+        self._frozen.add(sid)
         wm = self.host.watermark
         for kg in self.old_role.subscales[sid].key_groups:
             self._leaving.setdefault(kg, wm)
@@ -719,6 +737,7 @@ class MigrationParticipant:
         router = self.host.router
         router.close_reroute(out.reroute_channel)
         self.old_role.finish(sid)
+        self._frozen.discard(sid)
         self._reroute_channels.pop(sid, None)
         self._replicas_at_new.pop(sid, None)
         self.host.report(SubscaleDone(
@@ -732,6 +751,7 @@ class MigrationParticipant:
         ship the groups' state, finish, read the held channels again."""
         self.host.router.flush_all()  # this task's earlier outputs of the groups go first
         out = self.old_role.finish(sid)
+        self._frozen.discard(sid)
         sent = 0
         for kg in out.key_groups:
             msg = self._take_group(sid, kg)
@@ -770,12 +790,32 @@ class MigrationParticipant:
             elif out.block:
                 self.host.block_channel(channel, sid)
             return
+        if out is not None and out.coupled:
+            self._confirm_coupled(sid, direct_channel)
+            return
         if self.old_role.should_migrate(sid):
             self._migrate_out(sid)
         out = self.old_role.subscales[sid]
         self.host.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, direct_channel))
         self.old_role.on_confirm(sid, direct_channel)
         self._finish_outgoing(sid)
+
+    def _confirm_coupled(self, sid: int, direct_channel: int) -> None:
+        """DRRS without decoupled barriers: the first confirm freezes the groups' timers
+        and holds the receivers (as a first barrier does: records of the groups behind it
+        on that channel went to the new owner); the last one starts the migration, then
+        every confirm goes to the new owner, which pulls as in drrs. Nothing is re-routed:
+        once every predecessor confirmed, no record of the groups comes here."""
+        self._freeze_leaving(sid)
+        if not self.old_role.on_confirm(sid, direct_channel):
+            return
+        out = self.old_role.subscales[sid]
+        # the confirms first: the first group's shipping may finish the subscale here
+        self.host.router.open_reroute(self._reroute_channels[sid])
+        for dc in sorted(out.confirms):
+            self.host.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, dc))
+        if self.old_role.should_migrate(sid):
+            self._migrate_out(sid)
 
     # ------------------------------------------------------------ new owner
     def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:

@@ -49,6 +49,8 @@ class RescaleReport:
     ran, so ``old_parallelism`` is
     the operator's when the request came, ``new_parallelism`` its parallelism now, and
     the figures of what moved are the last attempt's.
+    ``without``: the DRRS mechanisms the request switched off (the ablation,
+    ``migration.protocols.drrs.DrrsMechanism``).
     """
 
     operator: str
@@ -78,6 +80,7 @@ class RescaleReport:
     requested_protocol: str = ""
     with_partners: tuple[str, ...] = ()
     restarts: int = 0
+    without: tuple[str, ...] = ()
 
     @property
     def cut_short(self) -> bool:
@@ -91,7 +94,9 @@ class RescaleReport:
         when another one ran). A cut-short rescale says so, with "moved X of Y planned key
         groups" (or that the plan's size is unknown when ``key_groups_planned`` was not
         filled)."""
-        head = (f"{self.protocol} rescale of {self.operator!r} "
+        proto = (f"{self.protocol} without {', '.join(self.without)}" if self.without
+                 else self.protocol)
+        head = (f"{proto} rescale of {self.operator!r} "
                 f"{self.old_parallelism} -> {self.new_parallelism}")
         if self.with_partners:
             head += (f" with its forward partner{'s' if len(self.with_partners) > 1 else ''} "

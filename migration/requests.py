@@ -28,6 +28,7 @@ from migration.assignment import AssignmentSpec
 from migration.coordinator import RescaleRequest
 from migration.planning import Planning
 from migration.protocols import PROTOCOLS, RescaleProtocol
+from migration.protocols.drrs import parse_without
 
 #: ``RescaleRequest.reason`` of a request made through the job handle
 BY_HANDLE = "requested through the job handle"
@@ -62,15 +63,22 @@ def check_forward_edges(plan: PhysicalPlan, operator: str, parallelism: int,
 def validate_request(plan: PhysicalPlan, operator: str, parallelism: int | None,
                      protocol: str, assignment: tuple[int, ...] | None = None,
                      planning: Any = None, strategy: AssignmentSpec | None = None, *,
-                     live_rescaling: bool = True, reason: str = BY_HANDLE) -> RescaleRequest:
+                     live_rescaling: bool = True, reason: str = BY_HANDLE,
+                     without: Any = ()) -> RescaleRequest:
     """The request to run ``operator`` (a vertex of ``plan``, which holds every vertex's
     current parallelism) at ``parallelism`` tasks (None: its current one, a rebalance by
     ``strategy``) with ``protocol``, or ``RescaleRefused`` saying what to change.
-    ``live_rescaling``: the job's ``JobConfig.live_rescaling`` (off: only stop-restart)."""
+    ``live_rescaling``: the job's ``JobConfig.live_rescaling`` (off: only stop-restart).
+    ``without``: DRRS mechanisms to switch off (the ablation; protocol drrs only)."""
     try:
         proto = RescaleProtocol.parse(protocol, "protocol")
+        without = parse_without(without)
     except ValueError as exc:
         raise RescaleRefused(str(exc)) from None
+    if without and proto != RescaleProtocol.DRRS:
+        raise RescaleRefused(f"without= switches off mechanisms of drrs "
+                             f"({', '.join(sorted(without))}); protocol '{proto}' has none "
+                             "of them: use protocol='drrs' or leave without= out")
     if PROTOCOLS[proto].live and not live_rescaling:
         raise RescaleRefused(
             f"protocol {proto!r} needs live rescaling, which this job's config switches "
@@ -87,7 +95,7 @@ def validate_request(plan: PhysicalPlan, operator: str, parallelism: int | None,
                                  "key groups; rescale it without an assignment, strategy or "
                                  "planning")
         check_forward_edges(plan, v.name, parallelism, PROTOCOLS[proto].live)
-        return RescaleRequest(v.name, parallelism, proto, None, None, reason)
+        return RescaleRequest(v.name, parallelism, proto, None, None, reason, without=without)
     nkg = plan.num_key_groups
     if v.keyed and parallelism > nkg:
         raise RescaleRefused(
@@ -120,7 +128,7 @@ def validate_request(plan: PhysicalPlan, operator: str, parallelism: int | None,
     # (migration.coordinator.coordinator_for); the request keeps what was asked
     return RescaleRequest(v.name, parallelism, proto,
                           tuple(assignment) if assignment is not None else None, planning,
-                          reason, strategy=strategy)
+                          reason, strategy=strategy, without=without)
 
 
 __all__ = ["BY_HANDLE", "check_forward_edges", "validate_request", "vertex_to_rescale"]

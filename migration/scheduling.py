@@ -1,7 +1,8 @@
 """Which subscales of a plan run when: the coordinator's schedulers (pure).
 
 ``SubscaleScheduler`` runs a concurrent plan's subscales (drrs) at once within per-task and
-per-operator limits; ``StepScheduler`` runs a plan's steps one after another. Both take
+per-operator limits (or, for the ablation, without them, and never in a cycle);
+``StepScheduler`` runs a plan's steps one after another. Both take
 starts and completions from the caller, hold no clock and do no I/O; ``cancel_pending``
 stops further starts (a superseding request, or the input ended) and lets running ones end.
 """
@@ -24,10 +25,17 @@ class SubscaleScheduler:
 
     The bound matters when ranges shift (uniform 8 -> 12 moves groups between old tasks
     too): a task that received its new groups before giving away its old ones would serve
-    the load of both for a while."""
+    the load of both for a while.
+
+    ``bounded`` False drops that bound (drrs without subscale division: everything at once).
+    ``acyclic``: never run subscales whose (old, new) pairs form a directed cycle (drrs
+    without decoupled barriers or record scheduling, where a task's channel may wait on a
+    migration to it while its own outgoing migration waits on that channel: subscales in
+    a cycle could wait on each other for ever)."""
 
     def __init__(self, plan: MigrationPlan, owned: dict[int, int], max_per_task: int = 2,
-                 max_running: int | None = None) -> None:
+                 max_running: int | None = None, *, acyclic: bool = False,
+                 bounded: bool = True) -> None:
         """``plan``'s subscales in priority order; ``owned``: task index -> groups held."""
         if max_per_task < 1:
             raise ValueError("max_per_task must be >= 1")
@@ -40,11 +48,29 @@ class SubscaleScheduler:
         self.done: list[int] = []
         self.owned = dict(owned)  # task index -> key groups it holds now
         self.max_per_task = max_per_task
+        self.acyclic = acyclic
+        self.bounded = bounded
         final = dict(owned)
         for sub in self.pending:
             final[sub.old] = final.get(sub.old, 0) - len(sub.key_groups)
             final[sub.new] = final.get(sub.new, 0) + len(sub.key_groups)
         self.bound = {t: max(owned.get(t, 0), final.get(t, 0)) for t in set(owned) | set(final)}
+
+    def _closes_cycle(self, sub: Subscale) -> bool:
+        """Whether running ``sub`` beside the running subscales makes a directed cycle of
+        (old, new) pairs: ``sub.old`` is reachable from ``sub.new``."""
+        edges: dict[int, set[int]] = {}
+        for s in self.running.values():
+            edges.setdefault(s.old, set()).add(s.new)
+        seen, todo = set(), [sub.new]
+        while todo:
+            t = todo.pop()
+            if t == sub.old:
+                return True
+            if t not in seen:
+                seen.add(t)
+                todo.extend(edges.get(t, ()))
+        return False
 
     def _load(self, task: int) -> int:
         return sum(1 for s in self.running.values() if task in (s.old, s.new))
@@ -58,9 +84,11 @@ class SubscaleScheduler:
         while self.max_running is None or len(self.running) < self.max_running:
             ok = [s for s in self.pending
                   if self._load(s.old) < self.max_per_task and self._load(s.new) < self.max_per_task]
+            if self.acyclic:
+                ok = [s for s in ok if not self._closes_cycle(s)]
             fits = [s for s in ok if self.owned.get(s.new, 0) + self._arriving(s.new)
                     + len(s.key_groups) <= self.bound.get(s.new, 0)]
-            if fits or self.running:
+            if (fits or self.running) and self.bounded:
                 ok = fits
             if not ok:
                 return started

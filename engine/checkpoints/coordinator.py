@@ -269,11 +269,19 @@ class CheckpointCoordinator:
 
     def _missing_chain(self, p: _Pending) -> tuple[str, str] | None:
         """Why the pending checkpoint cannot be composed, and the task that says so: a
-        task built a group on a chain the job's last checkpoint does not hold (None: it
-        can be)."""
+        task built a group on a chain the job's last checkpoint does not hold, or on a
+        checkpoint newer than it (its deltas lack the changes between; e.g. the task
+        heard of a completion that a JobMaster taking over did not find) (None: it can
+        be)."""
         acks = [a for a in p.acks.values() if a.deltas or a.unchanged]
         if not acks:
             return None
+        last = self.retained[-1].checkpoint_id if self.retained else -1
+        for a in acks:
+            if a.base_checkpoint < 0 or a.base_checkpoint > last:
+                return (f"task {a.task} wrote key groups as changes to checkpoint "
+                        f"{a.base_checkpoint}, but the job's last complete checkpoint is "
+                        f"{last}; the next checkpoint writes every group whole", a.task)
         previous = self._previous_chains(p)
         for a in acks:
             vertex = p.expected[a.task][0]

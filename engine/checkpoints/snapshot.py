@@ -36,7 +36,8 @@ class TaskSnapshot:
     source's resume state, its sinks' transactions, and how long it aligned and took the
     snapshot. ``declined``: why it could not take part ('' when it could). An incremental
     checkpoint's ``groups`` hold a delta blob for the groups in ``deltas``; those in
-    ``unchanged`` are not in ``groups`` (``engine.state.incremental``)."""
+    ``unchanged`` are not in ``groups`` (``engine.state.incremental``); ``base_checkpoint``:
+    the checkpoint whose chains they build on (``ChainRecord.base_checkpoint``)."""
 
     task: str
     vertex: str
@@ -51,6 +52,7 @@ class TaskSnapshot:
     declined: str = ""
     deltas: tuple[int, ...] = ()
     unchanged: tuple[int, ...] = ()
+    base_checkpoint: int = -1
 
 
 def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
@@ -82,7 +84,8 @@ def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
     written = sum(length for _, _, length, _ in index)
     return CheckpointAck(snap.task, snap.checkpoint_id, file, index, snap.source_state,
                          snap.transactions, written, snap.alignment_s, snap.sync_s,
-                         clock.monotonic() - start, snap.deltas, snap.unchanged)
+                         clock.monotonic() - start, snap.deltas, snap.unchanged,
+                         snap.base_checkpoint)
 
 
 def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],

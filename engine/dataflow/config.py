@@ -204,8 +204,9 @@ class JobConfig:
     database, as ``<state_dir>/<job id>/<task>/<instance>`` (one directory per running
     task, never shared; what a killed task left is removed when the task starts again on
     that node; None: ``reflow-state`` in the node's temporary directory).
-    ``state_memory_bytes``: the memory each RocksDB task gives RocksDB (a quarter as write
-    buffers, the rest as block cache; at least 8 MiB); state beyond it lives on disk.
+    ``state_memory_bytes``: the memory each RocksDB task gives its state (a quarter as
+    RocksDB's write buffers, an eighth as the cache of decoded values in front of it, the
+    rest as block cache; at least 8 MiB); state beyond it lives on disk.
     Both are ignored by the "memory" backend.
     ``incremental_checkpoints``: a periodic checkpoint writes, per key group, only what
     changed since the previous one (the changed keys' values and tombstones, as a delta

@@ -8,6 +8,7 @@ conventions: ``reflow_`` prefix, base units, ``_total`` counters, ``_seconds``.
 
 from __future__ import annotations
 
+import os
 import socket
 import socketserver
 import sys
@@ -38,7 +39,10 @@ class TaskMetrics:
     ``backpressured_seconds``: waiting for output credits. ``records_in / useful_seconds``
     is the task's true processing rate. ``source_backlog``: at a source task, records due
     or available and not read yet (``SourceReader.backlog``); None when unknown or not a
-    source."""
+    source. ``cpu_seconds`` / ``cpu_wait_seconds``: CPU time the task's process used, and
+    time it was runnable but had no CPU, since the task's first metrics snapshot
+    (``process_cpu``; filled in by the task's actor, None where not measured): DS2 takes the wait out of the useful
+    time and bounds scale-ups by the cores a task uses."""
 
     task: str
     vertex: str
@@ -59,6 +63,29 @@ class TaskMetrics:
     watermark: int
     late_records: int = 0
     source_backlog: int | None = None
+    cpu_seconds: float | None = None
+    cpu_wait_seconds: float | None = None
+
+
+def process_cpu() -> tuple[float, float | None]:
+    """This process's CPU seconds (every thread) and the seconds its threads were runnable
+    but waited for a CPU (the run-queue wait of ``/proc/self/task/*/schedstat``; None where
+    the kernel does not say). A task actor is one process, so these are its task's."""
+    cpu = time.process_time()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return cpu, None
+    wait = 0.0
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                wait += int(f.read().split()[1]) / 1e9
+        except FileNotFoundError:
+            continue  # a thread that ended meanwhile
+        except (OSError, ValueError, IndexError):
+            return cpu, None
+    return cpu, wait
 
 
 @wire

@@ -205,7 +205,8 @@ class JobHandle:
 
     def rescale(self, operator: str, parallelism: int, protocol: str = "drrs",
                 planning: Any = None, assignment: str | None = None,
-                balance: float | None = None, projected_costs: Any = None) -> RescaleReport:
+                balance: float | None = None, projected_costs: Any = None,
+                without: Any = ()) -> RescaleReport:
         """Change ``operator``'s parallelism while the job runs; returns the report.
 
         ``protocol``: one of ``migration.protocols.PROTOCOLS``. ``planning``: a
@@ -216,7 +217,9 @@ class JobHandle:
         "consistent-hashing", "ssm" or "mtm"); ``balance``: θ, every task's load within
         ``(1 + θ)`` x the mean (ssm, mtm); ``projected_costs``: mtm's table (a directory
         written by ``python -m migration.pmc`` or a ``ProjectedCosts``). When no assignment
-        meets θ the request is refused naming the smallest θ that would.
+        meets θ the request is refused naming the smallest θ that would. ``without``: DRRS
+        mechanisms to switch off, for an ablation (``migration.protocols.drrs.DrrsMechanism``
+        names: "decoupled-barriers", "record-scheduling", "subscale-division"; drrs only).
         Raises ``RescaleRefused`` (job untouched) for an invalid request
         or one that failed before anything changed (e.g. a task did not answer within
         ``rescale_timeout_s``: the error names it), ``JobFailedError`` when it failed after.
@@ -232,7 +235,8 @@ class JobHandle:
                 f"got {parallelism!r}; to move key groups at the same parallelism use "
                 "rebalance()", operator=operator)
         return self._rescale(operator, parallelism, protocol, None, planning,
-                             requested_strategy(assignment, balance, projected_costs))
+                             requested_strategy(assignment, balance, projected_costs),
+                             without)
 
     def set_replication(self, operator: str, policy: str, period_s: float | None = None,
                         hot_fraction: float | None = None) -> None:
@@ -303,10 +307,11 @@ class JobHandle:
 
     def _rescale(self, operator: str, parallelism: int | None, protocol: str,
                  assignment: tuple[int, ...] | None, planning: Any = None,
-                 strategy: AssignmentSpec | None = None) -> RescaleReport:
+                 strategy: AssignmentSpec | None = None, without: Any = ()) -> RescaleReport:
+        without = (without,) if isinstance(without, str) else tuple(str(m) for m in without)
         return self._await_rescale(
             self._master.rescale.remote(operator, parallelism, protocol, assignment, planning,
-                                        strategy), operator)
+                                        strategy, without), operator)
 
     def _await_rescale(self, ref: Any, operator: str) -> RescaleReport:
         """The report of a rescale (or placement) call ``ref``, waiting as long as the

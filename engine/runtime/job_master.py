@@ -1027,11 +1027,12 @@ class JobMaster:
     # -- rescale (``engine.runtime.rescaling`` runs the coordinator's commands)
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None = None, planning: Any = None,
-                      strategy: Any = None) -> bytes:
+                      strategy: Any = None, without: Any = ()) -> bytes:
         await self._owner()
         return encode_message(await self.rescaler.rescale(operator, parallelism, protocol,
                                                           assignment, planning,
-                                                          strategy=strategy))
+                                                          strategy=strategy,
+                                                          without=tuple(without)))
 
     # -- controllers (``engine.runtime.controller_runner``)
     async def add_controller(self, controller: Any) -> str:

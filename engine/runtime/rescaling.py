@@ -231,7 +231,7 @@ class Rescaler:
     # -- validation
     def validate(self, operator: str, parallelism: int | None, protocol: str,
                  assignment: tuple[int, ...] | None, planning: Any,
-                 strategy: AssignmentSpec | None = None) -> RescaleRequest:
+                 strategy: AssignmentSpec | None = None, without: Any = ()) -> RescaleRequest:
         """The request as a value, or ``RescaleRefused`` saying what to change.
         ``parallelism`` None: the operator's current one (a rebalance by ``strategy``).
         What depends on the running job is checked here, the rest by the pure
@@ -244,25 +244,27 @@ class Rescaler:
             raise RescaleRefused(f"job {p.job_id} is finishing (its input ended everywhere); "
                                  "there is nothing left to rescale")
         return validate_request(p.dep.plan, operator, parallelism, protocol, assignment,
-                                planning, strategy, live_rescaling=p.config.live_rescaling)
+                                planning, strategy, live_rescaling=p.config.live_rescaling,
+                                without=without)
 
     # -- entry
     async def rescale(self, operator: str, parallelism: int | None, protocol: str,
                       assignment: tuple[int, ...] | None, planning: Any,
-                      by: str = "handle", strategy: AssignmentSpec | None = None
-                      ) -> RescaleReport:
+                      by: str = "handle", strategy: AssignmentSpec | None = None,
+                      without: Any = ()) -> RescaleReport:
         """Run the rescale (see the module doc); ``by``: who asked, for the records of what
         rescales cost (``engine.runtime.controller_runner``); ``strategy``: how to choose the
         target assignment (``parallelism`` None: the current one)."""
         started = self.port.clock.monotonic()
         report = await self._rescale_retried(operator, parallelism, protocol, assignment,
-                                             planning, strategy)
+                                             planning, strategy, without)
         self.port.rescale_finished(report, started, self.port.clock.monotonic(), by)
         return report
 
     async def _rescale_retried(self, operator: str, parallelism: int | None, protocol: str,
                                assignment: tuple[int, ...] | None, planning: Any,
-                               strategy: AssignmentSpec | None) -> RescaleReport:
+                               strategy: AssignmentSpec | None, without: Any = ()
+                               ) -> RescaleReport:
         """Run the request; when the job restarts from a checkpoint during it (a task
         died), what it did is gone with the tasks, so it runs again, planned from the
         restored assignment, once the job runs: it returns when the operator runs as asked
@@ -280,7 +282,7 @@ class Rescaler:
             epoch = self.recovery.epoch
             try:
                 report = await self._rescale(operator, parallelism, protocol, assignment,
-                                             planning, strategy)
+                                             planning, strategy, without)
             except JobRestarted:
                 restarts += 1
                 await self.recovery.wait_running(epoch)
@@ -294,10 +296,12 @@ class Rescaler:
 
     async def _rescale(self, operator: str, parallelism: int | None, protocol: str,
                        assignment: tuple[int, ...] | None, planning: Any,
-                       strategy: AssignmentSpec | None = None) -> RescaleReport:
+                       strategy: AssignmentSpec | None = None, without: Any = ()
+                       ) -> RescaleReport:
         p = self.port
         await self._refuse_without_gcs(operator)
-        req = self.validate(operator, parallelism, protocol, assignment, planning, strategy)
+        req = self.validate(operator, parallelism, protocol, assignment, planning, strategy,
+                            without)
         if PROTOCOLS[req.protocol].live and not p.dep.plan.vertex(req.operator).is_source:
             self._refuse_beside_neighbour(req.operator)  # before superseding anything
             running = self._coordinators.get(req.operator)
@@ -316,7 +320,7 @@ class Rescaler:
             raise RescaleRefused(d.reason)
         try:
             req = self.validate(operator, parallelism, protocol, assignment, planning,
-                                strategy)
+                                strategy, without)
             return await self._execute(req)
         finally:
             self.arbitration.release(d.ticket)

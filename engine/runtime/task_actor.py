@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import gc
 from collections import deque
@@ -40,6 +41,7 @@ from engine.errors import (
     ReflowError,
     StaleJobMaster,
 )
+from engine.observability.metrics import process_cpu
 from engine.runtime.connections import DataConnections
 from engine.runtime.failures import actor_death, open_failure
 from engine.state.incremental import MAX_DELTA_CHAIN
@@ -90,6 +92,10 @@ class TaskActor(DataConnections):
         self._local_root: str | None = None
         self.handles: dict[str, Any] = {}
         self._broken: ReflowError | None = None
+        # the process's CPU counters when its current task first answered for its metrics
+        self._cpu_task = ""
+        self._cpu_base: tuple[float, float | None] = (0.0, None)
+        self._cpu_waited = 0.0
         if spec is not None:
             with contextlib.suppress(ReflowError):
                 self.configure(spec)
@@ -329,7 +335,16 @@ class TaskActor(DataConnections):
     async def metrics(self) -> bytes:
         if self._broken is not None:
             raise self._broken
-        return encode_message(self.core.metrics())
+        m = self.core.metrics()
+        cpu, wait = process_cpu()
+        if self._cpu_task != m.task:  # a new task in this process: count from here
+            self._cpu_task, self._cpu_base, self._cpu_waited = m.task, (cpu, wait), 0.0
+        base_cpu, base_wait = self._cpu_base
+        waited = None if wait is None or base_wait is None else max(0.0, wait - base_wait)
+        if waited is not None:  # threads that ended take their wait with them: never back
+            waited = self._cpu_waited = max(self._cpu_waited, waited)
+        return encode_message(dataclasses.replace(
+            m, cpu_seconds=max(0.0, cpu - base_cpu), cpu_wait_seconds=waited))
 
     def _ack_consumed(self) -> None:
         consumed = self.core.consumed

@@ -137,7 +137,9 @@ def make_keyed_backend(config: StateConfig, num_key_groups: int, job_id: str = "
     directory = os.path.join(task_dir, f"{os.getpid()}-{uuid.uuid4().hex[:12]}")
     memory = config.state_memory_bytes
     write_buffers = max(memory // 4, 2 << 20)
+    objects = memory // 8
     return RocksDBKeyedStateBackend(
-        num_key_groups, directory, task=task_name, block_cache_bytes=memory - write_buffers,
-        write_buffer_bytes=write_buffers, owns_directory=True)
+        num_key_groups, directory, task=task_name,
+        block_cache_bytes=max(memory - write_buffers - objects, 1 << 20),
+        write_buffer_bytes=write_buffers, owns_directory=True, object_cache_bytes=objects)
 

@@ -352,6 +352,9 @@ class ChainRecord:
         self.max_deltas = MAX_DELTA_CHAIN if max_deltas is None else max_deltas
         self.max_fraction = MAX_DELTA_FRACTION if max_fraction is None else max_fraction
         self.confirmed: dict[int, Chain] = {}
+        #: the checkpoint whose chains ``confirmed`` are (-1: none); a delta holds every
+        #: change since it (changes of checkpoints taken after it are folded in)
+        self.base_checkpoint = -1
         self._pending: dict[int, _Pending] = {}
 
     def forget(self, key_groups: Iterable[int]) -> None:
@@ -401,6 +404,7 @@ class ChainRecord:
         for cid in sorted(c for c in self._pending if c <= checkpoint_id):
             p = self._pending.pop(cid)
             self.confirmed.update({kg: c for kg, c in p.chains.items() if kg not in skip})
+        self.base_checkpoint = checkpoint_id
 
     def aborted(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` failed: the JobMaster's chains and ours may differ
@@ -408,6 +412,7 @@ class ChainRecord:
         if checkpoint_id in self._pending:
             self.confirmed.clear()
             self._pending.clear()
+            self.base_checkpoint = -1
 
 
 class _Backend(Protocol):

@@ -27,15 +27,25 @@ is decoded. A blob of the in-memory backend (no lengths) is cut at msgpack objec
 boundaries (``Unpacker.skip``), also without decoding; a blob of the format before
 (checkpoints written before it) is decoded and re-encoded.
 
-Values read from a table are decoded objects. So that ``ListState.add`` and
-``MapState.put``, which mutate the value in place, behave as on dicts, a mutable value
-read or written (anything but int, float, str, bytes, bool, None, frozenset) is kept as a
-*loan* and written back when the current key changes (``set_current``), before any scan
-(snapshot, iteration, length), or on ``flush()``. Contract: mutations of a value persist
-until the current key changes; code that writes tables without ``set_current`` (the
-vectorised and window fast paths) assigns (``t[k] = v``) and never mutates a value it
-read. A value without a codec therefore fails on write-back (``CodecError``), not only at
-the next checkpoint as on the in-memory backend.
+Values read from a table are decoded objects. An object cache in front of RocksDB keeps
+them (``object_cache_bytes``, an eighth of the task's state memory from the factory):
+
+* *loans*: every value written, and every mutable value read (anything but int, float,
+  str, bytes, bool, None, frozenset: ``ListState.add`` and ``MapState.put`` mutate the value
+  in place, and must behave as on dicts), kept as the live object and written back in one
+  write batch (``flush()``) before any scan (snapshot, delta, iteration, length) and once
+  they exceed the cache's share (``_MAX_LOANS`` entries or the bytes), at the next change
+  of the current key (``set_current``), or at four times that share in the middle of a
+  key's work (the fast paths below never call ``set_current``);
+* *clean* values: immutable values as RocksDB holds them (read, or written back), dropped
+  all at once when they exceed their share.
+
+So a hot key costs a dict lookup per access instead of a RocksDB read and write (the
+steady-state job was 3-20x slower per record on RocksDB without it). Contract: a value's
+mutations persist until it is written back, as with a dict; code that writes tables
+without ``set_current`` (the vectorised and window fast paths) assigns (``t[k] = v``) and
+never mutates a value it read. A value without a codec therefore fails on write-back
+(``CodecError``), not only at the next checkpoint as on the in-memory backend.
 
 Differences from the in-memory backend (the callers that rely on them: see the
 ``RocksDBKeyedStateBackend`` docstring): ``groups[kg]`` is a mapping view of names to
@@ -91,13 +101,18 @@ _KG_BYTES = 2
 _ID_BYTES = 8
 _PREFIX = _KG_BYTES + _ID_BYTES
 _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None), frozenset})
-_MAX_LOANS = 4096  # loans written back early, when fast paths read many mutable values
+#: loans (dirty or mutable values) beyond which they are written back at the next change of
+#: the current key (4x: at once)
+_MAX_LOANS = 16384
 # an install writes in batches of about this many bytes (bounded memory per write).
 # Batches, not an ingested SST file: measured (examples/bench/state_backend.py, 64 MB
 # groups) the task's thread spends as long on either (~300-500 MB/s), the SST costs an
 # fsync, and the flushed memtable scans ~1.5x faster afterwards than the ingested file
 _BATCH_BYTES = 16 << 20
 _MISSING = object()
+#: what the object cache counts per entry beyond the value's encoded bytes (the dict slot,
+#: the key's bytes object)
+_ENTRY_BYTES = 100
 
 _GROUP_TAG = pack_exact(GROUP_TAG)
 
@@ -157,7 +172,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     def __init__(self, num_key_groups: int, directory: str | os.PathLike[str], *,
                  task: str = "", block_cache_bytes: int = 64 << 20,
-                 write_buffer_bytes: int = 32 << 20, owns_directory: bool = False) -> None:
+                 write_buffer_bytes: int = 32 << 20, owns_directory: bool = False,
+                 object_cache_bytes: int = 16 << 20) -> None:
         if not 0 < num_key_groups < 1 << (8 * _KG_BYTES):
             raise StateBackendError(f"num_key_groups must be in 1..65535 for the RocksDB "
                                     f"state backend, got {num_key_groups}",
@@ -175,7 +191,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._group_views: dict[int, _GroupView] = {}
         self._ids: dict[str, bytes] = {}
         self._names: dict[bytes, str] = {}
+        # the object cache (module doc): loans (to write back) and clean values, by full key
         self._loans: dict[bytes, Any] = {}
+        self._loan_bytes = 0
+        self._clean: dict[bytes, Any] = {}
+        self._clean_bytes = 0
+        self._cache_bytes = max(object_cache_bytes, 1 << 12)
         self._open(block_cache_bytes, write_buffer_bytes)
 
     # -- lifecycle
@@ -258,6 +279,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         (state is scratch: checkpoints hold what must survive), and the directory itself
         when the backend was given it for itself (``owns_directory``: the factory
         ``engine.state.backends.make_keyed_backend`` makes one per task). Idempotent."""
+        self._loans.clear()
+        self._clean.clear()
         if self._db is not None:
             with contextlib.suppress(Exception):
                 self._db.close()
@@ -317,7 +340,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self.timers.setdefault(key_group, set())
 
     def set_current(self, key: Any, key_group: int) -> None:
-        if self._loans and (key is not self.current_key or key_group != self.current_group):
+        if ((len(self._loans) >= _MAX_LOANS or self._loan_bytes >= self._cache_bytes)
+                and (key is not self.current_key or key_group != self.current_group)):
             self.flush()
         self.current_key = key
         if key_group != self.current_group:
@@ -333,31 +357,67 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return t
 
     def flush(self) -> None:
-        """Write loaned (mutable, possibly mutated) values back; they are no longer live."""
+        """Write the loans (written or mutable values) back in one batch; they are no
+        longer live (immutable ones stay cached as clean values)."""
         loans = self._loans
         if not loans:
             return
         batch = rd.WriteBatch(raw_mode=True)
+        put = batch.put
+        clean = self._clean
+        kept = self._clean_bytes
         for k, v in loans.items():
-            batch.put(k, _pack(v))
+            enc = _pack(v)
+            put(k, enc)
+            if type(v) in _IMMUTABLE:
+                clean[k] = v
+                kept += len(enc) + _ENTRY_BYTES
         loans.clear()
+        self._loan_bytes = 0
+        self._clean_bytes = kept
+        if kept > self._cache_bytes:
+            clean.clear()
+            self._clean_bytes = 0
         with self._io("writing state"):
             self.db.write(batch, self._wo)
+
+    def _lend(self, full: bytes, value: Any, size: int) -> None:
+        """Keep ``value`` as the loan of ``full`` (written back later), making room at
+        four times the loans' share (a key's work in progress is not interrupted below)."""
+        if len(self._loans) >= 4 * _MAX_LOANS or self._loan_bytes >= 4 * self._cache_bytes:
+            self.flush()
+        self._loans[full] = value
+        self._loan_bytes += size + _ENTRY_BYTES
+
+    def _keep_clean(self, full: bytes, value: Any, size: int) -> None:
+        """Cache an immutable ``value`` as RocksDB holds it under ``full``."""
+        if size > self._cache_bytes >> 4:
+            return  # a large value would push out many small hot ones
+        if self._clean_bytes + size > self._cache_bytes:
+            self._clean.clear()
+            self._clean_bytes = 0
+        self._clean[full] = value
+        self._clean_bytes += size + _ENTRY_BYTES
 
     def _write(self, prefix: bytes, pairs: Iterable[tuple[Any, Any]]) -> None:
         """Write ``pairs`` under ``prefix`` in one batch (values encoded now: no loans)."""
         batch = rd.WriteBatch(raw_mode=True)
         loans = self._loans
+        clean = self._clean
         for k, v in pairs:
             full = prefix + _pack(k)
             loans.pop(full, None)
+            clean.pop(full, None)
             batch.put(full, _pack(v))
         with self._io("writing state"):
             self.db.write(batch, self._wo)
 
     def _drop_loans(self, prefix: bytes) -> None:
+        """Forget the cached values under ``prefix`` (its range is deleted or replaced)."""
         for k in [k for k in self._loans if k.startswith(prefix)]:
             del self._loans[k]
+        self._clean.clear()  # rare (a group installed, removed, a table cleared): all of it
+        self._clean_bytes = 0
 
     # -- dense tables: none on disk (the vectorised operators take their dict path)
     def dense_table(self, name: str) -> None:
@@ -605,6 +665,9 @@ class _TableView(MutableMapping[Any, Any]):
         v = b._loans.get(full, _MISSING)
         if v is not _MISSING:
             return v
+        v = b._clean.get(full, _MISSING)
+        if v is not _MISSING:
+            return v
         try:
             raw = b._db.get(full)  # type: ignore[union-attr]
         except Exception as exc:
@@ -612,10 +675,10 @@ class _TableView(MutableMapping[Any, Any]):
         if raw is None:
             return default
         v = unpack_exact(raw)
-        if type(v) not in _IMMUTABLE:
-            if len(b._loans) >= _MAX_LOANS:
-                b.flush()
-            b._loans[full] = v
+        if type(v) in _IMMUTABLE:
+            b._keep_clean(full, v, len(raw))
+        else:
+            b._lend(full, v, len(raw))
         return v
 
     def __getitem__(self, key: Any) -> Any:
@@ -627,17 +690,15 @@ class _TableView(MutableMapping[Any, Any]):
     def __setitem__(self, key: Any, value: Any) -> None:
         full = self.prefix + _pack(key)
         b = self._b
-        if type(value) in _IMMUTABLE:
-            b._loans.pop(full, None)
-            enc = _pack(value)
-            try:
-                b._db.put(full, enc, b._wo)  # type: ignore[union-attr]
-            except Exception as exc:  # a plain try: free on the hot path, a ``with`` is not
-                raise b._failed("writing state", exc) from exc
-        else:
-            if len(b._loans) >= _MAX_LOANS:
-                b.flush()
-            b._loans[full] = value
+        loans = b._loans
+        if full in loans:  # a hot key: already cached to be written back
+            loans[full] = value
+            return
+        if b._db is None:
+            raise b._error("the state backend is closed")
+        b._clean.pop(full, None)
+        t = type(value)
+        b._lend(full, value, len(value) if t is bytes or t is str else 8)
 
     def __delitem__(self, key: Any) -> None:
         if self.pop(key, _MISSING) is _MISSING:
@@ -647,6 +708,7 @@ class _TableView(MutableMapping[Any, Any]):
         full = self.prefix + _pack(key)
         b = self._b
         v = b._loans.pop(full, _MISSING)
+        b._clean.pop(full, None)
         raw = b.db.get(full)
         if raw is not None:
             with b._io("writing state"):
@@ -661,7 +723,8 @@ class _TableView(MutableMapping[Any, Any]):
 
     def __contains__(self, key: object) -> bool:
         full = self.prefix + _pack(key)
-        return full in self._b._loans or self._b.db.get(full) is not None
+        b = self._b
+        return full in b._loans or full in b._clean or b.db.get(full) is not None
 
     def __iter__(self) -> Iterator[Any]:
         self._b.flush()

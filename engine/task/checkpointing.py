@@ -216,11 +216,13 @@ class CheckpointParticipant:
         b = self.chain.backend
         deltas: tuple[int, ...] = ()
         unchanged: tuple[int, ...] = ()
+        base = -1
         try:
             if b is None:
                 groups: tuple[tuple[int, bytes], ...] = ()
             elif self.chains is not None and not barrier.savepoint:
                 groups, deltas, unchanged = take_incremental(b, self.chains, cid)
+                base = self.chains.base_checkpoint
             else:
                 groups = tuple((kg, b.snapshot(kg)) for kg in b.owned())
         except CodecError as exc:  # the user's state: a restart would fail the same way
@@ -253,7 +255,7 @@ class CheckpointParticipant:
         self.snapshots.append(TaskSnapshot(
             spec.task_name, spec.vertex, spec.task_index, cid, barrier.location, groups,
             source, txns, alignment_s, self.clock.monotonic() - started, deltas=deltas,
-            unchanged=unchanged))
+            unchanged=unchanged, base_checkpoint=base))
 
     # ------------------------------------------------------------ two-phase commit
     def _commit(self, checkpoint_id: int) -> None:

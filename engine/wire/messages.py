@@ -577,6 +577,7 @@ class ExpectOutgoing:
     aligned: bool = False
     block: bool = False
     replicas: tuple[tuple[int, int], ...] = ()  # (key group, version the new owner holds)
+    coupled: bool = False  # drrs without decoupled barriers: migrate once every confirm is in
 
 
 @wire
@@ -597,6 +598,7 @@ class ExpectIncoming:
     old_owner: str = ""  # drrs: where to pull the groups from
     chunk_bytes: int = 0  # drrs: state that may be in flight beyond one group (0: one at a time)
     fetch_on_demand: bool = False
+    schedule_records: bool = True  # False: a record that must wait stops its channel
 
 
 @wire
@@ -725,7 +727,10 @@ class CheckpointAck:
     long it aligned, snapshotted (synchronously, processing stopped) and wrote (while it
     went on processing). Incremental checkpoints (``JobConfig.incremental_checkpoints``):
     the groups in ``deltas`` hold a delta blob on the group's chain in the job's previous
-    complete checkpoint, those in ``unchanged`` nothing new (that chain as it is)."""
+    complete checkpoint, those in ``unchanged`` nothing new (that chain as it is);
+    ``base_checkpoint``: the newest checkpoint the task knows complete, whose chains its
+    deltas hold every change since (-1: none). The coordinator refuses deltas on a base
+    newer than the job's last complete checkpoint (they would miss the changes between)."""
 
     task: str
     checkpoint_id: int
@@ -739,6 +744,7 @@ class CheckpointAck:
     async_s: float
     deltas: tuple[int, ...] = ()
     unchanged: tuple[int, ...] = ()
+    base_checkpoint: int = -1
 
 
 @wire

@@ -533,7 +533,9 @@ def run_one(phase: Phase, setting: str, planning: Planning | None, ctx: dict[str
                          state_bytes=phase.state_bytes)
     job = jobs.keyed_count_job(f"planning-{phase.name}", src, sink, parallelism=phase.from_p,
                                key_groups=args.key_groups,
-                               config=JobConfig(warm_standby_tasks=args.warm_standby))
+                               config=JobConfig(warm_standby_tasks=args.warm_standby,
+                                                # more JobConfig fields (papers/spacker.py)
+                                                **getattr(args, "job_config", None) or {}))
 
     def request(handle: Any) -> Any:
         if phase.rebalance:

@@ -3,6 +3,8 @@ half load, memory; the per-record and the columnar data path, and Bytewax beside
 
     python examples/bench/steady.py             # parallelism 1 2 4, 3 alternated repeats
     python examples/bench/steady.py --quick     # smoke run: parallelism 1 2, one repeat
+    python examples/bench/steady.py --variants rows --parallelism 1 --state-backend rocksdb
+        # the same job with its state in RocksDB (one backend per invocation)
 
 Variants (``--variants``, alternated within each repeat so that load drift hits all alike):
 
@@ -768,7 +770,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "full-speed runs); writes half-load.json")
     ap.add_argument("--half-repeats", type=int, default=1,
                     help="with --half-rate: runs per variant and parallelism, alternated (1)")
+    cli.add_state_backend(ap)
     args = ap.parse_args(argv)
+    if args.state_backend == cli.BOTH or args.state_gb:
+        ap.error("steady.py runs on one --state-backend (memory or rocksdb) per invocation "
+                 "and takes no --state-gb (its state is the running count's)")
     cli.fill_defaults(args, TIMING)
     args.out = cli.out_dir(args, "steady")
     args.profile = args.profile or args.profile_only
@@ -782,7 +788,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    config = JobConfig(batch_size=args.batch_size, linger_ms=args.linger_ms)
+    config = JobConfig(batch_size=args.batch_size, linger_ms=args.linger_ms,
+                       **cli.state_fields(args, args.state_backend))
     results = provenance.begin(__file__, argv)
     results["machine"]["ray"] = run.ray_version()
     results.update({

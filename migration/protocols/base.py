@@ -116,14 +116,25 @@ class ProtocolSpec:
     concurrent: bool  # True: subscales scheduled independently; False: steps in sequence
     planner: Callable[[PlanRequest], MigrationPlan]
     fetch_on_demand: bool = False  # Meces: the new owner fetches a group on its first record
+    # the DRRS ablation (migration.protocols.drrs.drrs_without; never in PROTOCOLS):
+    # coupled: no trigger; the old owner starts migrating once every confirm is in, then
+    # the new owner pulls as in drrs (a coupled barrier's alignment, without blocking)
+    coupled: bool = False
+    # schedule_records False: a record of an incoming group that cannot be processed yet
+    # stops its channel instead of being set aside, and pulls ignore waiting records
+    schedule_records: bool = True
+    # divided False: every subscale starts at once, with no per-task or operator limit
+    divided: bool = True
+    without: frozenset[str] = frozenset()  # the DrrsMechanism values switched off
 
     def __post_init__(self) -> None:
-        if self.live and (self.trigger or self.fetch_on_demand) == self.aligned:
+        starts = [f for f in (self.trigger, self.fetch_on_demand, self.coupled) if f]
+        if self.live and (len(starts) != 1) != self.aligned:
             raise ValueError(f"protocol {self.name}: exactly one of trigger, "
-                             "fetch_on_demand and aligned")
-        if self.trigger and self.fetch_on_demand:
+                             "fetch_on_demand, coupled and aligned")
+        if len(starts) > 1:
             raise ValueError(f"protocol {self.name}: exactly one of trigger, "
-                             "fetch_on_demand and aligned")
+                             "fetch_on_demand, coupled and aligned")
         if self.block_aligned and not self.aligned:
             raise ValueError(f"protocol {self.name}: block_aligned needs aligned")
 

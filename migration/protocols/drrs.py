@@ -26,13 +26,35 @@ For one *subscale* S (key groups K moving from old owner s to new owner d):
 
 The per-task side of this lives in ``migration.participant``; the scheduling of subscales
 (at once, bounded per task and per operator) in ``migration.scheduling``; this module plans.
+
+The ablation (the paper's Fig. 14): ``RescaleRequest.without`` switches mechanisms off,
+each a ``DrrsMechanism``; ``drrs_without`` is the spec they run as (never in ``PROTOCOLS``):
+
+* ``decoupled-barriers``: no trigger; the old owner starts migrating once the confirm of
+  every predecessor is in (the alignment of a coupled barrier, without blocking its
+  channels), then forwards the confirms and the new owner pulls as above. Nothing is
+  re-routed (every predecessor had switched), and the propagation delay is the alignment's.
+* ``record-scheduling``: a record of an incoming group that cannot be processed yet stops
+  its channel (nothing set aside; the task core still reads its other channels), and the
+  new owner pulls in the subscale's order (smallest state first), not the groups its
+  waiting records need first.
+* ``subscale-division``: one subscale per (old owner, new owner) pair holding all the
+  pair's groups (a subscale has one old and one new owner), every one started at once,
+  without the per-task and per-operator limits or the pacing: one scaling operation.
+
+Without decoupled barriers or record scheduling a channel may wait on a migration; so
+that no two subscales wait on each other (A's channel for B's, B's for A's), the scheduler
+then never runs subscales whose (old, new) pairs form a cycle (``SubscaleScheduler``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
 
 from engine.dataflow.keygroups import moved_key_groups
+from engine.names import NameEnum
 from migration.plan import MigrationPlan, subscales_by_pair
 from migration.protocols.base import PlanRequest, ProtocolSpec, RescaleProtocol
 
@@ -74,6 +96,57 @@ def plan_drrs(req: PlanRequest) -> MigrationPlan:
 DRRS = ProtocolSpec(RescaleProtocol.DRRS, live=True, trigger=True, aligned=False,
                     block_aligned=False, pause_new_owner=False, concurrent=True,
                     planner=plan_drrs)
+
+
+class DrrsMechanism(NameEnum):
+    """A mechanism of DRRS that ``RescaleRequest.without`` can switch off (the ablation)."""
+
+    DECOUPLED_BARRIERS = "decoupled-barriers"
+    RECORD_SCHEDULING = "record-scheduling"
+    SUBSCALE_DIVISION = "subscale-division"
+
+
+def parse_without(without: Iterable[str] | str | None) -> frozenset[DrrsMechanism]:
+    """The mechanisms named by ``without`` (names or ``DrrsMechanism``; one name alone is
+    taken as one, not as letters); ``ValueError`` naming the choices otherwise."""
+    if without is None:
+        return frozenset()
+    if isinstance(without, str):
+        without = (without,)
+    return frozenset(DrrsMechanism.parse(m, "DRRS mechanism") for m in without)
+
+
+def describe_without(without: Iterable[str]) -> str:
+    """"without decoupled barriers, record scheduling" (sorted), or "" for none."""
+    names = sorted(str(m).replace("-", " ") for m in without)
+    return f"without {', '.join(names)}" if names else ""
+
+
+def plan_undivided(req: PlanRequest) -> MigrationPlan:
+    """DRRS without subscale division: one subscale per (old owner, new owner) pair with
+    every group the pair moves, whatever the size limits say."""
+    moved = moved_key_groups(req.old_assignment, req.new_assignment)
+    plan = plan_drrs(dataclasses.replace(req, subscale_size=max(1, len(moved)),
+                                         subscale_bytes=None, profiles={}))
+    n = len(plan.subscales)
+    return dataclasses.replace(
+        plan, reason=f"one subscale per (old, new) pair with all its groups, every one at "
+                     f"once: {n} subscale{'' if n == 1 else 's'}")
+
+
+@cache
+def drrs_without(without: frozenset[DrrsMechanism]) -> ProtocolSpec:
+    """The spec DRRS runs as with the mechanisms ``without`` switched off (module doc);
+    ``DRRS`` itself for none."""
+    if not without:
+        return DRRS
+    coupled = DrrsMechanism.DECOUPLED_BARRIERS in without
+    undivided = DrrsMechanism.SUBSCALE_DIVISION in without
+    return dataclasses.replace(
+        DRRS, trigger=not coupled, coupled=coupled,
+        schedule_records=DrrsMechanism.RECORD_SCHEDULING not in without,
+        divided=not undivided, planner=plan_undivided if undivided else plan_drrs,
+        without=frozenset(str(m) for m in without))
 
 
 def plan_subscales(operator: str, old_assignment: Sequence[int], new_assignment: Sequence[int],

@@ -130,3 +130,17 @@ def test_recovery_benchmark_end_to_end(tmp_path) -> None:
     assert rec["restarts"] == 1 and 0 < rec["to_noticed_s"] <= rec["to_running_s"] \
         <= rec["to_output_s"]
     assert os.path.isfile(os.path.join(str(tmp_path), "recovery.png"))
+
+
+@pytest.mark.slow
+def test_scale_benchmark_end_to_end(tmp_path) -> None:
+    # a paced source: the input lasts long enough for the rescale asked at 10 % of it
+    res = bench("scale", str(tmp_path), "--state-gb", "0.02", "--keys", "2000", "--visits",
+                "20", "--rate", "4000", "--rescale-at", "0.1", "--poll", "0.5")
+    run = res["run"]
+    v = run["verdict"]
+    assert run["status"] == "finished" and v["exact"] and v["moved_state"]
+    assert v["records_out"] == run["records"] == 40_000
+    assert run["report"]["bytes_moved"] > 0 and run["rss"]["peak"]["tasks_mb"] > 0
+    assert run["timeline"] and "**Verdict: PASS**" in (tmp_path / "summary.md").read_text()
+    assert os.path.getsize(tmp_path / "scale.png") > 10_000

@@ -161,6 +161,7 @@ def test_backpressure_keeps_in_flight_records_bounded(ray_cluster):
              + 2 * 8 * cfg.batch_size)
     samples: list[int] = []
     emitted: list[int] = []
+    busy: list[float] = []
 
     def sample() -> bool:
         """One sample of the records in flight; True once the sink has taken 10,000."""
@@ -170,6 +171,10 @@ def test_backpressure_keeps_in_flight_records_bounded(ray_cluster):
         emitted.append(src_out)
         for t in m.tasks:
             assert t.queued_frames <= cfg.credits * 2, t
+            # each task's process reports its CPU time and run-queue wait (DS2 reads them)
+            assert t.cpu_seconds is not None and t.cpu_seconds >= 0, t
+            assert t.cpu_wait_seconds is not None and t.cpu_wait_seconds >= 0, t
+        busy.append(sum(t.cpu_seconds or 0.0 for t in m.tasks if t.vertex == "src"))
         return sink_in >= 10_000
 
     try:
@@ -182,6 +187,7 @@ def test_backpressure_keeps_in_flight_records_bounded(ray_cluster):
     finally:
         h.stop()
     assert len(samples) >= 5, samples  # sampled while the pipeline ran, not once
+    assert busy[-1] > busy[0] >= 0, busy  # the source's CPU seconds grow as it works
     assert max(samples) <= bound, samples
     # the source was really held back by the 5-records/ms sink: far from its 200,000
     assert emitted[-1] < 100_000, emitted

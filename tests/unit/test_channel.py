@@ -228,6 +228,36 @@ def test_keyed_routes_by_routing_table_and_carries_keys_and_groups():
         assert [s for c, s, _ in frames if c == cid] == list(range(sum(c == cid for c, _, _ in frames)))
 
 
+def test_keyed_emits_send_whole_frames_and_keep_the_remainder_lingering():
+    """Records spread over two channels: each buffer crosses the batch size by a fraction
+    of an emit; only whole frames go, the rest starts its linger at that emit (issue 32,
+    item 9: flushing everything sent a short frame after each full one)."""
+    now = FakeNow(0.0)
+    edge = OutputEdge(0, "keyed", (chan(1), chan(2)), tuple(kg % 2 for kg in range(N)))
+    r = router([edge], batch_size=10, linger_s=1.0, key_fns={0: lambda rec: rec}, now=now)
+    keys = [k for k in range(1000) if key_group_of(k, N) % 2 == 0][:7]  # all to channel 1
+    r.emit(keys, [0] * 7)
+    now.t = 0.5
+    r.emit(keys + keys[:1], [1] * 8)  # 15 for channel 1: one frame of 10, 5 kept
+    frames = drain(r)
+    assert [(c, len(fr.values)) for c, _, fr in frames] == [(1, 10)]
+    assert list(frames[0][2].timestamps) == [0] * 7 + [1] * 3
+    assert r.buffered_records() == 5 and r.next_deadline() == pytest.approx(1.5)
+    now.t = 1.4
+    r.flush_due()
+    assert not r.outbox
+    now.t = 1.5
+    r.flush_due()
+    assert [(c, s, list(fr.values)) for c, s, fr in drain(r)] == [(1, 1, keys[3:] + keys[:1])]
+    # many small emits over two channels: frames are full but for the last of each channel
+    spread = list(range(5000))
+    for i in range(0, 5000, 64):
+        r.emit(spread[i:i + 64], [0] * len(spread[i:i + 64]))
+    r.flush_all()
+    sizes = [len(fr.values) for _, _, fr in drain(r)]
+    assert sum(sizes) == 5000 and sum(s < 10 for s in sizes) <= 2
+
+
 def test_keyed_edge_with_one_channel_gets_everything_with_keys():
     r = router([OutputEdge(0, "keyed", (chan(4),), (0,) * N)], batch_size=100,
                key_fns={0: lambda rec: rec})

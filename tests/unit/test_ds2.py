@@ -390,3 +390,23 @@ def test_a_keyed_root_of_a_forward_group_is_rescaled_and_its_partner_follows():
     assert scales(out)["agg"] == plain["agg"] and "sink" not in scales(out), out
     assert any("'sink' is a forward partner of 'agg' and rescales with it" in d.reason
                for d in out if isinstance(d, NoChange)), out
+
+
+def test_no_decision_on_a_window_whose_counters_span_longer_than_it():
+    """A task whose snapshot at the window's start was late (or missing: counted from zero)
+    brings counters that span longer than the window: its rates are not the window's
+    (measured on a loaded machine: 'busiest 377% busy', a source read at 2.8x its rate,
+    1 -> 64 asked). DS2 waits for a window that measures instead of acting on it."""
+    import dataclasses
+
+    job = Pipeline([Stage("reduce", 500, keyed=True)], 1_500)
+    w = job.window()
+    op = w.operators["reduce"]
+    (t,) = op.tasks
+    late = dataclasses.replace(t, records_in=4 * t.records_in, useful_s=3.8 * t.seconds,
+                               idle_s=0.2 * t.seconds)
+    w = dataclasses.replace(w, operators={**w.operators,
+                                          "reduce": dataclasses.replace(op, tasks=(late,))})
+    out = DS2().decide(w, job.view())
+    assert not scales(out), out
+    assert "span" in out[0].reason and "reduce/0" in out[0].reason, out

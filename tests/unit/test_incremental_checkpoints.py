@@ -73,6 +73,7 @@ class _Job:
         self.co = cc.CheckpointCoordinator("j-1", "j", N, _config(retained), ManualClock(),
                                            root)
         self.blobs: dict[int, list[bytes]] = {}  # the chain of the last complete checkpoint
+        self.base = -1  # the last checkpoint the tasks heard complete
         self.root = root
         self.settled = True  # no retained list changed behind the coordinator's back
 
@@ -133,9 +134,10 @@ class _Job:
                 return
             _execute(co, co.on_report(CheckpointAck(
                 task, cid, file, index, None, (), sum(n for _, _, n, _ in index), 0.0, 0.0,
-                0.0, tuple(deltas), tuple(unchanged))))
+                0.0, tuple(deltas), tuple(unchanged), self.base)))
         assert co.latest is not None and co.latest.checkpoint_id == cid
         self.blobs = chains
+        self.base = cid
         self.settled = True
 
 
@@ -226,7 +228,50 @@ def test_a_delta_on_a_chain_the_coordinator_does_not_hold_fails_the_checkpoint(t
         out = co.on_report(CheckpointAck(n, 1, "", (), None, (), 0, 0.0, 0.0, 0.0, (),
                                          (0,) if n == dep.tasks["sum"][0] else ()))
     assert isinstance(out[0], cc.NotifyAborted)
-    assert co.latest is None and "does not hold it" in co.last_failure
+    assert co.latest is None and "last complete checkpoint is -1" in co.last_failure
+
+
+def test_deltas_on_a_checkpoint_newer_than_the_jobs_last_fail_the_checkpoint(tmp_path):
+    """Review finding 9: a task that heard checkpoint 2 complete while the JobMaster (one
+    that took over, say) knows only checkpoint 1 writes deltas holding the changes since
+    2; put on 1's chains they would lose the changes between. The checkpoint fails (the
+    tasks then write every group whole); on the right base it completes."""
+    j = _Job(str(tmp_path), 2)
+    j.checkpoint(random.Random(0), fail=False)
+    co, dep = j.co, j.dep
+    sum0 = dep.tasks["sum"][0]
+    mine = next(kg for kg in range(N) if dep.assignments["sum"][kg] == 0)
+
+    def ack_all(base: int) -> list[cc.Command]:
+        [trigger] = co.trigger(dep)
+        out: list[cc.Command] = []
+        for n in dep.task_names():
+            out = co.on_report(CheckpointAck(n, trigger.checkpoint_id, "", (), None, (), 0,
+                                             0.0, 0.0, 0.0, (), (mine,) if n == sum0 else (),
+                                             base))
+        return out
+
+    out = ack_all(base=2)
+    assert isinstance(out[0], cc.NotifyAborted) and co.latest.checkpoint_id == 1
+    assert (f"task {sum0} wrote key groups as changes to checkpoint 2, but the job's last "
+            "complete checkpoint is 1") in co.last_failure
+    out = ack_all(base=1)
+    assert isinstance(out[0], cc.WriteMetadata)
+
+
+def test_the_task_records_the_checkpoint_its_chains_build_on():
+    from engine.state.incremental import Chain, ChainRecord
+
+    rec = ChainRecord()
+    assert rec.base_checkpoint == -1
+    rec.taken(3, {0: Chain(0, 10, 0)}, {}, {})
+    rec.completed(7)  # a savepoint or a checkpoint the task took no part in: no base
+    assert rec.base_checkpoint == -1
+    rec.completed(3)
+    assert rec.base_checkpoint == 3 and rec.base(0) == Chain(0, 10, 0)
+    rec.taken(4, {0: Chain(1, 10, 5)}, {}, {})
+    rec.aborted(4)
+    assert rec.base_checkpoint == -1 and rec.base(0) is None
 
 
 def test_a_savepoint_is_triggered_as_one_and_never_registered(tmp_path):

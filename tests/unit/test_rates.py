@@ -118,3 +118,15 @@ def test_an_overloaded_jobs_growing_backlog_is_not_charged_to_the_rescale():
                           new_parallelism=2, requested_at=9.5, completed_at=12.0,
                           key_groups_moved=64, bytes_moved=1, cut_short=False, by="test")
     assert rec.backlog_records == 0 and rec.disruption_s == 0.0
+
+
+def test_process_cpu_reports_this_process_cpu_and_run_queue_wait() -> None:
+    from engine.observability.metrics import process_cpu
+
+    cpu0, wait0 = process_cpu()
+    total = 0
+    for i in range(300_000):  # work, not a sleep: the CPU time must grow
+        total += i * i
+    cpu1, wait1 = process_cpu()
+    assert total > 0 and cpu1 > cpu0 >= 0
+    assert wait0 is not None and wait1 is not None and wait1 >= 0  # Linux says

@@ -42,11 +42,12 @@ VALUES: list[Any] = [0, 5, -1, 2.5, "s", None, True, b"\x00\x01", [1, 2], {"m": 
                      (4, "t"), [], {"n": 1.5}, frozenset({1, 2})]
 
 
-def _backends(tmp: Path) -> tuple[KeyedStateBackend, RocksDBKeyedStateBackend]:
+def _backends(tmp: Path, object_cache_bytes: int = 16 << 20,
+              ) -> tuple[KeyedStateBackend, RocksDBKeyedStateBackend]:
     d = tempfile.mkdtemp(dir=tmp)
-    return KeyedStateBackend(KGS * 2), RocksDBKeyedStateBackend(KGS * 2, d, task="t-0",
-                                                                 block_cache_bytes=1 << 20,
-                                                                 write_buffer_bytes=2 << 20)
+    return KeyedStateBackend(KGS * 2), RocksDBKeyedStateBackend(
+        KGS * 2, d, task="t-0", block_cache_bytes=1 << 20, write_buffer_bytes=2 << 20,
+        object_cache_bytes=object_cache_bytes)
 
 
 def _snap(b: KeyedStateBackend, kg: int) -> Any:
@@ -251,8 +252,28 @@ def test_random_operations_observe_the_same_on_both_backends(tmp_path: Path, see
     """Random sequences of state operations give the same results on both backends,
     and every group's snapshot decodes the same at the end."""
     print(f"rocksdb differential seed={seed}")
+    _differential(tmp_path, seed)
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_operations_observe_the_same_with_a_tiny_object_cache(tmp_path: Path,
+                                                                     seed: int) -> None:
+    """The same with the object cache at its smallest: loans written back after two
+    entries, clean values dropped every few KB (every path through the cache's bounds)."""
+    print(f"rocksdb differential (tiny object cache) seed={seed}")
+    before = rocksdb._MAX_LOANS
+    rocksdb._MAX_LOANS = 2
+    try:
+        _differential(tmp_path, seed, object_cache_bytes=4096)
+    finally:
+        rocksdb._MAX_LOANS = before
+
+
+def _differential(tmp_path: Path, seed: int, object_cache_bytes: int = 16 << 20) -> None:
     rng = random.Random(seed)
-    mem, rocks = _backends(tmp_path)
+    mem, rocks = _backends(tmp_path, object_cache_bytes)
     try:
         pair = _Pair(mem, rocks, rng)
         for _ in range(rng.randint(20, 250)):

@@ -219,9 +219,12 @@ def test_frames_delivered_out_of_order_are_processed_in_order(clock, sink):
     net = Net(job, clock)
     src, cat = net["src/0"], net["sum/0"]
     assert src.poll_source(100)
+    # batch_size 5: the whole frame goes at once, the 2 left wait for more (or the linger)
+    assert [(f.seq, f.records) for f in src.router.outbox] == [(0, 5)]
+    src.router.flush_all()
     frames = list(src.router.outbox)
     src.router.outbox.clear()
-    assert [(f.seq, f.records) for f in frames] == [(0, 5), (1, 2)]  # batch_size 5
+    assert [(f.seq, f.records) for f in frames] == [(0, 5), (1, 2)]
     for f in reversed(frames):
         cat.receive(f.channel_id, f.seq, f.payload)
         if f.seq != 0:

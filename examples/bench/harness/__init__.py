@@ -13,6 +13,8 @@ keeps the benchmarks comparable and each script down to what it alone measures.
 * ``procs``, ``profile``: CPU/RSS of a job's actor processes; py-spy on them.
 * ``stalls``: per-second stall evidence of a half-load run (in-worker probes, run-queue
   waits); ``hot_keys``: a source that builds keyed state, then updates a hot share of it.
+* ``replay``: a timestamped data set replayed open-loop with compressed event times, and a
+  latency sink measuring against that schedule (the DRRS paper's Twitch workload).
 * ``render``: number formatting, markdown tables, ``results.json`` / ``summary.md`` / PNG.
 * ``cli``: the arguments every benchmark shares and their (full, quick) defaults.
 * ``provenance``: the command, the code (commit, dirty, hash) and the machine of a run.

@@ -75,12 +75,14 @@ class PaddedCount(KeyedProcessFunction):
     """Per key: a count and ``record[2]`` bytes of padding (made on the key's first record;
     none for the generator's ``(key, seq)`` records without ``state_bytes_per_key``);
     emits ``(key, count)``. ``service_us``: each record also costs this much time
-    (``ServiceTime``)."""
+    (``ServiceTime``). ``random_padding``: the padding is random bytes, which RocksDB
+    cannot compress (zeros, the default, shrink to almost nothing on its disk)."""
 
     MAX_CREDIT_S = ServiceTime.MAX_CREDIT_S
 
-    def __init__(self, service_us: float = 0.0) -> None:
+    def __init__(self, service_us: float = 0.0, random_padding: bool = False) -> None:
         self.service_us = service_us
+        self.random_padding = random_padding
 
     def open(self, ctx: Any) -> None:
         self.pad = ctx.value_state("pad", None)
@@ -89,7 +91,8 @@ class PaddedCount(KeyedProcessFunction):
 
     def process_element(self, value: Any, ctx: Any) -> Any:
         if self.pad.value() is None:
-            self.pad.update(bytes(value[2] if len(value) > 2 else 0))
+            size = value[2] if len(value) > 2 else 0
+            self.pad.update(os.urandom(size) if self.random_padding else bytes(size))
         n = self.n.value() + 1
         self.n.update(n)
         self.service.spend()

@@ -53,6 +53,14 @@ def save_figure(fig: Any, path: str) -> None:
     pyplot().close(fig)
 
 
+def load_range(results: dict[str, Any]) -> str:
+    """"a -> b", the load average at the start and the end of the run ('?' before the end)
+    from ``results["machine"]`` (``begin``/``finish`` format)."""
+    m = results["machine"]
+    end = m.get("loadavg_at_end")
+    return f"{m['loadavg_at_start'][0]:.1f} -> " + ("?" if end is None else f"{end[0]:.1f}")
+
+
 def load_title(results: dict[str, Any]) -> str:
     """"N CPUs, load a -> b" from ``results["machine"]`` (``begin``/``finish`` format)."""
     m = results["machine"]

@@ -445,12 +445,8 @@ def claims(results: dict[str, Any]) -> list[list[str]]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    m = results["machine"]
     lines = [f"# Ding et al.: optimal operator state migration ({render.load_title(results)})",
-             "", f"Run {results['date']} · `{results['command']}` · {m['platform']}, "
-                 f"{m['cpus']} CPUs, Python {m['python']} · load average "
-                 f"{m['loadavg_at_start'][0]:.1f} -> {m.get('loadavg_at_end', ['?'])[0]:.1f}"
-                 f" · {results.get('total_seconds', 0):.0f} s", "",
+             "", render.run_line(results), "",
              "Costs are the state moved per migration, % of the whole operator state (the "
              "paper's metric). θ is the paper's (max task load <= θ x mean; reflow's "
              "`balance` = θ - 1). The paper gives its figures as plots; the claims below are "

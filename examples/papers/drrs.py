@@ -556,12 +556,9 @@ def _end_load(m: dict[str, Any]) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    m, c = results["machine"], results["config"]
+    c = results["config"]
     lines = [f"# DRRS on reflow ({render.load_title(results)})", "",
-             f"Run {results['date']} · `{results['command']}` · {m['platform']}, "
-             f"{m['cpus']} CPUs, Python {m['python']} · load average "
-             f"{m['loadavg_at_start'][0]:.1f} -> {_end_load(m)}"
-             f" · {results.get('total_seconds', 0):.0f} s", "",
+             render.run_line(results), "",
              *[f"Re-run {u['date']}: "
                + " and ".join([*([", ".join(u["jobs"])] if u["jobs"] else []),
                                *(["the grid"] if u.get("sensitivity") else [])])

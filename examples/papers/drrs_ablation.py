@@ -235,12 +235,9 @@ def claims(results: dict[str, Any]) -> list[list[str]]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    m = results["machine"]
     med = results["medians"]
     lines = [f"# DRRS ablation (Fig. 14) on reflow ({render.load_title(results)})", "",
-             f"Run {results['date']} · `{results['command']}` · {m['platform']}, {m['cpus']} "
-             f"CPUs, Python {m['python']} · load average {m['loadavg_at_start'][0]:.1f} -> "
-             f"{m.get('loadavg_at_end', ['?'])[0]:.1f} · {results.get('total_seconds', 0):.0f} s",
+             render.run_line(results),
              "", *([f"**Incomplete**: {len(results['runs'])} of {results['planned_runs']} "
                     "runs (the run was stopped; the files are rewritten after every run).",
                     ""] if len(results["runs"]) < results.get("planned_runs", 0) else []),

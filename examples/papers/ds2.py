@@ -426,13 +426,10 @@ def _n(x: int | None) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    m = results["machine"]
     c = results["config"]
     lines = [f"# DS2: convergence from under- and over-provisioned starts "
              f"({render.load_title(results)})", "",
-             f"Run {results['date']} · `{results['command']}` · {m['platform']}, "
-             f"{m['cpus']} CPUs, Python {m['python']} · load average {render.load_range(results)} · "
-             f"{results.get('total_seconds', 0):.0f} s", "",
+             render.run_line(results), "",
              results["description"] + ".", "",
              "The paper gives its convergence as plots and its claim in words (at most three "
              "steps; one on Heron's word count, where Dhalion took six); the rows below are "

@@ -796,10 +796,7 @@ def markdown(results: dict[str, Any]) -> str:
     c = results["config"]
     lines = [f"# Megaphone: all-at-once vs fluid vs batched on reflow "
              f"({render.load_title(results)})", "",
-             f"Run {results['date']} · `{results['command']}` · {m['platform']}, "
-             f"{m['cpus']} CPUs, Python {m['python']} · load average "
-             f"{m['loadavg_at_start'][0]:.1f} -> {m.get('loadavg_at_end', ['?'])[0]:.1f} · "
-             f"{results.get('total_seconds', 0):.0f} s · {c['repeats']} round(s) per job, "
+             render.run_line(results) + f" · {c['repeats']} round(s) per job, "
              "medians", "",
              "Strategies: *all-at-once* = reflow's `pause-resume` (every moving key group in "
              "one step; the new owners read nothing after the step's barrier until the state "

@@ -591,13 +591,10 @@ def _sweep_runs(part: str, phase: pl.Phase, ctx: dict[str, Any], res: dict[str, 
 
 
 def markdown(results: Mapping[str, Any]) -> str:
-    m, c = results["machine"], results["config"]
+    c = results["config"]
     lines = [f"# Spacker: Table II and the planning knobs on reflow "
              f"({render.load_title(results)})", "",
-             f"Run {results['date']} · `{results['command']}` · {m['platform']}, {m['cpus']} "
-             f"CPUs, Python {m['python']} · load average {m['loadavg_at_start'][0]:.1f} -> "
-             f"{m.get('loadavg_at_end', ['?'])[0]:.1f} · {results.get('total_seconds', 0):.0f}"
-             f" s · protocol `{PROTOCOL}`", ""]
+             render.run_line(results) + f" · protocol `{PROTOCOL}`", ""]
     rows: list[list[str]] = []
     t2 = results.get("table2")
     scale_t2 = ""

@@ -383,12 +383,9 @@ def run_rows(results: dict[str, Any]) -> list[list[str]]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    m = results["machine"]
     lines = [f"# Trisk: four reconfigurations on one running job each "
              f"({render.load_title(results)})", "",
-             f"Run {results['date']} · `{results['command']}` · {m['platform']}, {m['cpus']} "
-             f"CPUs, Python {m['python']} · load average {render.load_range(results)} · "
-             f"{results.get('total_seconds', 0):.0f} s · Ray: two nodes on this machine", "",
+             render.run_line(results) + " · Ray: two nodes on this machine", "",
              "Trisk's completion time is reflow's reconfiguration duration (its report: "
              "request to completion); Trisk's mechanism, partial pause-and-resume, is "
              "reflow's `pause-resume` protocol, Flink's native reconfiguration its "

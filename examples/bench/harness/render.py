@@ -61,6 +61,15 @@ def load_range(results: dict[str, Any]) -> str:
     return f"{m['loadavg_at_start'][0]:.1f} -> " + ("?" if end is None else f"{end[0]:.1f}")
 
 
+def run_line(results: dict[str, Any]) -> str:
+    """"Run <date> · `<command>` · <platform>, N CPUs, Python x · load average a -> b ·
+    T s": the first line of a papers script's summary (``results["date"]`` set by it)."""
+    m = results["machine"]
+    return (f"Run {results['date']} · `{results['command']}` · {m['platform']}, "
+            f"{m['cpus']} CPUs, Python {m['python']} · load average {load_range(results)} · "
+            f"{results.get('total_seconds', 0):.0f} s")
+
+
 def load_title(results: dict[str, Any]) -> str:
     """"N CPUs, load a -> b" from ``results["machine"]`` (``begin``/``finish`` format)."""
     m = results["machine"]

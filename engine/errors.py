@@ -72,6 +72,7 @@ Hierarchy::
     │   ├── ConnectionLost      shell, which fails the job naming the receiver): the
     │   ├── FrameRefused        receiver died, or refused a frame (e.g. unknown channel),
     │   ├── FrameTooLarge       or a frame exceeds ``JobConfig.max_frame_bytes``
+    │   ├── ConnectionClosed    ... or the sender closed the connection itself (no death)
     │   └── DownstreamDied      ... as the sending task's shell reports it (names the receiver)
     ├── PrometheusError         a Prometheus server refused a query or could not be reached
     ├── BridgeError             a Spark bridge refused data or failed (the reflow job or a
@@ -462,6 +463,13 @@ class ConnectionLost(DataChannelError):
     """The connection to a receiving task closed with frames unacknowledged."""
 
 
+class ConnectionClosed(DataChannelError):
+    """The sending task closed the connection itself with frames unacknowledged (it
+    stopped, or the receiver's name now stands for a new actor): the receiver did not die,
+    the sender gave up on those frames (``engine.runtime.connections.ack_failure`` decides
+    what that means to the task)."""
+
+
 class FrameRefused(DataChannelError):
     """The receiving task refused a frame (e.g. a channel it does not have)."""
 
@@ -500,6 +508,7 @@ __all__ = [
     "CodecError",
     "ColumnarError",
     "ConfigError",
+    "ConnectionClosed",
     "ConnectionLost",
     "ControlPlaneError",
     "ControlTimeout",

@@ -950,7 +950,7 @@ def subscale_calls(sub: Subscale, names: Sequence[str], dep: Deployment, vertex:
         Call(s_name, ExpectOutgoing(sub.subscale_id, sub.key_groups,
                                     OutputChannel(rcid, d_name, REROUTE_PORT), len(direct),
                                     spec.aligned, spec.block_aligned, with_replica,
-                                    spec.coupled), (d_name,)),
+                                    spec.coupled, spec.schedule_records), (d_name,)),
     ]
     inject = [Call(u, InjectSubscale(sub.subscale_id, e.edge_id, sub.key_groups, sub.new,
                                      spec.trigger, spec.pause_new_owner)) for e, u in preds]

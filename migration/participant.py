@@ -50,17 +50,31 @@ Guarantees:
   the migration there with the fetched group. The rest follow in the background, one pull at
   a time while no fetch is in flight. A group never goes back: the old owner re-routes the
   records of a shipped group it still finds (as drrs) instead of fetching the state back.
+* Record scheduling at the old owner (drrs, meces): a triggered subscale's confirm barrier
+  already queued here behind records of other groups is taken ahead of them once every
+  group with records in front of it has been pulled: those records are re-routed, in
+  their order, the confirm forwarded behind them, and the other groups' records stay
+  queued in their order. So a subscale waits for its own groups' backlog, not for the
+  task to work through all its queued input. Never across a checkpoint or logic barrier,
+  an order marker or the end of input (``_crossable``), nor on a channel a barrier or
+  token blocks.
+* While a migration runs through a task it runs about ``STEP_BUDGET_S`` of records per
+  step (the rest of a frame waits as its channel's head), so its shell takes the
+  migration's control messages (trigger, pulls, state) between slices, not after whole
+  frames of slow records.
 * The DRRS ablation (``migration.protocols.drrs.drrs_without``): with
   ``ExpectOutgoing.coupled`` the old owner freezes the groups on the first confirm and
   migrates on the last (no trigger), forwarding every confirm first; with
   ``ExpectIncoming.schedule_records`` off a record that must wait stops its channel (nothing
-  set aside) and pulls follow the subscale's order.
+  set aside) and pulls follow the subscale's order, and with
+  ``ExpectOutgoing.schedule_records`` off the old owner reaches confirms in input order.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
@@ -77,6 +91,7 @@ from engine.task.core import (
     TaskCore,
     TaskSpec,
 )
+from engine.task.inputs import InputSet
 from engine.task.reply import Reply
 from engine.time.clock import Clock
 from engine.wire.messages import (
@@ -85,6 +100,7 @@ from engine.wire.messages import (
     DropReplicas,
     ExpectIncoming,
     ExpectOutgoing,
+    Frame,
     GroupArrived,
     GroupLeft,
     InjectSubscale,
@@ -100,8 +116,11 @@ from engine.wire.messages import (
     SubscaleDone,
     SubscaleTriggered,
     TriggerBarrier,
+    Watermark,
     WatermarkHold,
     WatermarkRelease,
+    decode_frame,
+    encode_frame,
 )
 from migration.replication import (
     ReplicaStore,
@@ -130,6 +149,11 @@ class TaskHost(Protocol):
     @property
     def router(self) -> OutputRouter:
         """The task's output router: redirects, the re-route path, events on channels."""
+
+    @property
+    def inputs(self) -> InputSet:
+        """The task's input channels, their unfinished heads and what blocks them (the old
+        owner looks ahead in them for its subscales' confirm barriers)."""
 
     @property
     def backend(self) -> KeyedStateBackend | None:
@@ -205,6 +229,49 @@ def _waits_for_aside(event: Any) -> bool:
     return event is not None and not isinstance(event, LatencyMarker)
 
 
+# A migrating task runs about this many seconds of records per step, then lets its shell
+# take control messages: a frame of slow records (1,000 at 2 ms: 2 s) would otherwise hold
+# every pull, trigger and state install of the migration for as long.
+STEP_BUDGET_S = 0.02
+
+
+class _Slicer:
+    """How many records a step runs between looks at the clock: about half the step's
+    budget by the cost per record measured so far (``MIN_CHUNK`` at first, at most
+    ``MAX_CHUNK``), so cheap records keep whole frames and slow ones a few per step."""
+
+    MIN_CHUNK = 8
+    MAX_CHUNK = 1 << 16
+
+    def __init__(self, now: Callable[[], float]) -> None:
+        self.now = now
+        self.chunk = self.MIN_CHUNK
+        self._t0 = self._mark = 0.0
+
+    def start(self) -> None:
+        self._t0 = self._mark = self.now()
+
+    def spent(self) -> bool:
+        """A chunk of ``chunk`` records ran: adapt the chunk; True once the step used its
+        budget."""
+        now = self.now()
+        per = (now - self._mark) / self.chunk
+        self.chunk = (self.MAX_CHUNK if per <= 0 else
+                      max(self.MIN_CHUNK, min(self.MAX_CHUNK, int(STEP_BUDGET_S / 2 / per))))
+        self._mark = now
+        return now - self._t0 >= STEP_BUDGET_S
+
+
+def _crossable(event: Any) -> bool:
+    """Whether records of a subscale's groups queued behind ``event`` at their old owner may
+    be re-routed before the owner reaches it. A latency marker carries no obligation; a
+    watermark concerns this task's own groups (the leaving ones froze at their first
+    barrier, and their new owner caps what they see at that watermark); another subscale's
+    confirm concerns other groups. Not a checkpoint or logic barrier (records behind it
+    belong to the next epoch), nor an order marker, pause or end of input."""
+    return event is None or type(event) in (LatencyMarker, Watermark, ConfirmBarrier)
+
+
 # ---------------------------------------------------------------------- old owner
 
 
@@ -218,6 +285,7 @@ class _Outgoing:
     aligned: bool = False  # ship once every confirm is in (no re-routing)
     block: bool = False  # and do not read a channel after its confirm until then
     coupled: bool = False  # drrs without decoupled barriers: migrate on the last confirm
+    schedule_records: bool = True  # drrs: its confirms may be taken ahead (_expedite)
     confirms: set[int] = field(default_factory=set)
     migrated: bool = False  # triggered (drrs): its groups may be pulled
     pulled: set[int] = field(default_factory=set)
@@ -238,11 +306,12 @@ class OldOwnerRole:
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...], new_owner: str,
                reroute_channel: int, predecessors: int, aligned: bool = False,
-               block: bool = False, coupled: bool = False) -> None:
+               block: bool = False, coupled: bool = False,
+               schedule_records: bool = True) -> None:
         if subscale_id not in self.subscales:
             self.subscales[subscale_id] = _Outgoing(
                 subscale_id, tuple(key_groups), new_owner, reroute_channel, predecessors,
-                aligned, block, coupled)
+                aligned, block, coupled, schedule_records=schedule_records)
 
     def should_migrate(self, subscale_id: int) -> bool:
         """True exactly once per subscale: on its first trigger or confirm barrier. A trigger
@@ -499,6 +568,10 @@ class MigrationParticipant:
         # old owner: groups of a triggered subscale -> the watermark at its first barrier
         self._leaving: dict[int, int] = {}
         self._frozen: set[int] = set()  # subscales whose groups froze here (old owner)
+        self._slicer = _Slicer(host.clock.monotonic)
+        self.confirms_ahead = 0  # confirms taken ahead of other groups' records (old owner)
+        # old owner: queued frames decoded while looking for confirms, by (channel, seq)
+        self._decoded: dict[tuple[int, int], tuple[bytes, PartialFrame]] = {}
         if host.config.live_rescaling:
             host.hold_timers(self._holds_timers)
 
@@ -514,9 +587,9 @@ class MigrationParticipant:
                 return Ack()
             case ExpectOutgoing(subscale=sid, key_groups=kgs, reroute=rc, predecessors=n,
                                 aligned=aligned, block=block, replicas=replicas,
-                                coupled=coupled):
+                                coupled=coupled, schedule_records=schedule):
                 self.old_role.expect(sid, kgs, rc.target, rc.channel_id, n, aligned, block,
-                                     coupled)
+                                     coupled, schedule)
                 if replicas:
                     self._replicas_at_new[sid] = dict(replicas)
                 self._reroute_channels[sid] = rc
@@ -590,15 +663,26 @@ class MigrationParticipant:
 
     def step_frame(self, ch: InputChannel, frame: PartialFrame) -> bool:
         """Re-route records of migrated-out groups, set aside records of incoming groups that
-        are not ready (while the cap allows), process the rest."""
+        are not ready (while the cap allows), process the rest; at most about
+        ``STEP_BUDGET_S`` of records at a time (the rest waits as the channel's head)."""
         cid = ch.channel_id
+        if self._expediting():
+            self._expedite((cid, frame))
         old, nr = self.old_role, self.new_role
         values, tss, keys, kgs, ports = (frame.values, frame.timestamps, frame.keys, frame.kgs,
                                          frame.ports)
         n = len(values)
         ready: list[Record] = []
         pos = frame.pos
+        slicer = self._slicer
+        slicer.start()
         while pos < n:
+            if len(ready) >= slicer.chunk:
+                frame.pos = pos
+                self.host.run_records(ready)
+                ready = []
+                if slicer.spent():
+                    break
             if kgs is None:  # not a keyed input: nothing migrates
                 ready.extend((values[j], tss[j], None, -1, ch.port) for j in range(pos, n))
                 pos = n
@@ -728,6 +812,7 @@ class MigrationParticipant:
         self.host.send_priority(out.new_owner, msg)
         self._state_sent[sid] += len(msg.state)
         self._finish_outgoing(sid)
+        self._expedite()  # its records queued here may go now, and with them a confirm
 
     def _finish_outgoing(self, sid: int) -> None:
         """Drrs: every confirm forwarded and every group pulled."""
@@ -816,6 +901,121 @@ class MigrationParticipant:
             self.host.router.reroute_event(out.reroute_channel, ConfirmBarrier(sid, dc))
         if self.old_role.should_migrate(sid):
             self._migrate_out(sid)
+
+    # ------------------------------------------------------------ old owner: record scheduling
+    def _expediting(self) -> bool:
+        """A triggered, decoupled subscale gives groups away here (its confirms may be
+        taken ahead of the queue)."""
+        return any(o.migrated and o.schedule_records and not o.aligned and not o.coupled
+                   for o in self.old_role.subscales.values())
+
+    def _expedite(self, current: tuple[int, PartialFrame] | None = None) -> None:
+        """Old owner: take every triggered subscale's confirm barrier already queued here
+        ahead of the records of other groups in front of it: the subscale's records in
+        front of it are re-routed now, in their order, and the confirm forwarded behind
+        them, as if this task had reached it; the other records stay queued, in their
+        order. So a subscale waits for its own groups' backlog only, not for this task to
+        work through every record queued before the barrier (DRRS's record scheduling at
+        the old owner). Only once every group with records in front of the confirm has
+        been pulled (they are re-routed, never run here), and never across what
+        ``_crossable`` refuses or on a channel a barrier or token blocks. ``current``:
+        (channel, frame) being stepped, taken from the channel (its records come first)."""
+        if not self._expediting():
+            self._decoded.clear()
+            return
+        inputs = self.host.inputs
+        for cid, ch in list(inputs.channels.items()):
+            if ch.port == REROUTE_PORT or not inputs.readable(cid):
+                continue
+            head = current[1] if current is not None and current[0] == cid \
+                else inputs.heads.get(cid)
+            while self._expedite_channel(ch, head):
+                pass
+
+    def _queued(self, ch: InputChannel) -> Iterator[tuple[int, PartialFrame]]:
+        """The channel's queued frames, decoded (once: kept until taken), with their index."""
+        cid, decoded = ch.channel_id, self._decoded
+        first = ch.queue[0][0] if ch.queue else ch.next_seq
+        for key in [k for k in decoded if k[0] == cid and k[1] < first]:
+            del decoded[key]
+        for i, (seq, payload) in enumerate(ch.queue):
+            hit = decoded.get((cid, seq))
+            if hit is None or hit[0] is not payload:
+                hit = (payload, PartialFrame(decode_frame(payload)))
+                decoded[(cid, seq)] = hit
+            yield i, hit[1]
+
+    def _expedite_channel(self, ch: InputChannel, head: PartialFrame | None) -> bool:
+        """Take the first confirm of a triggered subscale queued on ``ch`` (``head``: its
+        unfinished frame) if possible; True when one was taken."""
+        ahead: list[tuple[int, PartialFrame]] = [] if head is None else [(-1, head)]
+        frames = itertools.chain(ahead, self._queued(ch))
+        seen: list[tuple[int, PartialFrame]] = []
+        for qi, f in frames:
+            seen.append((qi, f))
+            ev = f.event
+            if type(ev) is ConfirmBarrier:
+                out = self.old_role.subscales.get(ev.subscale)
+                if out is None or out.aligned or out.coupled:
+                    return False
+                if out.migrated and out.schedule_records:
+                    return self._take_confirm(ch, ev, out, seen)
+            elif not _crossable(ev):
+                return False
+        return False
+
+    def _take_confirm(self, ch: InputChannel, cb: ConfirmBarrier, out: _Outgoing,
+                      frames: list[tuple[int, PartialFrame]]) -> bool:
+        """Re-route the subscale's records in ``frames`` (up to its confirm, the last) and
+        handle the confirm now; False (nothing done) while one of them has a group still
+        here, or when no record of another group is in front of the confirm (the task
+        reaches it in its next steps anyway)."""
+        moving = set(out.key_groups)
+        gone = self.old_role.migrated_out
+        others = False  # records of other groups in front: else this task is there already
+        for _, f in frames:
+            if f.kgs is None:
+                return False
+            for kg in f.kgs[f.pos:]:
+                if kg not in moving:
+                    others = True
+                elif kg not in gone:
+                    return False
+        if not others:
+            return False
+        router = self.host.router
+        last = frames[-1][1]
+        for qi, f in frames:
+            kgs = f.kgs
+            assert kgs is not None and f.keys is not None  # a keyed input (checked above)
+            n = len(f.values)
+            keep = [j for j in range(f.pos, n) if kgs[j] not in moving]
+            if len(keep) < n - f.pos:
+                for j in range(f.pos, n):
+                    if kgs[j] in moving:
+                        port = f.ports[j] if f.ports is not None else ch.port
+                        router.reroute(out.reroute_channel, f.values[j], f.timestamps[j],
+                                       f.keys[j], kgs[j], port)
+                f.values = [f.values[j] for j in keep]
+                f.timestamps = [f.timestamps[j] for j in keep]
+                f.keys = [f.keys[j] for j in keep]
+                f.kgs = [kgs[j] for j in keep]
+                if f.ports is not None:
+                    f.ports = [f.ports[j] for j in keep]
+                f.pos = 0
+            elif f is not last:
+                continue
+            if f is last:
+                f.event = None
+            if qi >= 0:  # a queued frame: queued again as it is now
+                seq = ch.queue[qi][0]
+                payload = encode_frame(Frame(f.values, f.timestamps, f.keys, f.kgs, f.event,
+                                             f.ports))
+                ch.queue[qi] = (seq, payload)
+                self._decoded[(ch.channel_id, seq)] = (payload, f)
+        self.confirms_ahead += 1
+        self._confirm_at_old_owner(cb.subscale, cb.direct_channel, ch.channel_id)
+        return True
 
     # ------------------------------------------------------------ new owner
     def _confirm_at_new_owner(self, sid: int, direct_channel: int) -> None:

@@ -9,8 +9,9 @@ a :class:`~migration.plan.MigrationPlan`: steps run one after another, each step
 :func:`matching_steps` is Megaphone's matching-based batching (every task sends and
 receives at most one group per step) and :func:`adaptive_planning` Spacker's default
 strategy (§IV-C), choosing the knobs from a :class:`WorkloadProfile`;
-:func:`measure_groups` reads the tasks' per-group counters (records, state bytes, keys)
-into :class:`MeasuredGroups` (input rate, state access ratio, arrival order) and
+:func:`measure_groups` reads the tasks' per-group counters (records, state bytes, keys) and
+their distinct keys touched per second into :class:`MeasuredGroups` (input rate, state
+access ratio, arrival order) and
 :func:`adaptive_from_measures` runs the default strategy on them.
 """
 
@@ -495,7 +496,7 @@ def adaptive_planning(profile: WorkloadProfile,
         prio_why = f"skewed ({p.skew:.1f}) but low {rate_text}: random"
     else:
         prio = "random"
-        prio_why = f"low skew ({p.skew:.1f}): random"
+        prio_why = f"low skew ({p.skew:.1f}; {rate_text}): random"
     # replication
     access = f"state access {p.state_access_ratio:.0%}"
     if large and p.state_access_ratio < t.low_state_access:
@@ -537,12 +538,17 @@ def profiles_from_metrics(loads: Mapping[int, float], sizes: Mapping[int, int], 
 class MeasuredGroups:
     """What the tasks' per-group counters (``GroupStats`` replies) say about an operator:
     ``loads`` records/s and ``sizes`` state bytes per key group, ``keys`` per key group
-    where the tasks report it, ``seconds`` the longest span the records were counted over."""
+    where the tasks report it, ``seconds`` the longest span the records were counted over;
+    ``touched`` the distinct keys per second the records of the tasks that counted them
+    touched (their latest measuring window, summed; None: no task counted), and
+    ``touched_groups`` those tasks' key groups (each of which reports its keys)."""
 
     loads: Mapping[int, float]
     sizes: Mapping[int, int]
     keys: Mapping[int, int]
     seconds: float
+    touched: float | None = None
+    touched_groups: frozenset[int] = frozenset()
 
     @property
     def input_rate(self) -> float:
@@ -551,16 +557,30 @@ class MeasuredGroups:
 
     @property
     def state_access_ratio(self) -> float | None:
-        """Spacker's ratio of state access: the share of the keys accessed per second,
-        ``sum(min(rate, keys)) / sum(keys)`` over the groups that report their keys (a
-        record touches one key of its group; at most every key of a group in a second: an
-        upper bound when records repeat keys). None when no group reports its keys."""
+        """Spacker's ratio of state access (§IV-C: "proportion of keys accessed per
+        second"): distinct keys touched per second over the keys holding state, over the
+        groups that report their keys. Distinct, because that is what a replica has to
+        catch up on: a key touched a thousand times since the last refresh is one entry
+        of the delta. The tasks that counted distinct keys (``touched``) give theirs; for
+        the others' groups the upper bound ``min(rate, keys)`` stands in (a record touches
+        one key; a group cannot touch more keys than it has), which overstates the ratio
+        when records repeat keys. None when no group reports its keys."""
         known = {kg: k for kg, k in self.keys.items() if k > 0}
         total = sum(known.values())
         if not total:
             return None
-        touched = sum(min(self.loads.get(kg, 0.0), float(k)) for kg, k in known.items())
+        touched = self.touched or 0.0
+        touched += sum(min(self.loads.get(kg, 0.0), float(k)) for kg, k in known.items()
+                       if kg not in self.touched_groups)
         return min(1.0, touched / total)
+
+    @property
+    def access_counted(self) -> bool:
+        """Every group reporting its keys belongs to a task that counted distinct keys (the
+        ratio is measured, not bounded by the records per second)."""
+        known = [kg for kg, k in self.keys.items() if k > 0]
+        return bool(known) and self.touched is not None and \
+            all(kg in self.touched_groups for kg in known)
 
     def profiles(self) -> dict[int, GroupProfile]:
         """One profile per group, arrival order from the measured rates."""
@@ -570,20 +590,33 @@ class MeasuredGroups:
 def measure_groups(replies: Sequence[object]) -> MeasuredGroups:
     """Per-group load, size and key count from the tasks' ``GroupStats`` replies (anything
     with ``groups``: ``(key group, records, state bytes[, keys])`` tuples, and ``seconds``
-    the records were counted over; a reply counted over no time gives load 0)."""
+    the records were counted over; a reply counted over no time gives load 0), and the
+    distinct keys touched per second from those that say (``keys_touched`` >= 0 over
+    ``touched_seconds`` > 0, every group of the reply with its keys: a task whose keys are
+    unknown could not be set against them)."""
     loads: dict[int, float] = {}
     sizes: dict[int, int] = {}
     keys: dict[int, int] = {}
     longest = 0.0
+    touched: float | None = None
+    touched_groups: set[int] = set()
     for r in replies:
         seconds = float(getattr(r, "seconds", 0.0))
         longest = max(longest, seconds)
+        mine = []
         for kg, records, size, *more in getattr(r, "groups", ()):
             loads[kg] = records / seconds if seconds > 0 else 0.0
             sizes[kg] = int(size)
             if more and more[0] is not None:
                 keys[kg] = int(more[0])
-    return MeasuredGroups(loads, sizes, keys, longest)
+            mine.append(kg)
+        count = getattr(r, "keys_touched", -1)
+        over = float(getattr(r, "touched_seconds", 0.0))
+        if mine and count is not None and count >= 0 and over > 0 \
+                and all(kg in keys for kg in mine):
+            touched = (touched or 0.0) + count / over
+            touched_groups.update(mine)
+    return MeasuredGroups(loads, sizes, keys, longest, touched, frozenset(touched_groups))
 
 
 def adaptive_from_measures(measured: MeasuredGroups, moved: Sequence[int], *,
@@ -592,8 +625,10 @@ def adaptive_from_measures(measured: MeasuredGroups, moved: Sequence[int], *,
                            thresholds: AdaptiveThresholds | None = None) -> PlanningDecision:
     """Spacker's default planning from what was measured: the input rate and skew from the
     groups' loads, the state per moving group from their sizes, the state access ratio from
-    their key counts (``MeasuredGroups.state_access_ratio``; unmeasured: 1.0, which never
-    replicates, and the reason says so) and the operator's ``capacity_rate`` (records/s it
+    the distinct keys touched per second over their key counts
+    (``MeasuredGroups.state_access_ratio``; bounded by the records per second where the
+    tasks counted no distinct keys; unmeasured: 1.0, which never replicates; the reason says
+    which) and the operator's ``capacity_rate`` (records/s it
     sustains: ``OperatorRates.capacity`` over the latest metrics window; None: unknown, "high
     input rate" is then absolute)."""
     ratio = measured.state_access_ratio
@@ -608,6 +643,9 @@ def adaptive_from_measures(measured: MeasuredGroups, moved: Sequence[int], *,
     if ratio is None:
         notes.append("state access not measured (the tasks report no keys per group): "
                      "counted as 100%")
+    elif not measured.access_counted:
+        notes.append("state access bounded by the records per second (distinct keys not "
+                     "counted yet)")
     if capacity_rate is None:
         notes.append("capacity not measured: the input rate is judged absolute")
     if not notes:

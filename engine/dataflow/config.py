@@ -105,6 +105,38 @@ def _data_host_default() -> str:
     return os.environ.get("REFLOW_DATA_HOST") or "127.0.0.1"
 
 
+#: the variables that give ``JobConfig.tls`` its default (certificate, key, CA), so a
+#: deployment (``deploy/k8s``: a Secret mounted in every pod) turns the data transport's TLS
+#: on without changing the job's code
+TLS_ENV = ("REFLOW_TLS_CERT_FILE", "REFLOW_TLS_KEY_FILE", "REFLOW_TLS_CA_FILE")
+
+
+def tls_from_env() -> TLS | None:
+    """``TLS(cert, key, ca)`` of ``REFLOW_TLS_CERT_FILE`` / ``REFLOW_TLS_KEY_FILE`` /
+    ``REFLOW_TLS_CA_FILE`` (optional: default the certificate itself), None when none is
+    set. ``ConfigError`` naming the variable when one of the pair is missing or a variable
+    names no file on this machine (the driver's: the JobConfig is made there and the tasks
+    read the same paths, so a missing mount fails the job at its start rather than at each
+    task's first connection)."""
+    cert, key, ca = (os.environ.get(name, "").strip() for name in TLS_ENV)
+    if not (cert or key or ca):
+        return None
+    unset = [name for name, value in zip(TLS_ENV[:2], (cert, key), strict=True) if not value]
+    if unset:
+        raise ConfigError(
+            f"JobConfig: tls from the environment needs both {TLS_ENV[0]} and {TLS_ENV[1]}; "
+            f"{' and '.join(unset)} {'is' if len(unset) == 1 else 'are'} not set (set it, or "
+            "unset the other REFLOW_TLS_* variables to run without TLS)")
+    for name, path in zip(TLS_ENV, (cert, key, ca), strict=True):
+        if path and not os.path.isfile(path):
+            raise ConfigError(
+                f"JobConfig: {name}={path!r} names no file on this node (a TLS "
+                "certificate, key or CA in PEM; on Kubernetes, is the Secret mounted "
+                "there?); give the file on every node, or unset the REFLOW_TLS_* "
+                "variables to run without TLS")
+    return TLS(cert, key, ca or None)
+
+
 def _metrics_port_default() -> int | None:
     """``REFLOW_METRICS_PORT`` as an int (a value that is not one is refused, naming it, as
     the type check refuses a bad ``metrics_port``), else 0."""
@@ -168,7 +200,10 @@ class JobConfig:
     multi-machine cluster set it to "0.0.0.0" (each task then advertises its node's address)
     or use ``transport="ray"`` (default: ``REFLOW_DATA_HOST``, else 127.0.0.1).
     ``tls``: a ``TLS`` makes the data transport's connections mutually authenticated TLS
-    (``transport="tcp"`` only; None: plain TCP, with the per-task token as the only check).
+    (``transport="tcp"`` only; None: plain TCP, with the per-task token as the only check;
+    default: the files named by ``REFLOW_TLS_CERT_FILE`` / ``REFLOW_TLS_KEY_FILE`` /
+    ``REFLOW_TLS_CA_FILE`` when set, ``tls_from_env``, and not used with
+    ``transport="ray"``; else None).
     ``max_frame_bytes``: the largest data frame a task sends or accepts; a connection whose
     length field announces more is closed before anything is allocated, and a sender whose
     batch encodes to more fails naming the operator and this setting (lower
@@ -205,8 +240,9 @@ class JobConfig:
     task, never shared; what a killed task left is removed when the task starts again on
     that node; None: ``reflow-state`` in the node's temporary directory).
     ``state_memory_bytes``: the memory each RocksDB task gives its state (a quarter as
-    RocksDB's write buffers, an eighth as the cache of decoded values in front of it, the
-    rest as block cache; at least 8 MiB); state beyond it lives on disk.
+    RocksDB's write buffers, an eighth as the cache of decoded values in front of it, a
+    32nd as the caches of the timers kept in it, the rest as block cache; at least 8 MiB);
+    state and timers beyond it live on disk.
     Both are ignored by the "memory" backend.
     ``incremental_checkpoints``: a periodic checkpoint writes, per key group, only what
     changed since the previous one (the changed keys' values and tombstones, as a delta
@@ -253,7 +289,7 @@ class JobConfig:
     live_rescaling: bool = True
     transport: str = "tcp"
     data_host: str = field(default_factory=_data_host_default)
-    tls: TLS | None = None
+    tls: TLS | None = field(default_factory=tls_from_env)
     max_frame_bytes: int = 64 * 1024 * 1024
     group_load_sample_every: int = 8
     drrs_pacing: bool = True
@@ -280,6 +316,11 @@ class JobConfig:
             typed = _typed(f.name, str(f.type), value)
             if typed is not value:
                 object.__setattr__(self, f.name, typed)
+        if self.transport == "ray" and self.tls is not None and (
+                self.tls.cert_file, self.tls.key_file, self.tls.ca_file) == tuple(
+                os.environ.get(name, "").strip() or None for name in TLS_ENV):
+            # the deployment's TLS is for the tcp transport's sockets; actor calls have none
+            object.__setattr__(self, "tls", None)
         checks = [
             ("batch_size", self.batch_size >= 1, ">= 1"),
             ("linger_ms", self.linger_ms >= 0, ">= 0"),

@@ -558,8 +558,21 @@ class _LatencyWriter(SinkWriter):
             second = int(now // 1)
             if second != self._second:
                 self._switch_second(second)
-            lat = int(now * 1000) - np.asarray(timestamps, dtype=np.int64)
-            self._current.observe_many(lat)
+            from engine.wire.codec import runs_of
+
+            now_ms = int(now * 1000)
+            first = timestamps[0]
+            runs = None
+            if type(timestamps) in (list, tuple):
+                # a batch of one source batch (or a few): one latency per timestamp, not an
+                # array of equal ones (issue 32, item 9)
+                runs = ([(first, len(timestamps))] if timestamps.count(first) == len(timestamps)
+                        else runs_of(timestamps))
+            if runs is not None and all(type(t) is int for t, _ in runs):
+                for t, n in runs:
+                    self._current.observe_repeated(now_ms - t, n)
+            else:
+                self._current.observe_many(now_ms - np.asarray(timestamps, dtype=np.int64))
             self._dirty = True
         if self._dirty and self._clock.monotonic() - self._last_save >= self._interval:
             self._save()

@@ -9,7 +9,9 @@ Guarantees: at most one connection is being opened per receiver at a time; a con
 opened while the receiver's name was given to a new actor is dropped and reopened to the
 new one; a receiver that cannot be reached raises ``DownstreamDied`` naming it (the task
 fails, and the JobMaster fails the job naming the receiver). A frame taken from the socket
-is acknowledged only once the core took it for processing (``acks``).
+is acknowledged only once the core took it for processing (``acks``). A connection this
+task closed itself is never read as its receiver's death once the task stopped
+(``ack_failure``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from engine.errors import DownstreamDied
+from engine.errors import ConnectionClosed, DownstreamDied
 from engine.runtime.failures import actor_death
 from engine.task.core import TaskCore
 from engine.wire.transport import DataClient, DataServer, ServerConnection
@@ -133,6 +135,23 @@ class DataConnections:
 
 
 
+def ack_failure(exc: BaseException, running: bool) -> DownstreamDied | None:
+    """What a frame whose acknowledgement failed with ``exc`` tells the task that sent it
+    (``running``: the task is created or running, not stopped, finished or failed).
+
+    ``DownstreamDied`` naming the receiver (the task fails, the JobMaster looks for the
+    dead task): the receiver went away (``ConnectionLost``, a ``RayActorError``) or refused
+    the frame. None when the task closed the connection itself (``ConnectionClosed``) and
+    no longer runs: a task that stops closes its connections once its stop settled every
+    frame it sent, so such a frame was one nobody waits for any more, and the receiver is
+    alive (a retiring task's own close read as a death failed scale-ins). A running
+    task that closed a connection with frames in flight (its receiver's name came to stand
+    for a new actor) lost them: that is reported as before."""
+    if isinstance(exc, ConnectionClosed) and not running:
+        return None
+    return DownstreamDied(actor_death(exc))
+
+
 def _quiet(fut: asyncio.Future[Any]) -> None:
     """A background connection attempt that failed: the next send tries again and fails
     the task with the reason."""
@@ -140,4 +159,4 @@ def _quiet(fut: asyncio.Future[Any]) -> None:
         fut.exception()
 
 
-__all__ = ["DataConnections", "DownstreamDied"]
+__all__ = ["DataConnections", "DownstreamDied", "ack_failure"]

@@ -389,15 +389,18 @@ class ControllerRunner:
                 complete.discard(v)
                 continue
             reply = f.result()
-            for kg, records, size in reply.groups:
+            for kg, records, size, *_ in reply.groups:  # then the group's keys
                 loads[v][kg] = records / reply.seconds if reply.seconds > 0 else 0.0
                 sizes[v][kg] = size
         return ({v: tuple(loads[v]) for v in complete}, {v: tuple(sizes[v]) for v in complete})
 
     # ------------------------------------------------------------------ the driver's view
     def window(self, seconds: float) -> MetricsWindow | None:
+        """The latest metrics window of up to ``seconds``, from the end of the last rescale
+        on (a window spanning one misses the tasks that left); None before two polls."""
         order = [v.name for v in self.port.dep.plan.vertices]
-        return self.history.window(seconds, order=order)
+        since = float("-inf") if self.last_rescale_end is None else self.last_rescale_end
+        return self.history.window(seconds, since, order=order)
 
 
 __all__ = ["ControllerRunner"]

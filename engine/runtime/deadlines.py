@@ -37,6 +37,7 @@ Guarantees (each a property of ``Deadlines``):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -72,6 +73,16 @@ class Deadlines:
     def of(cls, config: JobConfig) -> Deadlines:
         return cls(config.control_timeout_s, config.rescale_timeout_s,
                    config.checkpoint_timeout_s)
+
+    @classmethod
+    def defaults(cls) -> Deadlines:
+        """``JobConfig``'s default deadlines, without building a ``JobConfig`` (whose
+        defaults read the environment, e.g. ``REFLOW_TLS_*``, which a client checking on a
+        job does not need)."""
+        fields = {f.name: f.default for f in dataclasses.fields(JobConfig)}
+        return cls(float(fields["control_timeout_s"]),  # type: ignore[arg-type]
+                   float(fields["rescale_timeout_s"]),  # type: ignore[arg-type]
+                   float(fields["checkpoint_timeout_s"]))  # type: ignore[arg-type]
 
     @property
     def task_poll_s(self) -> float:

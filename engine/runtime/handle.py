@@ -65,7 +65,7 @@ class JobHandle:
         self._master = master
         self.job_id = job_id
         self.metrics_url = metrics_url
-        self.deadlines = Deadlines.of(config or JobConfig())
+        self.deadlines = Deadlines.of(config) if config is not None else Deadlines.defaults()
         self.detached = detached
 
     def _get(self, ref: Any, call: str, seconds: float) -> Any:

@@ -11,9 +11,10 @@ Guarantees. ``TaskHealth``: a task is unresponsive from the first poll it did no
 in time until it answers one; its seconds count from the last time it answered (or from its
 creation). ``StandbyPool``: ``take`` never returns an actor whose ping failed or did not
 come back within the deadline (those are killed and dropped); ``check`` drops every actor
-whose ping failed; ``len`` counts the actors not known dead. Both are driven by the
-JobMaster (``engine.runtime.job_master``) and take their I/O as functions, so they are
-tested without Ray.
+whose ping failed, but never one ``take`` handed out while its ping was on the way (that
+actor is a task now: the pool kills only what it holds); ``len`` counts the actors not
+known dead. Both are driven by the JobMaster (``engine.runtime.job_master``) and take
+their I/O as functions, so they are tested without Ray.
 """
 
 from __future__ import annotations
@@ -130,11 +131,14 @@ class StandbyPool:
 
     async def check(self) -> int:
         """Ping every actor at once; drop those whose ping failed (a ping that only timed
-        out may be an actor still starting: kept, and ``take`` pings it again). Returns how
-        many were dropped."""
+        out may be an actor still starting: kept, and ``take`` pings it again) and that are
+        still in the pool: one ``take`` handed out meanwhile answered its ping there and
+        runs a task now, which a kill would fail. Returns how many were dropped."""
         actors = list(self._actors)
         results = await asyncio.gather(*(self._alive(a) for _, a in actors))
-        dead = {n for (n, _), ok in zip(actors, results, strict=True) if ok is False}
+        held = {n for n, _ in self._actors}
+        dead = {n for (n, _), ok in zip(actors, results, strict=True)
+                if ok is False and n in held}
         for n, a in actors:
             if n in dead:
                 self._drop(n, a)

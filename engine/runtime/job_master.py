@@ -80,6 +80,7 @@ from engine.errors import (
 )
 from engine.names import JobState
 from engine.observability.metrics import JobCollector, MetricsEndpoint
+from engine.observability.rates import MetricsWindow
 from engine.runtime.arbitration import Arbitration
 from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.controller_runner import ControllerRunner
@@ -437,6 +438,9 @@ class JobMaster:
 
     def metrics_polled(self) -> None:
         self.controllers.observe()
+
+    def metrics_window(self, seconds: float) -> MetricsWindow | None:
+        return self.controllers.window(seconds)
 
     async def maybe_finish(self) -> None:
         await self._maybe_finish()
@@ -860,6 +864,8 @@ class JobMaster:
                 await self.fail(f"{self.watch.death(task, exc)} (task {msg.task} lost its "
                                 "data connection to it)")
                 return
+            if msg.task not in self.handles:  # removed meanwhile (a scale-in, once its stop
+                return  # settled every frame): as void as a report that came after that
         error = (f"task {msg.task} of operator {msg.operator!r} failed: "
                  f"{msg.cause}" + (f" on record {msg.record}" if msg.record else ""))
         self.failure = msg

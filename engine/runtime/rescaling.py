@@ -37,6 +37,7 @@ import ray
 from engine.checkpoints.metadata import CheckpointKind
 from engine.checkpoints.restore import plan_restore
 from engine.control.arbiter import Action, ActionKind, Verdict
+from engine.control.reconfiguration import without_cpu_wait
 from engine.dataflow.config import check_count
 from engine.dataflow.deployment import ChannelIds, Deployment
 from engine.errors import (
@@ -47,6 +48,7 @@ from engine.errors import (
     RescaleTimeout,
 )
 from engine.names import JobState
+from engine.observability.rates import MetricsWindow
 from engine.runtime.arbitration import Arbitration
 from engine.runtime.checkpointing import Checkpointing
 from engine.runtime.failures import reflow_error_in, unwrap
@@ -87,6 +89,26 @@ from migration.report import RescaleReport
 from migration.requests import validate_request
 
 log = logging.getLogger(__name__)
+
+#: seconds of metrics a rescale's capacity is measured over (DS2's default window)
+CAPACITY_WINDOW_S = 10.0
+
+
+def operator_capacity(window: MetricsWindow | None, vertex: str) -> float | None:
+    """Records/s ``vertex`` sustains at its parallelism over ``window``: DS2's
+    ``OperatorRates.capacity`` (the observed input rate over the busiest task's utilisation)
+    with the tasks' CPU wait taken out of their useful time (``without_cpu_wait``, as DS2
+    reads it); None without a window, or without input or work in it.
+
+    The wait is the whole process's (its other threads' too) over the window: where it
+    leaves a busiest task no useful time, most of it fell outside the operator's work (a
+    lightly loaded task on a busy machine waits more than it works), and the undiscounted
+    capacity stands."""
+    rates = None if window is None else window.operator(vertex)
+    if rates is None:
+        return None
+    discounted = without_cpu_wait(rates).capacity
+    return rates.capacity if discounted is None else discounted
 
 
 def what_needs_the_job(req: RescaleRequest) -> str:
@@ -141,6 +163,11 @@ class RescalePort(JobPort, Protocol):
     def rescale_finished(self, report: RescaleReport, started: float, ended: float,
                          by: str) -> None:
         """A rescale ended: the controllers measure what it cost."""
+        ...
+
+    def metrics_window(self, seconds: float) -> MetricsWindow | None:
+        """The job's latest metrics window of up to ``seconds`` since its last rescale ended
+        (None before two metrics polls)."""
         ...
 
 
@@ -406,7 +433,8 @@ class Rescaler:
         self._refuse_beside_neighbour(vertex)
         ctx = RescaleContext(
             p.job_id, p.dep, p.config, p.ids, p.subscale_ids, self.replicas.of(vertex),
-            vertex in self.replicas.policies, self._max_subscales(), frozenset(p.finished))
+            vertex in self.replicas.policies, self._max_subscales(), frozenset(p.finished),
+            operator_capacity(p.metrics_window(CAPACITY_WINDOW_S), vertex))
         coord = coordinator_for(req, ctx, p.clock)
         self._coordinators[vertex] = coord
         self._epochs[vertex] = self.recovery.epoch

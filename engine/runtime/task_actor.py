@@ -42,8 +42,8 @@ from engine.errors import (
     StaleJobMaster,
 )
 from engine.observability.metrics import process_cpu
-from engine.runtime.connections import DataConnections
-from engine.runtime.failures import actor_death, open_failure
+from engine.runtime.connections import DataConnections, ack_failure
+from engine.runtime.failures import open_failure
 from engine.state.incremental import MAX_DELTA_CHAIN
 from engine.task.channel import CreditGate
 from engine.task.core import RUNNING, TaskCore, TaskSpec
@@ -56,6 +56,10 @@ from engine.wire.messages import (
 from engine.wire.transport import DataClient, DataServer, ServerConnection, tls_contexts
 
 _ACTIVE = ("created", "running")
+
+# At most this long of input per pass of the loop (a whole frame at least) before it takes
+# control calls and acknowledges frames.
+_PASS_BUDGET_S = 0.05
 
 
 def freeze_startup_heap() -> None:
@@ -419,32 +423,46 @@ class TaskActor(DataConnections):
                     kick.cancel()
                 self.core.counters.on_backpressured(self.clock.monotonic() - t0)
 
+    def _running(self) -> bool:
+        core = getattr(self, "core", None)  # none once recycled
+        return core is not None and core.status in _ACTIVE
+
     async def _await_ack(self, fut: Any) -> None:
         try:
             await fut
         except (RayActorError, DataChannelError) as exc:
-            raise DownstreamDied(actor_death(exc)) from exc
+            died = ack_failure(exc, self._running())
+            if died is not None:
+                raise died from exc
 
     def _reap_acks(self) -> None:
         """Count acknowledged frames (oldest first per channel); a failed push means the
-        receiver died."""
+        receiver died (``ack_failure``)."""
         for cid, q in self.in_flight.items():
             while q and q[0].done():
                 fut = q.popleft()
                 self.gate.on_ack(cid)
                 exc = fut.exception()
-                if exc is not None:
-                    raise DownstreamDied(actor_death(exc))
+                died = None if exc is None else ack_failure(exc, self._running())
+                if died is not None:
+                    raise died
 
     async def _settle_in_flight(self, channel_ids: set[int] | None = None) -> None:
+        """Wait until every frame sent so far (on ``channel_ids``, default every channel)
+        was acknowledged. A frame leaves its channel's queue only once acknowledged, so two
+        settles at once (a stop's control call while the loop ends) both wait for every
+        frame: one that took a frame off the queue before its ack let the other return
+        early, and the stop closed the connection under it, which its waiter read as the
+        receiver's death."""
         for cid, q in list(self.in_flight.items()):  # a control call may add channels meanwhile
             if channel_ids is not None and cid not in channel_ids:
                 continue
             while q:
-                await self._await_ack(q.popleft())
-                self.gate.on_ack(cid)
-                if not q:
-                    break
+                fut = q[0]
+                await self._await_ack(fut)
+                if q and q[0] is fut:  # else the other settle (or _reap_acks) counted it
+                    q.popleft()
+                    self.gate.on_ack(cid)
 
     async def _loop(self) -> None:
         core, clock = self.core, self.clock
@@ -470,6 +488,9 @@ class TaskActor(DataConnections):
                         if not core.step():
                             break
                         did = True
+                        # slow records: control messages (a rescale's) wait one pass at most
+                        if clock.monotonic() - t0 >= _PASS_BUDGET_S:
+                            break
                 if core.keyed is not None and t0 >= next_timer_check:
                     did = core.fire_timers() or did
                     next_timer_check = t0 + timer_every

@@ -1,7 +1,8 @@
 """Keyed state: the per-key-group backend and the state handles users get
 (``keyed``: ``ValueState``, ``ListState``, ``MapState``, ``ReducingState``), dense numeric
 tables for the vectorised aggregates (``dense``), the RocksDB backend (``rocksdb``:
-key-group-prefixed keys, one database per task, bounded memory), the factory that picks
+key-group-prefixed keys, one database per task, bounded memory; its timers in that
+database, ``rocksdb_timers``), the factory that picks
 one from ``JobConfig.state_backend`` (``backends``) and incremental checkpoints' delta
 blobs and chains (``incremental``). A key group moves between tasks and backends as one
 blob of encoded entries. State is encoded with the msgpack codecs of

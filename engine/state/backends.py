@@ -138,8 +138,10 @@ def make_keyed_backend(config: StateConfig, num_key_groups: int, job_id: str = "
     memory = config.state_memory_bytes
     write_buffers = max(memory // 4, 2 << 20)
     objects = memory // 8
+    timers = memory // 32  # the timers' caches (engine.state.rocksdb_timers)
     return RocksDBKeyedStateBackend(
         num_key_groups, directory, task=task_name,
-        block_cache_bytes=max(memory - write_buffers - objects, 1 << 20),
-        write_buffer_bytes=write_buffers, owns_directory=True, object_cache_bytes=objects)
+        block_cache_bytes=max(memory - write_buffers - objects - timers, 1 << 20),
+        write_buffer_bytes=write_buffers, owns_directory=True, object_cache_bytes=objects,
+        timer_cache_bytes=timers)
 

@@ -88,6 +88,8 @@ class KeyedStateBackend:
         # (key group, table) -> (mean encoded bytes per entry, length when sampled)
         self._entry_bytes: dict[tuple[int, str], tuple[float, int]] = {}
         self._resample_at = 0
+        # key group -> (its tables' lengths, distinct keys then): group_keys
+        self._group_keys: dict[int, tuple[tuple[int, ...], int]] = {}
         self._dense: dict[str, DenseTable] = {}
         # bumped whenever groups or dense tables come, go or are replaced (callers that
         # checked a layout remember this and check again only when it moved)
@@ -440,6 +442,31 @@ class KeyedStateBackend:
                 sample = list(itertools.islice(t.items(), 32))
                 total += len(pack_exact(sample)) * len(t) // len(sample)
         return total
+
+    def group_keys(self, key_group: int) -> int | None:
+        """The distinct keys holding state in ``key_group`` (the denominator of Spacker's
+        ratio of state access), exact: the length of its only non-empty table, or the size
+        of the union of its tables' keys (one pass, remembered until a table's length
+        changes). Never None here (a backend that cannot say returns None)."""
+        tables = [t for t in self.groups.get(key_group, {}).values() if len(t)]
+        if len(tables) < 2:
+            return len(tables[0]) if tables else 0
+        lengths = tuple(len(t) for t in tables)
+        known = self._group_keys.get(key_group)
+        if known is None or known[0] != lengths:
+            keys: set[Any] = set()
+            for t in tables:
+                keys.update(t.keys())
+            known = self._group_keys[key_group] = (lengths, len(keys))
+            if len(self._group_keys) > 2 * len(self.groups) + 64:
+                for kg in [kg for kg in self._group_keys if kg not in self.groups]:
+                    del self._group_keys[kg]
+        return known[1]
+
+    def group_stats(self, key_group: int) -> tuple[int, int | None]:
+        """``(estimated_group_bytes, group_keys)`` of one group: what a ``GroupStats``
+        reply says of it."""
+        return self.estimated_group_bytes(key_group), self.group_keys(key_group)
 
     def estimated_bytes(self) -> int:
         """Cheap estimate of the encoded size of all state: each table's length times its

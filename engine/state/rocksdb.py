@@ -4,8 +4,9 @@ Why: ``KeyedStateBackend`` keeps every key in Python dicts, so a task holds at m
 process's memory holds. This backend keeps the tables in one RocksDB instance per task,
 with a bounded block cache and write buffers, and offers the same interface and
 observable behaviour (``tests/unit/test_rocksdb_state.py`` runs random operation sequences
-against both and compares them); timers and change tracking stay in memory, as in the
-in-memory backend (timers are one entry per key and time, far fewer than state entries).
+against both and compares them). Timers live in the DB too, one key per timer, with a
+bounded cache of each group's earliest ones (``engine.state.rocksdb_timers``); change
+tracking stays in memory, as in the in-memory backend.
 
 Layout (one DB, in ``<directory>/db``)::
 
@@ -14,6 +15,8 @@ Layout (one DB, in ``<directory>/db``)::
 
 The name id is the first 8 bytes of the BLAKE2b hash of the state name, so ids are the
 same in every task and process (a collision between two names of one task is refused).
+Timers are two more "tables" of the group, one per time domain, under reserved names
+(``key group | domain id | time | pack_exact(timer key)``, ``engine.state.rocksdb_timers``).
 A key group is therefore one contiguous key range, and one table of it a sub-range:
 dropping a group is one range delete, cutting it out one range scan. Writes go without the
 write-ahead log: the DB is scratch space, checkpoints and migrations carry the state
@@ -36,7 +39,8 @@ them (``object_cache_bytes``, an eighth of the task's state memory from the fact
   write batch (``flush()``) before any scan (snapshot, delta, iteration, length) and once
   they exceed the cache's share (``_MAX_LOANS`` entries or the bytes), at the next change
   of the current key (``set_current``), or at four times that share in the middle of a
-  key's work (the fast paths below never call ``set_current``);
+  key's work (the fast paths below never call ``set_current``), when the current key's
+  mutable values stay live (its code may still hold one it read and mutate it);
 * *clean* values: immutable values as RocksDB holds them (read, or written back), dropped
   all at once when they exceed their share.
 
@@ -75,6 +79,7 @@ from collections.abc import (
     KeysView,
     Mapping,
     MutableMapping,
+    MutableSet,
     ValuesView,
 )
 from typing import IO, Any
@@ -88,11 +93,13 @@ from engine.state.incremental import array_header, lengths_bytes, lengths_of
 from engine.state.keyed import (
     _DELTA_TAG,
     GROUP_TAG,
+    PROCESSING_TIME,
     KeyedStateBackend,
     Table,
     _gc_paused,
     decode_group,
 )
+from engine.state.rocksdb_timers import TIMER_NAMES, TimerQueues
 from engine.wire.codec import pack_exact, unpack_exact
 
 __all__ = ["RocksDBKeyedStateBackend"]
@@ -156,7 +163,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     Same interface as ``KeyedStateBackend``; ``close()`` releases the DB, the lock and
     (by default) the directory's contents (the directory too with ``owns_directory``). Memory: ``block_cache_bytes`` of block cache
-    (index and filter blocks included) and at most ``write_buffer_bytes`` of memtables.
+    (index and filter blocks included), at most ``write_buffer_bytes`` of memtables, and
+    about ``timer_cache_bytes`` of cached timers (``engine.state.rocksdb_timers``).
 
     Callers outside ``engine.state`` that create a table through ``groups``
     (``engine.operators.builtin.KeyedRunner._reduce_table``,
@@ -173,7 +181,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def __init__(self, num_key_groups: int, directory: str | os.PathLike[str], *,
                  task: str = "", block_cache_bytes: int = 64 << 20,
                  write_buffer_bytes: int = 32 << 20, owns_directory: bool = False,
-                 object_cache_bytes: int = 16 << 20) -> None:
+                 object_cache_bytes: int = 16 << 20,
+                 timer_cache_bytes: int = 4 << 20) -> None:
         if not 0 < num_key_groups < 1 << (8 * _KG_BYTES):
             raise StateBackendError(f"num_key_groups must be in 1..65535 for the RocksDB "
                                     f"state backend, got {num_key_groups}",
@@ -194,9 +203,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # the object cache (module doc): loans (to write back) and clean values, by full key
         self._loans: dict[bytes, Any] = {}
         self._loan_bytes = 0
+        self._kept_bytes = 0  # the current key's loans kept live by an in-key flush
         self._clean: dict[bytes, Any] = {}
         self._clean_bytes = 0
         self._cache_bytes = max(object_cache_bytes, 1 << 12)
+        # timers: in the DB, under reserved names (refused as table names)
+        timer_ids = (_name_id(TIMER_NAMES[0]), _name_id(TIMER_NAMES[1]))
+        self._timer_ids = frozenset(timer_ids)
+        for name, i in zip(TIMER_NAMES, timer_ids, strict=True):
+            self._names[i] = name
+        self._tq = TimerQueues(self, num_key_groups, timer_cache_bytes, timer_ids, _pack)
+        self.timers = _Timers(self)  # type: ignore[assignment]
         self._open(block_cache_bytes, write_buffer_bytes)
 
     # -- lifecycle
@@ -281,6 +298,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         ``engine.state.backends.make_keyed_backend`` makes one per task). Idempotent."""
         self._loans.clear()
         self._clean.clear()
+        self._tq.clear()
         if self._db is not None:
             with contextlib.suppress(Exception):
                 self._db.close()
@@ -308,6 +326,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def _id(self, name: str) -> bytes:
         i = self._ids.get(name)
         if i is None:
+            if name in TIMER_NAMES:
+                raise StateBackendError(f"state name {name!r} is reserved for timers",
+                                        path=self.directory, task=self.task)
             i = _name_id(name)
             other = self._names.get(i)
             if other is not None and other != name:
@@ -337,7 +358,6 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self.layout_version += 1
             self._reg[key_group] = {}
             self._made_whole(key_group)
-        self.timers.setdefault(key_group, set())
 
     def set_current(self, key: Any, key_group: int) -> None:
         if ((len(self._loans) >= _MAX_LOANS or self._loan_bytes >= self._cache_bytes)
@@ -359,9 +379,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def flush(self) -> None:
         """Write the loans (written or mutable values) back in one batch; they are no
         longer live (immutable ones stay cached as clean values)."""
+        self._write_back()
+
+    def _write_back(self, sizes_of: Mapping[bytes, Any] | None = None) -> dict[bytes, int]:
+        """``flush``, returning the accounted size of each loan whose key is in
+        ``sizes_of``."""
         loans = self._loans
+        self._kept_bytes = 0
+        sizes: dict[bytes, int] = {}
         if not loans:
-            return
+            return sizes
         batch = rd.WriteBatch(raw_mode=True)
         put = batch.put
         clean = self._clean
@@ -369,6 +396,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for k, v in loans.items():
             enc = _pack(v)
             put(k, enc)
+            if sizes_of and k in sizes_of:
+                sizes[k] = len(enc) + _ENTRY_BYTES
             if type(v) in _IMMUTABLE:
                 clean[k] = v
                 kept += len(enc) + _ENTRY_BYTES
@@ -380,14 +409,41 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             self._clean_bytes = 0
         with self._io("writing state"):
             self.db.write(batch, self._wo)
+        return sizes
 
     def _lend(self, full: bytes, value: Any, size: int) -> None:
         """Keep ``value`` as the loan of ``full`` (written back later), making room at
         four times the loans' share (a key's work in progress is not interrupted below)."""
-        if len(self._loans) >= 4 * _MAX_LOANS or self._loan_bytes >= 4 * self._cache_bytes:
-            self.flush()
+        if (len(self._loans) >= 4 * _MAX_LOANS
+                or self._loan_bytes - self._kept_bytes >= 4 * self._cache_bytes):
+            self._flush_in_key()
         self._loans[full] = value
         self._loan_bytes += size + _ENTRY_BYTES
+
+    def _flush_in_key(self) -> None:
+        """``flush()`` in the middle of the current key's work: everything is written back,
+        but the current key's mutable values stay loans (live), since its code may still
+        hold and mutate one it read (``items = lst.get(); count.update(n);
+        items.append(x)`` persists, as with a dict). Their bytes are not counted towards
+        the next in-key flush (a key larger than the share would otherwise flush at every
+        write); the next change of key writes them back."""
+        group = self.current_group
+        keep: dict[bytes, Any] = {}
+        if group is not None and group >= 0:
+            try:
+                packed = _pack(self.current_key)
+            except Exception:  # noqa: BLE001 - a key without a codec fails where it is written
+                packed = None
+            if packed is not None:
+                kg = group.to_bytes(_KG_BYTES, "big")
+                keep = {k: v for k, v in self._loans.items()
+                        if type(v) not in _IMMUTABLE and k[_PREFIX:] == packed
+                        and k[:_KG_BYTES] == kg}
+        sizes = self._write_back(keep)
+        for k, v in keep.items():
+            self._loans[k] = v
+            self._loan_bytes += sizes[k]
+        self._kept_bytes = self._loan_bytes
 
     def _keep_clean(self, full: bytes, value: Any, size: int) -> None:
         """Cache an immutable ``value`` as RocksDB holds it under ``full``."""
@@ -429,6 +485,50 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     def dense_names(self) -> list[str]:
         return []
 
+    # -- timers: in the DB (engine.state.rocksdb_timers), same semantics as the base class
+    def add_timer(self, key_group: int, time_ms: int, key: Any,
+                  domain: int = PROCESSING_TIME) -> None:
+        if key_group not in self._reg:
+            raise KeyError(key_group)
+        entry = (int(time_ms), key, domain)
+        if self._tq.add(key_group, entry) and self._dirty is not None:
+            self._note_timer(key_group, entry)
+
+    def delete_timer(self, time_ms: int, domain: int = PROCESSING_TIME) -> None:
+        kg = self.current_group
+        if kg not in self._reg:
+            raise KeyError(kg)
+        entry = (int(time_ms), self.current_key, domain)
+        self._tq.delete(kg, entry)
+        if self._dirty is not None:
+            self._note_timer(kg, entry)
+
+    def _push_timer(self, time_ms: int, key_group: int, key: Any, domain: int) -> None:
+        """A timer put back with ``timers[kg].add`` (parked: it exists but does not fire)
+        fires again (the operators' ``release_held``); no-op for any other."""
+        self._tq.unpark(key_group, (time_ms, key, domain))
+
+    def next_timer(self, domain: int = PROCESSING_TIME) -> int | None:
+        return self._tq.next_time(domain)
+
+    def pop_due_timers(self, now_ms: int, domain: int = PROCESSING_TIME,
+                       ) -> Iterator[tuple[int, int, Any]]:
+        for t, kg, key in self._tq.pop_due(now_ms, domain):
+            if self._dirty is not None:
+                self._note_timer(kg, (t, key, domain))
+            yield t, kg, key
+
+    def timer_cache_bytes(self) -> int:
+        """What the timers' caches hold in memory now (bounded by ``timer_cache_bytes``;
+        timers parked by a rescale's hold not counted)."""
+        return self._tq.cached_bytes()
+
+    def _timer_list(self, key_group: int) -> list[tuple[int, Any, int]]:
+        if key_group not in self._reg:
+            return []
+        with self._io("reading timers"):
+            return sorted(self._tq.entries(key_group), key=repr)
+
     # -- scans
     def _scan(self, lo: bytes, hi: bytes) -> Iterator[tuple[bytes, bytes]]:
         ro = rd.ReadOptions()
@@ -462,7 +562,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     tables += 1
                     parts += (b"\x93", pack_exact(name), array_header(len(raw)), *raw,
                               pack_exact(lengths_bytes(raw)))
-        timers = pack_exact(sorted(self.timers.get(key_group, ()), key=repr))
+        timers = pack_exact(self._timer_list(key_group))
         return b"".join((b"\x93", _GROUP_TAG, array_header(tables), *parts, timers))
 
     def install(self, key_group: int, data: bytes) -> None:
@@ -478,9 +578,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._made_whole(key_group)
         self.layout_version += 1
         reg: dict[str, _TableView] = {}
+        ts = {(int(at), k, int(d)) for at, k, d in timers}
         with self._io("installing state"):
             if key_group in self._reg:  # a group never owned, or removed, holds no keys
                 self.db.delete_range(kg, _successor(kg), self._wo)
+            if ts:
+                batch = rd.WriteBatch(raw_mode=True)
+                self._tq.write(batch, key_group, ts)
+                self.db.write(batch, self._wo)
             for name, raw in tables:
                 if not raw:
                     continue
@@ -497,9 +602,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._reg[key_group] = reg
         if changed is not None:
             self._note_all(key_group, changed)
-        self.timers[key_group] = ts = {(int(at), k, int(d)) for at, k, d in timers}
-        for at, k, d in ts:
-            self._push_timer(at, key_group, k, d)
+        self._tq.reset(key_group)
         if key_group == self.current_group:
             self._tables = reg  # type: ignore[assignment]
 
@@ -515,7 +618,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._group_views.pop(key_group, None)
         self._made_whole(key_group)
         self.layout_version += 1
-        self.timers.pop(key_group, None)
+        self._tq.drop(key_group)
         if key_group == self.current_group:
             self.current_group = -1
             self._tables = {}
@@ -538,7 +641,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                     present.append([name, v])
             entries.append([key, present])
         return pack_exact([_DELTA_TAG, self._versions[key_group], entries,
-                           sorted(self.timers.get(key_group, ()), key=repr)])
+                           self._timer_list(key_group)])
 
     def _note_all(self, key_group: int, changed: set[Any]) -> None:
         for view in self._reg.get(key_group, {}).values():
@@ -559,10 +662,13 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 values: list[bytes | None] = self.db.get(full) if full else []  # type: ignore[assignment]
                 tables.append((name, [x for k, v in zip(packed, values, strict=True)
                                       if v is not None for x in (k, v)]))
-        live = self.timers.get(key_group, set())
-        ts = list(timers)
-        return encode_delta_raw(packed, tables, [t for t in ts if t in live],
-                                [t for t in ts if t not in live])
+        owned = key_group in self._reg
+        present: list[tuple[int, Any, int]] = []
+        gone: list[tuple[int, Any, int]] = []
+        with self._io("reading timers"):
+            for t in timers:
+                (present if owned and self._tq.contains(key_group, t) else gone).append(t)
+        return encode_delta_raw(packed, tables, present, gone)
 
     # -- sizes
     def estimated_bytes(self) -> int:
@@ -577,9 +683,12 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return int(live + mem)
 
     def num_keys(self) -> int:
-        """Exact, by a scan of every table (costs a pass over the keys)."""
+        """Exact, by a scan of every table (costs a pass over the keys; timers are not
+        keys)."""
         self.flush()
-        return sum(1 for _ in self._scan_keys(b"", b"\xff\xff"))
+        timers = self._timer_ids
+        return sum(1 for k in self._scan_keys(b"", b"\xff\xff")
+                   if k[_KG_BYTES:_PREFIX] not in timers)
 
     def group_bytes(self, key_group: int) -> int:
         """The stored bytes of one group's entries (a scan of the group)."""
@@ -593,6 +702,27 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         too, so the in-memory backend's sample-times-length estimate would cost a scan per
         table and still be an estimate. 0 once closed (a stopped task's statistics)."""
         return 0 if self._db is None else self.group_bytes(key_group)
+
+    def group_keys(self, key_group: int) -> int | None:
+        """The distinct keys holding state in one group: exact, by one scan of its keys
+        (distinct encoded user keys over its tables; timers are not keys). 0 once
+        closed."""
+        return self.group_stats(key_group)[1]
+
+    def group_stats(self, key_group: int) -> tuple[int, int | None]:
+        """``(group_bytes, group_keys)`` from one range scan of the group (the bytes need
+        the scan anyway; the keys cost a set of their encodings, nothing per record)."""
+        if self._db is None:
+            return 0, 0
+        self.flush()
+        kg = key_group.to_bytes(_KG_BYTES, "big")
+        timers = self._timer_ids
+        size, keys = 0, set()
+        for k, v in self._scan(kg, _successor(kg)):
+            size += len(k) - _PREFIX + len(v)
+            if k[_KG_BYTES:_PREFIX] not in timers:
+                keys.add(k[_PREFIX:])
+        return size, len(keys)
 
 
 def _split_blob(data: bytes) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
@@ -780,6 +910,61 @@ class _Values(ValuesView[Any]):
     def __iter__(self) -> Iterator[Any]:
         for _, v in self._mapping._pairs():
             yield v
+
+
+class _GroupTimers(MutableSet[tuple[int, Any, int]]):
+    """``timers[kg]``: a group's timers as a set of ``(time, key, domain)``, read from the
+    DB. ``add`` parks a timer (it exists but fires only once pushed back with
+    ``_push_timer``), as ``add`` on the in-memory backend's set puts it in the set and not
+    on the heap; ``discard`` deletes it."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend, key_group: int) -> None:
+        self._b = backend
+        self.key_group = key_group
+
+    def __contains__(self, timer: object) -> bool:
+        if not (isinstance(timer, tuple) and len(timer) == 3 and isinstance(timer[0], int | float)):
+            return False
+        with self._b._io("reading timers"):
+            return self._b._tq.contains(self.key_group, (int(timer[0]), timer[1], timer[2]))
+
+    def __iter__(self) -> Iterator[tuple[int, Any, int]]:
+        with self._b._io("reading timers"):
+            return iter(self._b._tq.entries(self.key_group))
+
+    def __len__(self) -> int:
+        with self._b._io("reading timers"):
+            return self._b._tq.count(self.key_group)
+
+    def add(self, timer: tuple[int, Any, int]) -> None:
+        self._b._tq.park(self.key_group, (int(timer[0]), timer[1], timer[2]))
+
+    def discard(self, timer: tuple[int, Any, int]) -> None:
+        self._b._tq.delete(self.key_group, (int(timer[0]), timer[1], timer[2]))
+
+    def __repr__(self) -> str:
+        return f"<RocksDB timers of key group {self.key_group}>"
+
+
+class _Timers(Mapping[int, _GroupTimers]):
+    """``backend.timers``: the owned key groups' timers, each a ``_GroupTimers``."""
+
+    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+        self._b = backend
+
+    def __getitem__(self, key_group: int) -> _GroupTimers:
+        if key_group not in self._b._reg:
+            raise KeyError(key_group)
+        return _GroupTimers(self._b, key_group)
+
+    def __contains__(self, key_group: object) -> bool:
+        return key_group in self._b._reg
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self._b._reg))
+
+    def __len__(self) -> int:
+        return len(self._b._reg)
 
 
 class _GroupView(MutableMapping[str, Table]):

@@ -67,7 +67,7 @@ from engine.errors import (
     UserFunctionError,
 )
 from engine.io.sources import PartitionedReader
-from engine.observability.groupstats import GroupLoad
+from engine.observability.groupstats import GroupCounters
 from engine.observability.latency import LatencyHistogram
 from engine.observability.metrics import TaskMetrics
 from engine.operators.builtin import Records, Stamps, describe
@@ -101,7 +101,6 @@ from engine.wire.messages import (
     CheckpointBarrier,
     DescribeTask,
     EndOfStream,
-    GroupStats,
     GroupStatsRequest,
     HandOver,
     HoldFinish,
@@ -210,8 +209,8 @@ class TaskCore:
         self._end_pending = False  # input ended; finishing waits for a rescale
         self.hold_finish = False
         self._live = cfg.live_rescaling
-        self.group_load = GroupLoad(cfg.group_load_sample_every)  # per key group (planning)
-        self._stats_since = clock.monotonic()
+        # records per key group, keys touched per second (planning)
+        self.group_counters = GroupCounters(cfg.group_load_sample_every, clock.monotonic())
         self.records_in = 0
         self.bytes_in = 0
         self.counters = TaskCounters()
@@ -331,7 +330,7 @@ class TaskCore:
     def run(self, values: Records, timestamps: Stamps, keys: Any = None, kgs: Any = None,
              port: int = 0) -> None:
         if self._live and kgs is not None and self.keyed is not None:
-            self.group_load.observe(kgs)
+            self.group_counters.observe(kgs, keys, self.clock.monotonic(), values)
         self.router.emit(*self.chain.process(values, timestamps, keys, kgs, port))
 
     def run_rest(self, values: Records, timestamps: Stamps) -> None:
@@ -580,12 +579,8 @@ class TaskCore:
                                self._end_pending or self.status == FINISHED))
 
     def _group_stats(self, msg: GroupStatsRequest) -> Reply:
-        now, b, counts = self.clock.monotonic(), self.backend, self.group_load.take()
-        groups = () if b is None else tuple(
-            (kg, counts.get(kg, 0), b.estimated_group_bytes(kg)) for kg in b.owned())
-        reply = GroupStats(self.name, groups, now - self._stats_since)
-        self._stats_since = now
-        return Reply(reply)
+        return Reply(self.group_counters.reply(self.name, self.backend,
+                                               self.clock.monotonic()))
 
     def _priority_batch(self, msg: PriorityBatch) -> Reply:
         for m in msg.messages:

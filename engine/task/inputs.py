@@ -103,6 +103,10 @@ class InputSet:
         self._rr = 0
         return True
 
+    def readable(self, channel_id: int) -> bool:
+        """Whether ``channel_id`` may be read now: no token and no barrier aligner blocks it."""
+        return channel_id not in self.blocked and not self._aligning(channel_id)
+
     def block(self, channel_id: int, token: Hashable) -> None:
         """Do not read ``channel_id`` until ``token`` is lifted."""
         self.blocked.setdefault(channel_id, set()).add(token)

@@ -3,7 +3,8 @@
 Two flavours:
 
 * **data frames** (records on channels): fast path; arrays decode as tuples, so a record
-  that was a list arrives as a tuple.
+  that was a list arrives as a tuple. A sequence with few runs of equal values (a frame's
+  timestamps: one per source batch it holds) can travel as its runs (``Runs``).
 * **state and control** (key-group snapshots, control messages, checkpoints): exact; tuples
   and lists keep their type, dict keys may be tuples.
 
@@ -14,7 +15,8 @@ unpickled: decoding an unknown extension code raises ``CodecError``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from itertools import groupby, islice
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
@@ -32,6 +34,7 @@ _SET_CODE = 1
 _WIRE_CODE = 2  # a declared wire message nested inside another (engine.wire.messages)
 _BIGINT_CODE = 3  # an int outside msgpack's 64-bit range, as decimal text
 _FROZENSET_CODE = 4
+_RUNS_CODE = 5  # data frames: a sequence as runs of equal values (Runs)
 _FIRST_USER_CODE = 16
 _MAX_CODE = 127
 
@@ -124,7 +127,47 @@ def _default_exact(obj: Any) -> Any:
     return _default_user(obj, _pack_exact)
 
 
+class Runs:
+    """A sequence ``pack_fast`` writes as its runs of equal values and ``unpack_fast``
+    reads back as the tuple of the values (``runs_of`` makes the runs).
+
+    Why: a frame of a keyed channel at parallelism p holds the records of about p source
+    batches, each with one timestamp; sent one per record they were 9 of a frame's ~20
+    bytes per record and their encoding, decoding and the sink's reading of them a cost
+    that p = 1 did not have (issue 32, item 9)."""
+
+    __slots__ = ("runs",)
+
+    def __init__(self, runs: list[tuple[int, int]]) -> None:
+        self.runs = runs
+
+
+def runs_of(values: Sequence[Any], max_runs: int = 8) -> list[tuple[Any, int]] | None:
+    """``values`` as ``[(value, count), ...]`` of consecutive equal values, or None when
+    there are more than ``max_runs`` runs (then it stops after ``max_runs + 1``; one
+    C-level pass). Equality is ``==``: ``1`` and ``1.0`` are one run."""
+    runs = [(k, len(list(g))) for k, g in islice(groupby(values), max_runs + 1)]
+    return None if len(runs) > max_runs else runs
+
+
+_MAX_RUN_TOTAL = 1 << 22  # values a Runs may expand to: bytes must not grow without bound
+
+
+def _expand_runs(data: bytes) -> tuple[Any, ...]:
+    flat = unpack_fast(data)
+    counts = flat[1::2] if type(flat) is tuple and len(flat) % 2 == 0 else None
+    if (counts is None or any(type(c) is not int or c < 1 for c in counts)
+            or sum(counts) > _MAX_RUN_TOTAL):
+        raise CodecError(f"bad runs in a data frame: {flat!r:.100}")
+    out: tuple[Any, ...] = ()
+    for i in range(0, len(flat), 2):
+        out += (flat[i],) * flat[i + 1]
+    return out
+
+
 def _default_fast(obj: Any) -> Any:
+    if type(obj) is Runs:
+        return msgpack.ExtType(_RUNS_CODE, _pack_fast([x for run in obj.runs for x in run]))
     common = _default_common(obj)
     if common is not None:
         return common
@@ -153,6 +196,8 @@ def _ext_exact(code: int, data: bytes) -> Any:
 
 
 def _ext_fast(code: int, data: bytes) -> Any:
+    if code == _RUNS_CODE:
+        return _expand_runs(data)
     common = _ext_common(code, data)
     if common is not _NOT_COMMON:
         return common

@@ -21,7 +21,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from engine.errors import CodecError
-from engine.wire.codec import pack_exact, pack_fast, register_wire_hooks, unpack_exact, unpack_fast
+from engine.wire.codec import (
+    Runs,
+    pack_exact,
+    pack_fast,
+    register_wire_hooks,
+    runs_of,
+    unpack_exact,
+    unpack_fast,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -257,9 +265,13 @@ def _columnar_frames() -> ColumnarFrameCodec:
     return _COLUMNAR_FRAMES[0]
 
 
+_MIN_RUNS_STAMPS = 16  # fewer timestamps go as they are
+
+
 def encode_frame(frame: Frame) -> bytes:
     """A frame's bytes: msgpack ``[values, timestamps, keys, key_groups, event, ports]``
-    (``timestamps`` one int when every record has the same), or Arrow IPC when its
+    (``timestamps`` one int when every record has the same, their runs
+    (``engine.wire.codec.Runs``) when they are a few runs of equal ints), or Arrow IPC when its
     ``values`` is a ``engine.columnar.batches.ColumnBatch`` (``timestamps`` and ``key_groups`` then
     numpy arrays, ``keys`` the name of the key column or None; see ``engine.columnar.batches``)."""
     event = None if frame.event is None else _to_list(frame.event)
@@ -270,8 +282,14 @@ def encode_frame(frame: Frame) -> bytes:
     # one stamp for all (a source batch read at full speed): sent once
     same = (isinstance(ts, list | tuple) and len(ts) > 1 and ts[0] == ts[-1]
             and ts.count(ts[0]) == len(ts))
-    return pack_fast((frame.values, ts[0] if same else ts, frame.keys, frame.key_groups,
-                      event, frame.ports))
+    stamps: Any = ts[0] if same else ts
+    if not same and len(ts) >= _MIN_RUNS_STAMPS and isinstance(ts, list | tuple):
+        # a frame holding a few source batches (a keyed channel at p > 1): their runs
+        runs = runs_of(ts)
+        if runs is not None and all(type(t) is int for t, _ in runs):
+            stamps = Runs(runs)
+    return pack_fast((frame.values, stamps, frame.keys, frame.key_groups, event,
+                      frame.ports))
 
 
 def decode_frame(data: bytes) -> Frame:
@@ -466,21 +484,28 @@ class DescribeTask:
 @wire
 @dataclass(frozen=True, slots=True)
 class GroupStatsRequest:
-    """Per key group: records processed since the last request, and state bytes. Replied to
-    with ``GroupStats`` (the counters restart). The records are estimated from a sample of
-    frames scaled to the exact total (``engine.observability.groupstats``), the bytes from a sample of
-    each table's entries."""
+    """Per key group: records processed since the last request, state bytes and keys; and
+    the distinct keys the task's records touched per second. Replied to with ``GroupStats``
+    (the record counters restart). The records are estimated from a sample of frames scaled
+    to the exact total, the distinct keys counted in windows
+    (``engine.observability.groupstats``), the bytes from a sample of each table's entries
+    (the keys: ``KeyedStateBackend.group_stats``)."""
 
 
 @wire
 @dataclass(frozen=True, slots=True)
 class GroupStats:
-    """``groups``: ``(key_group, records, state_bytes)`` for every group the task holds;
-    ``seconds`` the records were counted over."""
+    """``groups``: ``(key_group, records, state_bytes[, keys])`` for every group the task
+    holds (``keys``: the distinct keys holding state, None where the backend cannot say);
+    ``seconds`` the records were counted over; ``keys_touched`` distinct keys the task's
+    records touched over ``touched_seconds`` (its latest measuring window; -1: not measured
+    yet)."""
 
     task: str
-    groups: tuple[tuple[int, int, int], ...]
+    groups: tuple[tuple[Any, ...], ...]
     seconds: float
+    keys_touched: int = -1
+    touched_seconds: float = 0.0
 
 
 @wire
@@ -578,6 +603,8 @@ class ExpectOutgoing:
     block: bool = False
     replicas: tuple[tuple[int, int], ...] = ()  # (key group, version the new owner holds)
     coupled: bool = False  # drrs without decoupled barriers: migrate once every confirm is in
+    # drrs: a confirm queued behind other groups' records may be taken ahead of them
+    schedule_records: bool = True
 
 
 @wire

@@ -21,7 +21,10 @@ Wire (all integers big-endian; payloads are the engine's msgpack frames, never p
 
 An acknowledgement means what an actor call's return means on the Ray path: the receiver
 took the frame for processing (credit-based backpressure). A connection that closes fails
-every unacknowledged frame's future with ``ConnectionLost`` (the receiver died).
+every unacknowledged frame's future: with ``ConnectionLost`` when the other end went away
+(the receiver died), with ``ConnectionClosed`` when this end closed it (``close``: the sender
+gave up on those frames; the receiver is alive), so a sender never reads its own close as
+its receiver's death.
 
 Bounds: a connection must present its token within ``TOKEN_TIMEOUT_S`` and at most
 ``MAX_UNAUTHENTICATED`` connections may be waiting to do so at once (more are closed at
@@ -51,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import ConfigError, ConnectionLost, FrameRefused, FrameTooLarge
+from engine.errors import ConfigError, ConnectionClosed, ConnectionLost, FrameRefused, FrameTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +238,8 @@ class DataClient:
     def send(self, channel_id: int, seq: int, payload: bytes) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._closed is not None:
-            fut.set_exception(ConnectionLost(f"connection to task {self.peer} is closed: "
-                                             f"{self._closed}"))
+            kind = ConnectionClosed if isinstance(self._closed, ConnectionClosed) else ConnectionLost
+            fut.set_exception(kind(f"connection to task {self.peer} is closed: {self._closed}"))
             return fut
         if len(payload) > self.max_frame_bytes:
             fut.set_exception(FrameTooLarge(
@@ -249,7 +252,7 @@ class DataClient:
         return fut
 
     async def _read_acks(self, reader: asyncio.StreamReader) -> None:
-        reason: ConnectionLost
+        reason: ConnectionLost | ConnectionClosed
         try:
             while True:
                 kind, cid, seq = _ACK.unpack(await reader.readexactly(_ACK.size))
@@ -271,12 +274,18 @@ class DataClient:
         except (ConnectionError, asyncio.IncompleteReadError, OSError) as exc:  # SSLError too
             reason = ConnectionLost(f"data connection to task {self.peer} lost: "
                                     f"{type(exc).__name__}: {exc}")
-        except asyncio.CancelledError:
-            reason = ConnectionLost(f"data connection to task {self.peer} was closed")
+        except asyncio.CancelledError:  # close() (which failed the frames first), or the
+            # loop ending: either way this end closed the connection, nobody else
+            reason = ConnectionClosed(f"data connection to task {self.peer} was closed by "
+                                      "this task")
         self._fail_pending(reason)
 
     def _fail_pending(self, reason: BaseException) -> None:
-        self._closed = reason
+        """Fail every unacknowledged frame with ``reason`` (the first reason stays the
+        connection's: a close that came first is not turned into a loss)."""
+        if self._closed is None:
+            self._closed = reason
+        reason = self._closed
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
@@ -284,8 +293,11 @@ class DataClient:
                 fut.exception()  # retrieved here: a sender that stopped waiting logs nothing
 
     def close(self) -> None:
-        """Close the connection; its reader ends at the loop's next turn (``aclose`` waits
-        for that)."""
+        """Close the connection: frames not acknowledged yet fail at once with
+        ``ConnectionClosed`` (the receiver did not die; this end gave up on them), and the
+        reader ends at the loop's next turn (``aclose`` waits for that)."""
+        self._fail_pending(ConnectionClosed(
+            f"data connection to task {self.peer} was closed by this task"))
         self._reader_task.cancel()
         self._writer.close()
 

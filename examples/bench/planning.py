@@ -531,6 +531,9 @@ def run_one(phase: Phase, setting: str, planning: Planning | None, ctx: dict[str
     sink = jobs.WriteLogLatencySink()
     src = jobs.generator(rate=phase.rate, keys=phase.keys, zipf=phase.zipf,
                          state_bytes=phase.state_bytes)
+    wrap = getattr(args, "wrap_source", None)  # papers/spacker.py: a fill before the stream
+    if wrap is not None:
+        src = wrap(src, phase)
     job = jobs.keyed_count_job(f"planning-{phase.name}", src, sink, parallelism=phase.from_p,
                                key_groups=args.key_groups,
                                config=JobConfig(warm_standby_tasks=args.warm_standby,

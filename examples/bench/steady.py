@@ -44,6 +44,13 @@ appended), the least CPU per record any engine running this job in CPython would
 ``rows / floor`` in records per CPU-second is the share of the job's CPU that is its own
 work, the rest is the engine's (frames, the second process, flow control, the sink).
 
+``--inproc``: no Ray; the rows job's real task cores (operator chain, router, frame codec,
+input channels, latency sink) driven in this process as their actors drive them
+(``harness/inproc.py``): CPU µs per record of the source and of the count tasks at each
+``--parallelism``, without the actors' shell (event loop, sockets, acknowledgements) and
+without the machine's load in the figures (CPU time of each task's calls); ``--profile``
+adds a cProfile. Writes ``inproc.json``.
+
 ``--trace``: the half-load runs also gather per-second stall evidence
 (``harness/stalls.py``): inside the task workers every collection, task step, metrics
 answer and sink save of at least 2 ms (wall and the thread's CPU ms) and a watchdog's late
@@ -635,6 +642,44 @@ def profile_only(args: argparse.Namespace, config: JobConfig, results: dict[str,
     return 0
 
 
+def inproc_only(args: argparse.Namespace, config: JobConfig, results: dict[str, Any]) -> int:
+    """``--inproc``: the rows job's real task cores driven in this process, no Ray
+    (``harness/inproc.py``), ``--repeats`` rounds of each parallelism alternated: CPU µs
+    per record of the source and the count tasks, records per CPU-second and its share of
+    the floor (measured first); ``--profile``: one cProfile per parallelism after them.
+    Writes ``inproc.json``."""
+    from examples.bench.harness import inproc
+
+    fl = results["floor"] = measure_floor(args.records, config.source_poll_records,
+                                          DEFAULT_NUM_KEY_GROUPS)
+    floor = fl["throughput"]
+    print(f"floor: {floor:,.0f} records per CPU-second ({1e6 / floor:.3f} us per record)")
+    results["inproc"] = []
+    for rep in range(args.repeats):
+        for p in args.parallelism:
+            r = inproc.run(p, args.records, config=config)
+            r["round"] = rep + 1
+            results["inproc"].append(r)
+            print(f"  round {rep + 1} p={p}: {r['total_us']:.3f} us per record (source "
+                  f"{r['source_us']:.3f}, count tasks {r['count_us']:.3f}), "
+                  f"{r['records_per_cpu_s']:,.0f} per CPU-second = "
+                  f"{r['records_per_cpu_s'] / floor:.3f} of the floor, {r['frames']} frames",
+                  flush=True)
+    if args.profile:
+        for p in args.parallelism:
+            r = inproc.run(p, args.records, profile=True, config=config)
+            results.setdefault("inproc_profiles", {})[str(p)] = r.pop("profile")
+            print(f"--- cProfile p={p} (both tasks in one process)\n"
+                  f"{results['inproc_profiles'][str(p)]}")
+    provenance.finish(results)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "inproc.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1, default=str)
+    print(f"wrote {path}")
+    return 0
+
+
 def print_trace(half: dict[str, Any]) -> None:
     """The worst seconds of a traced half-load run, with what happened in them."""
     trace = half.get("trace")
@@ -768,6 +813,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--half-rate", type=float,
                     help="only half-load runs, at this many records/s (no ceiling, floor or "
                          "full-speed runs); writes half-load.json")
+    ap.add_argument("--inproc", action="store_true",
+                    help="only the rows job's task cores driven in this process, no Ray "
+                         "(harness/inproc.py): CPU per record of each task at each "
+                         "--parallelism, --repeats rounds; with --profile a cProfile each; "
+                         "writes inproc.json")
     ap.add_argument("--half-repeats", type=int, default=1,
                     help="with --half-rate: runs per variant and parallelism, alternated (1)")
     cli.add_state_backend(ap)
@@ -830,6 +880,8 @@ def main(argv: list[str] | None = None) -> int:
     })
     if args.profile_only:
         return profile_only(args, config, results)
+    if args.inproc:
+        return inproc_only(args, config, results)
     if args.half_rate:
         return half_load_only(args, config, results)
     print(f"ceiling: plain loop over {args.records:,} pre-generated records ...")

@@ -71,6 +71,9 @@ HOT_CHANNELS = ("Google", "Facebook", "Baidu", "Apple")
 CHUNK_SIZE = 4096
 #: letters in the per-seed pool the ``extra`` padding strings are cut from
 EXTRA_POOL_SIZE = 1 << 20
+#: the largest ``avg_*_byte_size``: an ``extra`` (up to 1.2x the asked size) is one cut of
+#: the pool
+MAX_AVG_BYTE_SIZE = 800_000
 
 PERSON, AUCTION, BID = 0, 1, 2
 KIND_NAMES = ("person", "auction", "bid")
@@ -167,8 +170,10 @@ class NexmarkConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
         for name in ("avg_person_byte_size", "avg_auction_byte_size", "avg_bid_byte_size"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0")
+            if not 0 <= getattr(self, name) <= MAX_AVG_BYTE_SIZE:
+                raise ValueError(f"{name} must be between 0 and {MAX_AVG_BYTE_SIZE:,} (the "
+                                 f"padding is cut from a pool of {EXTRA_POOL_SIZE:,} letters); "
+                                 f"got {getattr(self, name)}")
 
     @property
     def total_proportion(self) -> int:

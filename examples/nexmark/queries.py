@@ -31,11 +31,22 @@ rescaled by name):
   ``q7-highest-bid`` (keyed by window start: merges the buckets' maxima) -> ``q7-sink``.
   Tumbling windows by default; ``slide_ms`` gives the sliding variant (the DRRS paper's).
   ``(window_start, window_end, auction, bidder, price, date_time)`` per top bid.
+  ``hold_bids=True``: the first stage holds every bid of each window, its ``extra`` padding
+  included, and picks the top ones when the window fires (``q7_top_bids``), as a window
+  operator with a window function does (Flink's NEXMark Q7 joins the window's bids with their
+  maximum): the same results, with state that grows with the window's bids and their size
+  (``NexmarkConfig.avg_bid_byte_size``); by default it keeps a running maximum per bucket and
+  window (``MaxBids``: a few bids, whatever the padding).
 * Q8 new users: ``q8-persons`` -> ``q8-person-project`` ``(id, name)`` and ``q8-auctions`` ->
   ``q8-auction-project`` (seller), joined by ``q8-join`` (``window_join``, keyed by person id
   / seller) -> ``q8-new-users`` (keyed by id: one output per person and window, since a person
   with several auctions in a window joins several times) -> ``q8-sink``.
   ``(person_id, name, window_start)``. Tumbling by default; ``slide_ms`` for sliding windows.
+  ``hold_extra`` (kinds, e.g. ``("persons",)``): the projections of those kinds keep the
+  event's ``extra`` padding, so the join's windows hold it (``(id, name, extra)``,
+  ``(seller, extra)``): the same results, with state sized by
+  ``NexmarkConfig.avg_person_byte_size`` / ``avg_auction_byte_size``; by default the join
+  holds ``(id, name)`` and sellers (a few dozen bytes per event, whatever the padding).
 
 The second stage of Q5 and Q7 collects the first stage's results of one window: those all
 carry the window's ``max_timestamp`` (``end - 1``) as timestamp and reach the second stage
@@ -98,7 +109,8 @@ RESCALABLE: dict[str, tuple[str, ...]] = {
 # field positions (see generator.Person / Auction / Bid)
 _P_ID, _P_NAME = 0, 1
 _A_SELLER = 7
-_B_AUCTION, _B_BIDDER, _B_PRICE, _B_TIME = 0, 1, 2, 5
+_B_AUCTION, _B_BIDDER, _B_PRICE, _B_TIME, _B_EXTRA = 0, 1, 2, 5, 6
+_P_EXTRA, _A_EXTRA = 7, 9
 
 
 # ------------------------------------------------------------------------- shared plumbing
@@ -255,6 +267,20 @@ def q7_project(bid: Sequence[Any]) -> tuple[int, int, int, int]:
     return (bid[_B_AUCTION], bid[_B_BIDDER], bid[_B_PRICE], bid[_B_TIME])
 
 
+def q7_project_held(bid: Sequence[Any]) -> tuple[int, int, int, int, str]:
+    """``q7_project`` plus the bid's ``extra`` padding (what ``hold_bids`` windows hold)."""
+    return (bid[_B_AUCTION], bid[_B_BIDDER], bid[_B_PRICE], bid[_B_TIME], bid[_B_EXTRA])
+
+
+def q7_top_bids(bucket: int, window: Window, bids: Sequence[Sequence[Any]]) -> list[tuple]:
+    """The ``hold_bids`` first stage's window function: over every bid the window held
+    (``q7_project_held``, in arrival order), ``(start, end, top price, top bids)`` with the
+    bids at the top price in arrival order and without their padding: exactly what
+    ``MaxBids`` and ``q7_partial_result`` give for the same bids."""
+    top = max(b[2] for b in bids)
+    return [(window.start, window.end, top, tuple(tuple(b[:4]) for b in bids if b[2] == top))]
+
+
 def price_bucket(bid: Sequence[Any], buckets: int = Q7_BUCKETS) -> int:
     return bid[2] % buckets
 
@@ -304,23 +330,28 @@ def build_q7(job: StreamJob, source: NexmarkSource, sink: Sink | Sequence[Sink],
              buckets: int = Q7_BUCKETS, parallelism: int | None = None,
              source_parallelism: int | None = None,
              watermarks: WatermarkStrategy | None = DEFAULT_WATERMARKS,
-             partial: AggregateFunction | None = None) -> None:
+             partial: AggregateFunction | None = None, hold_bids: bool = False) -> None:
     """Highest bid per tumbling window (``slide_ms``: per sliding window). ``partial``: the
     first stage's aggregate (default ``MaxBids()``; the autoscaling benchmark gives it a
-    service time)."""
+    service time). ``hold_bids``: the first stage holds the window's bids (module
+    docstring); not with ``partial``."""
     n = prefix or "q7"
     if buckets < 1:
         raise ValueError("buckets must be >= 1")
+    if hold_bids and partial is not None:
+        raise ValueError("hold_bids picks the top bids itself: give no partial aggregate")
     p = _par(job, parallelism)
     bids = _source(job, source, "bids", f"{n}-bids", _or(source_parallelism, p), watermarks)
     key = price_bucket if buckets == Q7_BUCKETS else functools.partial(price_bucket,
                                                                        buckets=buckets)
-    partial = (bids.map(q7_project, name=f"{n}-project")
-               .key_by(key)
-               .window(_assigner(size_ms, slide_ms))
-               .aggregate(partial or MaxBids(), window_fn=q7_partial_result,
-                          name=f"{n}-partial-max",
-                          parallelism=p))
+    windowed = (bids.map(q7_project_held if hold_bids else q7_project, name=f"{n}-project")
+                .key_by(key)
+                .window(_assigner(size_ms, slide_ms)))
+    if hold_bids:
+        partial = windowed.process(q7_top_bids, name=f"{n}-partial-max", parallelism=p)
+    else:
+        partial = windowed.aggregate(partial or MaxBids(), window_fn=q7_partial_result,
+                                     name=f"{n}-partial-max", parallelism=p)
     highest = (partial.key_by(first_field)
                .window(tumbling_event_time(1))
                .aggregate(MergeMaxBids(), window_fn=q7_result, name=f"{n}-highest-bid",
@@ -337,6 +368,16 @@ def person_id_name(person: Sequence[Any]) -> tuple[int, str]:
 
 def auction_seller(auction: Sequence[Any]) -> int:
     return auction[_A_SELLER]
+
+
+def person_id_name_extra(person: Sequence[Any]) -> tuple[int, str, str]:
+    """``person_id_name`` plus the ``extra`` padding (``hold_extra`` persons)."""
+    return (person[_P_ID], person[_P_NAME], person[_P_EXTRA])
+
+
+def auction_seller_extra(auction: Sequence[Any]) -> tuple[int, str]:
+    """The seller and the ``extra`` padding (``hold_extra`` auctions; keyed by the seller)."""
+    return (auction[_A_SELLER], auction[_A_EXTRA])
 
 
 def q8_join(person: Sequence[Any], seller: int) -> tuple[int, str]:
@@ -370,18 +411,26 @@ def build_q8(job: StreamJob, source: NexmarkSource, sink: Sink | Sequence[Sink],
              prefix: str | None = None,
              size_ms: int = DEFAULT_WINDOW_MS, slide_ms: int | None = None,
              parallelism: int | None = None, source_parallelism: int | None = None,
-             watermarks: WatermarkStrategy | None = DEFAULT_WATERMARKS) -> None:
-    """New users: people who registered and created an auction in the same window."""
+             watermarks: WatermarkStrategy | None = DEFAULT_WATERMARKS,
+             hold_extra: Iterable[str] = ()) -> None:
+    """New users: people who registered and created an auction in the same window.
+    ``hold_extra``: of ``"persons"``, ``"auctions"``, the kinds whose ``extra`` padding the
+    join's windows hold (module docstring)."""
     n = prefix or "q8"
+    held = frozenset((hold_extra,) if isinstance(hold_extra, str) else hold_extra)
+    if not held <= {"persons", "auctions"}:
+        raise ValueError(f"hold_extra: kinds of persons, auctions; got {sorted(held)}")
     p = _par(job, parallelism)
     sp = _or(source_parallelism, p)
     persons = (_source(job, source, "persons", f"{n}-persons", sp, watermarks)
-               .map(person_id_name, name=f"{n}-person-project"))
+               .map(person_id_name_extra if "persons" in held else person_id_name,
+                    name=f"{n}-person-project"))
     sellers = (_source(job, source, "auctions", f"{n}-auctions", sp, watermarks)
-               .map(auction_seller, name=f"{n}-auction-project"))
+               .map(auction_seller_extra if "auctions" in held else auction_seller,
+                    name=f"{n}-auction-project"))
     joined = persons.key_by(first_field).window_join(
-        sellers.key_by(identity), _assigner(size_ms, slide_ms), q8_join, name=f"{n}-join",
-        parallelism=p)
+        sellers.key_by(first_field if "auctions" in held else identity),
+        _assigner(size_ms, slide_ms), q8_join, name=f"{n}-join", parallelism=p)
     new_users = joined.key_by(first_field).process(NewUsers(size_ms), name=f"{n}-new-users",
                                                    parallelism=p)
     _add_sinks(new_users, sink, n, p)

@@ -20,6 +20,11 @@ Queries: q1, q2, q5, q7, q8 (``examples/nexmark/queries.py``). The source is a b
   -> sink, queueing only) are printed.
 * Windows: Q5 ``--size-ms`` (10,000) / ``--slide-ms`` (2,000); Q7 and Q8 tumbling
   ``--size-ms`` windows, sliding with ``--sliding`` (slide ``--slide-ms``, default 2,000).
+* State: ``--hold`` makes Q7's first stage hold every bid of its windows
+  (``build_q7(hold_bids=True)``) and Q8's join hold the persons' and auctions' padding
+  (``build_q8(hold_extra=...)``); ``--person-bytes``/``--auction-bytes``/``--bid-bytes`` set
+  the generator's ``avg_*_byte_size`` (the ``extra`` padding). The results are the same;
+  ``--check`` checks it.
 * The verdict (always, unless ``--no-check``): every output is collected
   (``engine.io.testing.TestingSink``, files on this machine) and the whole of it compared with
   ``reference.py`` run on the same events (sorted where the reference sorts; Q1/Q2 as
@@ -81,20 +86,35 @@ def window_params(args: argparse.Namespace) -> dict[str, int]:
     return {}
 
 
+def sizes(args: argparse.Namespace) -> dict[str, int]:
+    """The generator's ``avg_*_byte_size`` the arguments set (the others: its defaults)."""
+    return {f"avg_{kind}_byte_size": getattr(args, f"{kind}_bytes")
+            for kind in ("person", "auction", "bid")
+            if getattr(args, f"{kind}_bytes") is not None}
+
+
+def hold_params(args: argparse.Namespace) -> dict[str, object]:
+    """``build_q7``/``build_q8``'s holding arguments for ``--hold``."""
+    if not args.hold:
+        return {}
+    return ({"hold_bids": True} if args.query == "q7"
+            else {"hold_extra": ("persons", "auctions")})
+
+
 def make_source(args: argparse.Namespace) -> NexmarkSource:
     if args.rate and not args.no_check:
         # the reference must know the record timestamps: event time = the schedule, fixed now
-        config = NexmarkConfig(seed=args.seed)
+        config = NexmarkConfig(seed=args.seed, **sizes(args))
         return NexmarkSource.realtime(config, rate=args.rate, num_events=args.events,
                                       lead_s=args.lead_s, split_events=args.split_events)
     if args.rate:
         # timestamps = scheduled emission times, anchored when the source task starts
-        config = NexmarkConfig(seed=args.seed, first_event_rate=args.rate)
+        config = NexmarkConfig(seed=args.seed, first_event_rate=args.rate, **sizes(args))
         return NexmarkSource(config, event_time=False, rate=args.rate, num_events=args.events,
                              split_events=args.split_events)
     # full speed: Q1/Q2 do not need event time, so their timestamps are the poll time and the
     # sink latency stays meaningful; the windowed queries need the events' date_time
-    config = NexmarkConfig(seed=args.seed, first_event_rate=args.event_rate)
+    config = NexmarkConfig(seed=args.seed, first_event_rate=args.event_rate, **sizes(args))
     return NexmarkSource(config, event_time=args.query in WINDOWED, num_events=args.events,
                          split_events=args.split_events)
 
@@ -197,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=1000)
     ap.add_argument("--linger-ms", type=float, default=5.0)
     ap.add_argument("--timeout", type=float, default=3600.0, help="give up after (s)")
+    ap.add_argument("--hold", action="store_true",
+                    help="Q7: hold the windows' bids; Q8: the join holds the events' padding")
+    for kind in ("person", "auction", "bid"):
+        ap.add_argument(f"--{kind}-bytes", type=int,
+                        help=f"NexmarkConfig(avg_{kind}_byte_size=n): the {kind}s' padding")
     ap.add_argument("--check", action="store_true",
                     help="compare the whole output with reference.py (the default)")
     ap.add_argument("--no-check", action="store_true",
@@ -208,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--events must be >= 1")
     if args.sliding and args.query not in ("q7", "q8"):
         ap.error("--sliding applies to q7 and q8 (q5 always slides)")
+    if args.hold and args.query not in ("q7", "q8"):
+        ap.error("--hold applies to q7 and q8")
 
     params = window_params(args)
     source = make_source(args)
@@ -218,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                     parallelism=args.parallelism,
                     config=JobConfig(batch_size=args.batch_size, linger_ms=args.linger_ms))
     extra = {"buckets": args.buckets} if args.query == "q7" else {}
+    extra.update(hold_params(args))
     queries.build(args.query, job, source, sinks, parallelism=args.parallelism,
                   source_parallelism=args.source_parallelism, **params, **extra)
 

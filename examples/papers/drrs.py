@@ -9,6 +9,8 @@ experiments on reflow, one command.
     python examples/papers/drrs.py --quick          # Q7 and Twitch at 2 -> 3, two protocols, a
                                                     # 1-point grid: minutes
     python examples/papers/drrs.py --sensitivity --budget-min 25   # start no run after 25 min
+    python examples/papers/drrs.py --jobs q8 --q8-state-mb 1500 --q8-window 40000/5000 \
+        --q8-rate 2000 --state-backend rocksdb --state-memory-mb 256 --after 30   # 1.5 GB
 
 On a machine where other Ray clusters run, ``RAY_ADDRESS=local`` gives the script a Ray of
 its own (otherwise it joins the most recent one, which its owner may stop).
@@ -34,6 +36,31 @@ Parts:
   and are replayed open-loop with event times compressed ``--twitch-speedup`` x, as the paper
   compresses its data set into 1,000 s (``examples.bench.harness.replay``): latency is a
   result's arrival minus the wall time its input was due.
+* **State at the paper's scale** (``--q7-state-mb``, ``--q8-state-mb``; default: the
+  queries as they are, a few hundred kB of state): the job's windows hold about that many
+  MB. Q7's first stage then holds every bid of each window (``build_q7(hold_bids=True)``)
+  where it otherwise keeps a running maximum per price bucket and window (a few bids,
+  whatever their size), and Q8's join holds the persons with their padding
+  (``build_q8(hold_extra=("persons",))``) where it otherwise holds ``(id, name)``: the
+  queries' results are unchanged (``tests/unit/test_nexmark_held_state.py``). The size
+  comes from the NEXMark generator's ``extra`` padding (``avg_bid_byte_size`` for Q7,
+  ``avg_person_byte_size`` for Q8, as the NEXMark spec's generator pads events), computed by
+  ``held_padding`` from the target, the rate and the window (an event of a window of size
+  S sliding by D is held S^2 / 2D seconds on average, over its S / D windows); the build
+  phase lasts at least one window. What the state reached is measured, not computed
+  (``measured_state``, the summary's scale column): the bytes the rescale moved
+  (``RescaleReport.bytes_moved``, the moved groups' exact encoded bytes) scaled to all key
+  groups, and the rescaled operator's tasks' own estimate before the request
+  (``metrics_before``: RocksDB's compressed live data and memtables; the in-memory
+  backend's sample of each table's first entries, which in Q8's join are old keys whose
+  windows have fired, so it undercounts there: 20.6 MB for 103 MB moved-and-scaled in a
+  quick run). ``--state-backend rocksdb`` (``--state-memory-mb`` per task,
+  ``--state-dir``) runs every job on RocksDB. What holding costs, measured in process
+  (the stage's work for all its tasks in one process, no transport): Q8's join at 2,000
+  events/s, 40 s / 5 s windows, 1.5 GB: ~0.01 CPU s per second of events on either backend
+  (a few large persons a second); Q7's first stage at 3,000 events/s, 10 s / 500 ms: 0.14
+  CPU s per second at 500 MB in memory, 0.25 at 1.5 GB on RocksDB (each bid goes into 20
+  windows). The transport of the padded events and the moves of the state come on top.
 * **Fig. 12/13**, the mechanism breakdown, from the runs' ``RescaleReport``: cumulative
   propagation (``propagation_delay_s``, the mean time from injection at the predecessors to
   the first barrier at the old owner, x the migration units), the units' mean wait from the
@@ -111,6 +138,17 @@ METRICS = {"peak": ("peak latency", "peak_ms"), "avg": ("average latency", "avg_
 OPERATOR = {"q7": "q7-partial-max", "q8": "q8-join", "twitch": "loyalty"}
 PAPER_KEY_GROUPS, PAPER_FROM, PAPER_TO, PAPER_MOVED = 128, 8, 12, 111
 RESCALE_TIMEOUT_S = 90.0
+#: a rescale step's timeout grows by a second per this many MB of asked state
+TIMEOUT_MB_PER_S = 10.0
+#: Q8's kinds whose padding the join holds when sized (persons: one key each; an auction's
+#: padding would pile up under the hot seller's key)
+Q8_HELD = ("persons",)
+#: NEXMark's proportions of the event stream (NexmarkConfig's defaults: 1 / 3 / 46 of 50)
+KIND_SHARE = {"persons": 1 / 50, "auctions": 3 / 50, "bids": 46 / 50}
+#: bytes of a held event beside its padding, minus what the generator's padding leaves out
+#: of the asked size: a projected bid (4 ints) is ~25 B and the generator's bid padding is
+#: the size - 32; a projected person (id, name) ~20 B, its padding the size - ~160
+HELD_BYTES_OFFSET = {"bids": 7, "persons": 140}
 
 DEFAULTS = {
     "jobs": ("q7,q8,twitch", "q7,twitch"), "protocols": (",".join(PROTOCOLS), "drrs,fluid"),
@@ -124,6 +162,73 @@ DEFAULTS = {
     "sens_skews": ("0,1.0", "0"), "sens_protocols": ("drrs,fluid", "drrs,fluid"),
     "sens_from": (4, 2), "sens_to": (6, 3), "sens_keys": (5000, 2000),
 }
+
+
+# ---------------------------------------------------------------------- sized NEXMark state
+
+def held_seconds(size_ms: int, slide_ms: int | None) -> float:
+    """Seconds an event is held, summed over its windows, on average: a window of size S
+    sliding by D holds an event until it fires; the event is in S / D windows that fire
+    after S - u, S - u - D, ... (u uniform in [0, D)): S^2 / 2D in all (tumbling: S / 2)."""
+    s = size_ms / 1000.0
+    d = s if not slide_ms or slide_ms >= size_ms else slide_ms / 1000.0
+    return s * s / (2.0 * d)
+
+
+def held_padding(job: str, state_mb: float, rate: float, size_ms: int,
+                 slide_ms: int | None) -> dict[str, int]:
+    """The ``NexmarkConfig`` sizes (``avg_bid_byte_size`` for ``q7``,
+    ``avg_person_byte_size`` for ``q8``) that make the held windows about ``state_mb`` MB at
+    ``rate`` events/s: the state over the events held at once (their rate x
+    ``held_seconds``), at least NEXMark's default size, at most the generator's largest."""
+    from examples.nexmark.generator import MAX_AVG_BYTE_SIZE, NexmarkConfig
+
+    kind, field = {"q7": ("bids", "avg_bid_byte_size"),
+                   "q8": ("persons", "avg_person_byte_size")}[job]
+    held = rate * KIND_SHARE[kind] * held_seconds(size_ms, slide_ms)
+    per = state_mb * 1e6 / held + HELD_BYTES_OFFSET[kind]
+    return {field: int(min(MAX_AVG_BYTE_SIZE,
+                           max(getattr(NexmarkConfig, field), round(per))))}
+
+
+class NexmarkScenario(rescale.Scenario):
+    """``rescale.py``'s ``q7``/``q8`` scenario with state sized to ``state_mb``: Q7 holding
+    its windows' bids, Q8's join holding the persons' padding (``Q8_HELD``), the generator
+    padding the events by ``held_padding``; the build lasts at least one window and slide."""
+
+    def __init__(self, args: argparse.Namespace, *, state_mb: float) -> None:
+        super().__init__(args)
+        self.state_mb = state_mb
+        self.padding = held_padding(self.name, state_mb, args.rate, args.size_ms,
+                                    args.slide_ms)
+        window_s = (args.size_ms + (args.slide_ms or 0)) / 1000.0
+        self.build_s = max(self.build_s, window_s + 2.0)
+        self.info.update(build_s=self.build_s, state_mb_asked=state_mb, padding=self.padding,
+                         held="bids" if self.name == "q7" else ",".join(Q8_HELD),
+                         held_seconds=held_seconds(args.size_ms, args.slide_ms))
+
+    def describe(self) -> str:
+        what = ("holding the windows' bids" if self.name == "q7"
+                else f"the join holding the {', '.join(Q8_HELD)} with their padding")
+        pad = ", ".join(f"{k} {v:,}" for k, v in self.padding.items())
+        return f"{super().describe()}; {what} ({pad}) for ~{self.state_mb:,.0f} MB of state"
+
+    def build(self, sink: LatencySink, config: JobConfig, *, full_speed: bool = False,
+              num_records: int | None = None) -> StreamJob:
+        from examples.nexmark import queries
+        from examples.nexmark.generator import NexmarkConfig
+        from examples.nexmark.source import NexmarkSource
+
+        a = self.args
+        job = StreamJob(f"rescale-{self.name}", num_key_groups=a.key_groups,
+                        parallelism=a.from_p, config=config)
+        src = NexmarkSource(NexmarkConfig(seed=42, first_event_rate=a.rate, **self.padding),
+                            event_time=False, rate=a.rate, split_events=512)
+        held: dict[str, Any] = ({"hold_bids": True} if self.name == "q7"
+                                else {"hold_extra": Q8_HELD})
+        queries.build(self.name, job, src, sink, parallelism=a.from_p, source_parallelism=1,
+                      size_ms=a.size_ms, slide_ms=a.slide_ms, **held)
+        return job
 
 
 # ---------------------------------------------------------------------- the Twitch scenario
@@ -197,7 +302,7 @@ def scenario_args(args: argparse.Namespace, job: str, protocols: Sequence[str]
             "--settle-max", str(args.settle_max), "--repeats", str(args.repeats),
             "--rate", str(getattr(args, f"{job}_rate")), "--no-overhead",
             "--no-replication-cost", "--warm-standby", str(max(0, args.to_p - args.from_p)),
-            "--out", tempfile.gettempdir()]
+            "--out", tempfile.gettempdir(), *backend_argv(args)]
     if job in ("q7", "q8"):
         size, slide = getattr(args, f"{job}_window").split("/")
         argv += ["--size-ms", size, "--slide-ms", slide]
@@ -206,8 +311,21 @@ def scenario_args(args: argparse.Namespace, job: str, protocols: Sequence[str]
     return ns
 
 
+def backend_argv(args: argparse.Namespace) -> list[str]:
+    """``rescale.py``'s state backend arguments for this script's."""
+    argv = ["--state-backend", args.state_backend]
+    if args.state_memory_mb:
+        argv += ["--state-memory-mb", str(args.state_memory_mb)]
+    if args.state_dir:
+        argv += ["--state-dir", args.state_dir]
+    return argv
+
+
 def make_scenario(args: argparse.Namespace, job: str, sargs: argparse.Namespace
                   ) -> rescale.Scenario:
+    state_mb = getattr(args, f"{job}_state_mb", None)
+    if state_mb:
+        return NexmarkScenario(sargs, state_mb=state_mb)
     if job != "twitch":
         return rescale.Scenario(sargs)
     # deployment, every phase and the longest rescale expected, with room to spare: the
@@ -246,14 +364,17 @@ def over_budget(args: argparse.Namespace) -> bool:
             and time.monotonic() - args.started > 60.0 * args.budget_min)
 
 
-def config_for(base: JobConfig, protocol: str, from_p: int, to_p: int) -> JobConfig:
+def config_for(base: JobConfig, protocol: str, from_p: int, to_p: int,
+               state_mb: float | None = None) -> JobConfig:
     """Warm standbys for the tasks the run adds (stop-restart: every task it redeploys);
-    ``RESCALE_TIMEOUT_S`` per rescale step."""
+    ``RESCALE_TIMEOUT_S`` per rescale step, plus a second per ``TIMEOUT_MB_PER_S`` MB of
+    asked state."""
     warm = to_p if protocol == "stop-restart" else max(0, to_p - from_p)
     # a step of a rescale that the loaded machine stalls fails the run (recorded) instead
     # of holding the whole benchmark for the engine's 300 s
     return dataclasses.replace(base, warm_standby_tasks=warm,
-                               rescale_timeout_s=RESCALE_TIMEOUT_S)
+                               rescale_timeout_s=RESCALE_TIMEOUT_S
+                               + (state_mb or 0.0) / TIMEOUT_MB_PER_S)
 
 
 def run_job(args: argparse.Namespace, job: str, progress: run.Progress, counter: list[int],
@@ -261,7 +382,8 @@ def run_job(args: argparse.Namespace, job: str, progress: run.Progress, counter:
     """Every run of one job (``rescale.run_one``), summarised."""
     sargs = scenario_args(args, job, args.protocols)
     sc = make_scenario(args, job, sargs)
-    base = rescale.job_config(sargs)
+    base = rescale.job_config(sargs, args.state_backend)
+    state_mb = getattr(args, f"{job}_state_mb", None)
     print(f"\n{job}: {sc.describe()}", flush=True)
     runs = []
     for p, rnd in order(args.protocols, args.repeats):
@@ -270,7 +392,7 @@ def run_job(args: argparse.Namespace, job: str, progress: run.Progress, counter:
             runs.append({"protocol": p, "round": rnd, "status": RunStatus.SKIPPED,
                          "reason": f"not run: the --budget-min {args.budget_min:g} was spent"})
             continue
-        r = guarded(p, sc, config_for(base, p, args.from_p, args.to_p), progress,
+        r = guarded(p, sc, config_for(base, p, args.from_p, args.to_p, state_mb), progress,
                     counter[0], total)
         r["round"] = rnd
         if r["status"] != RunStatus.OK:
@@ -278,8 +400,10 @@ def run_job(args: argparse.Namespace, job: str, progress: run.Progress, counter:
         runs.append(r)
     if getattr(sc, "replay_dir", None):
         shutil.rmtree(sc.replay_dir, ignore_errors=True)
-    return {"job": job, "operator": sc.op, "description": sc.describe(), "info": sc.info,
-            "runs": runs, **analyse_job(runs)}
+    out = {"job": job, "operator": sc.op, "description": sc.describe(), "info": sc.info,
+           "runs": runs, **analyse_job(runs)}
+    out["measured_state"] = measured_state(out, args.key_groups)
+    return out
 
 
 # ---------------------------------------------------------------------- analysis (pure)
@@ -409,10 +533,11 @@ def sensitivity(args: argparse.Namespace, progress: run.Progress, counter: list[
                 "--service-us", "1000", "--build", str(args.build), "--baseline",
                 str(args.baseline), "--after", str(args.after), "--stable", str(args.stable),
                 "--settle-max", str(args.settle_max), "--no-overhead",
-                "--no-replication-cost", "--out", tempfile.gettempdir()]
+                "--no-replication-cost", "--out", tempfile.gettempdir(),
+                *backend_argv(args)]
         sargs = rescale.parse_args(argv)
         sc = rescale.Scenario(sargs)
-        base = rescale.job_config(sargs)
+        base = rescale.job_config(sargs, args.state_backend)
         out = {**cell, "state_bytes_per_key": state_bytes, "keys": keys,
                "description": sc.describe(), "runs": {}}
         for p in args.sens_protocols:
@@ -460,17 +585,54 @@ def _paper(job: str, metric: str) -> str:
     return " / ".join(vals)
 
 
+def measured_state(j: dict[str, Any], key_groups: int) -> dict[str, float | None]:
+    """What a job's state reached, measured (MB, medians over the runs; None: not
+    measured): ``moved_mb``, the bytes a rescale moved (the moved groups' exact encoded
+    bytes, ``RescaleReport.bytes_moved``); ``state_mb``, the whole operator's at the
+    rescale, from them (x key groups / groups moved; key groups hold even shares);
+    ``estimate_mb``, the tasks' own estimate before the request (``metrics_before``: the
+    in-memory backend samples some entries per table, RocksDB counts its compressed live
+    data and memtables)."""
+    per = j["per_protocol"].values()
+    est = [x["state_mb"] for x in per if x.get("state_mb") is not None]
+    moved = [(x["bytes_moved"] / 1e6, x["key_groups_moved"]) for x in per
+             if x.get("bytes_moved") and x.get("key_groups_moved")]
+    mid = statistics.median([m for m, _ in moved]) if moved else None
+    whole = (statistics.median([m * key_groups / g for m, g in moved]) if moved else None)
+    return {"state_mb": whole, "moved_mb": mid,
+            "estimate_mb": statistics.median(est) if est else None}
+
+
+def state_text(results: dict[str, Any], j: dict[str, Any]) -> str:
+    """The scale column's state: measured (``measured_state``), the size asked, the
+    backend, and how far below the paper's it is."""
+    c = results["config"]
+    paper = PAPER_JOB[j["job"]]["state_mb"]
+    m = measured_state(j, c["key_groups"])
+    backend = c.get("state_backend", "memory")
+    asked = (j.get("info") or {}).get("state_mb_asked")
+    est = f"the tasks' estimate {m['estimate_mb']:,.1f} MB" if m["estimate_mb"] is not None \
+        else "no estimate"
+    if m["state_mb"] is not None:
+        state = m["state_mb"]
+        how = (f"{m['moved_mb']:,.1f} MB moved by a rescale, {j['planned_moved']}/"
+               f"{c['key_groups']} groups; {est}")
+    else:
+        state, how = m["estimate_mb"] or 0.0, f"{est}; nothing moved"
+    how += (f"; asked {asked:,g} MB" if asked else "") + f"; {backend} backend"
+    down = (f"{paper / state:,.0f}x less" if paper >= state else
+            f"{state / paper:,.1f}x more") if state > 0 else "?"
+    return f"state {state:,.1f} MB measured ({how}) (paper ~{paper:,.0f} MB: {down})"
+
+
 def scale_text(results: dict[str, Any], j: dict[str, Any]) -> str:
     c = results["config"]
     job = j["job"]
     paper = PAPER_JOB[job]
-    state = statistics.median([x["state_mb"] for x in j["per_protocol"].values()
-                               if x.get("state_mb") is not None] or [0.0])
     rate = {"q7": c["q7_rate"], "q8": c["q8_rate"], "twitch": c["twitch_rate"]}[job]
-    down = f"{paper['state_mb'] / state:,.0f}x less" if state > 0 else "?"
     return (f"{c['from_p']} -> {c['to_p']} tasks (paper 8 -> 12), {j['planned_moved']}/"
-            f"{c['key_groups']} groups moved; {rate:,.0f}/s (paper {paper['rate']}); state "
-            f"{state:,.1f} MB (paper ~{paper['state_mb']:,.0f} MB: {down}); 2 shared CPUs")
+            f"{c['key_groups']} groups moved; {rate:,.0f}/s (paper {paper['rate']}); "
+            f"{state_text(results, j)}; 2 shared CPUs")
 
 
 def claims(results: dict[str, Any]) -> list[list[str]]:
@@ -634,8 +796,10 @@ CAVEATS = (
     "Cumulative propagation is the report's mean propagation delay x the migration units.",
     "Scaling time uses rescale.py's stability rule (110 % of the level + slack for a few "
     "seconds), not the paper's 100 s; the runs are shorter (seconds, not 300 s of warm-up).",
-    "Scale: state is MBs where the paper has 0.5-3 GB; 2 CPUs shared by every task (and by "
-    "other developers' jobs: see the load) where the paper gives each task a core; Python.",
+    "Scale: the state is what the scale column says, measured (without --q7-state-mb / "
+    "--q8-state-mb, Q7 and Q8 hold a few hundred kB where the paper has 0.8-3 GB; with them, "
+    "the windows hold the padded events); 2 CPUs shared by every task (and by other "
+    "developers' jobs: see the load) where the paper gives each task a core; Python.",
     "Twitch: generated lines shaped like the public data set (examples/twitch.py), not the "
     "data set; event times compressed as the paper does, loyalty rescaled.",
 )
@@ -786,6 +950,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--twitch-rate", type=float, help="Twitch lines/s (1,000; quick 800)")
     ap.add_argument("--q7-window", help="Q7 sliding window size/slide ms (2000/500)")
     ap.add_argument("--q8-window", help="Q8 sliding window size/slide ms (8000/2000)")
+    ap.add_argument("--q7-state-mb", type=float,
+                    help="size Q7's state to about this many MB: its first stage holds the "
+                         "windows' bids, padded by avg_bid_byte_size (default: Q7 as it is, "
+                         "a running maximum per window: little state)")
+    ap.add_argument("--q8-state-mb", type=float,
+                    help="size Q8's state to about this many MB: its join holds the persons "
+                         "padded by avg_person_byte_size (default: Q8 as it is, (id, name))")
+    ap.add_argument("--state-backend", choices=("memory", "rocksdb"), default="memory",
+                    help="JobConfig(state_backend=...) of every job (memory)")
+    ap.add_argument("--state-memory-mb", type=int,
+                    help="JobConfig(state_memory_bytes=n MB) per RocksDB task (the engine's "
+                         "default, 128)")
+    ap.add_argument("--state-dir", help="JobConfig(state_dir=...) of RocksDB runs (default: "
+                                        "the system's temporary directory)")
     ap.add_argument("--twitch-others", type=int, default=2,
                     help="tasks of Twitch's keyed operators other than loyalty (2)")
     ap.add_argument("--twitch-pad-bytes", type=int,
@@ -822,6 +1000,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.protocols = cli.comma_list(args.protocols)
     args.sens_protocols = cli.comma_list(args.sens_protocols)
     args.sensitivity = args.sensitivity or args.quick
+    for job in ("q7", "q8"):
+        mb = getattr(args, f"{job}_state_mb")
+        if mb is not None and mb <= 0:
+            ap.error(f"--{job}-state-mb must be > 0")
     if not args.from_results:
         args.out = args.out or os.path.join(RESULTS_ROOT,
                                             "drrs-quick" if args.quick else "drrs")

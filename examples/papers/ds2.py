@@ -68,7 +68,6 @@ from controllers import DS2
 from controllers.ds2 import even_split
 from engine import JobConfig
 from engine.control.reconfiguration import cpu_share, starved_fraction
-from engine.runtime import local_ray
 from examples.bench.autoscale import TARGET_UTILISATION, _record, decisions_to_ideal
 from examples.bench.harness import analysis as an
 from examples.bench.harness import cli, jobs, procs, provenance, render, run
@@ -589,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = run.Progress(args.max_s * len(args.runs))
     # a Ray of its own, not whichever cluster this machine recorded last
     with patient_ray_start():
-        run.init_ray(address=None if local_ray.address_from_env() else local_ray.LOCAL)
+        run.init_ray()
     try:
         for k, (v, p) in enumerate(args.runs, 1):
             try:

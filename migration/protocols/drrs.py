@@ -37,7 +37,10 @@ each a ``DrrsMechanism``; ``drrs_without`` is the spec they run as (never in ``P
 * ``record-scheduling``: a record of an incoming group that cannot be processed yet stops
   its channel (nothing set aside; the task core still reads its other channels), and the
   new owner pulls in the subscale's order (smallest state first), not the groups its
-  waiting records need first.
+  waiting records need first; and the old owner reaches a subscale's confirm barrier in
+  its input order, behind every record of other groups queued in front of it (with record
+  scheduling it takes the confirm ahead of them, with the subscale's records in front of
+  it re-routed: ``migration.participant``).
 * ``subscale-division``: one subscale per (old owner, new owner) pair holding all the
   pair's groups (a subscale has one old and one new owner), every one started at once,
   without the per-task and per-operator limits or the pacing: one scaling operation.

@@ -41,3 +41,17 @@ def test_the_stall_trace_puts_each_second_s_evidence_beside_its_latency() -> Non
     assert r["sink0.gc_cpu_max"] == 11.0 and "sink0.late_cpu_max" not in r
     assert stalls.worst(rows, 1) == [r]
     assert steady._label("j1/count/0/g3") == "count0" and steady._label("j1/gen/0/g1") == "source0"
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_the_in_process_driver_runs_the_job_to_its_end_and_splits_cpu_by_task(p) -> None:
+    """``--inproc`` (harness/inproc.py): the real cores of the rows job, no Ray; every record
+    reaches the sink and both tasks' CPU is counted."""
+    from examples.bench.harness import inproc
+
+    sources, counts, config = inproc.build_cores(p, 5_000)
+    assert len(sources) == 1 and len(counts) == p and config.metrics_port is None
+    r = inproc.run(p, 5_000)
+    assert r["records"] == r["records_at_count_tasks"] == 5_000 and r["frames"] >= 5
+    assert r["source_us"] > 0 and r["count_us"] > 0
+    assert r["total_us"] == pytest.approx(r["source_us"] + r["count_us"])

@@ -228,6 +228,41 @@ def test_keyed_routes_by_routing_table_and_carries_keys_and_groups():
         assert [s for c, s, _ in frames if c == cid] == list(range(sum(c == cid for c, _, _ in frames)))
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_keyed_split_of_large_and_small_emits_keeps_order_and_routing(seed):
+    """Emits of 1-300 records (split by numpy from 32 on, one by one below), timestamps
+    shared or not, the routing changed halfway (its cached array must follow): every record
+    goes where the routing said at its emit, in emission order per channel, with its own
+    timestamp, key and key group."""
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    edge = OutputEdge(0, "keyed", (chan(0), chan(1), chan(2)),
+                      tuple(rng.randrange(3) for _ in range(N)))
+    r = router([edge], batch_size=50, linger_s=10.0, key_fns={0: lambda rec: rec[0]})
+    expected: dict[int, list] = {0: [], 1: [], 2: []}
+    i = 0
+    for round_ in range(60):
+        if round_ == 30:
+            r.flush_all()
+            routing = tuple(rng.randrange(3) for _ in range(N))
+            r.update_routing(0, routing)
+        routing = r.edges[0].routing
+        n = rng.choice([1, 2, 31, 32, 33, 100, 300])
+        recs = [(rng.randrange(40), i + j) for j in range(n)]
+        stamps = [7] * n if rng.random() < 0.5 else [rec[1] for rec in recs]
+        r.emit(recs, stamps)
+        for rec, ts in zip(recs, stamps, strict=True):
+            expected[routing[key_group_of(rec[0], N)]].append((rec, ts))
+        i += n
+    r.flush_all()
+    got: dict[int, list] = {0: [], 1: [], 2: []}
+    for cid, _, fr in drain(r):
+        for v, ts, k, kg in zip(fr.values, fr.timestamps, fr.keys, fr.key_groups, strict=True):
+            assert k == v[0] and kg == key_group_of(k, N)
+            got[cid].append((v, ts))
+    assert got == expected
+
+
 def test_keyed_emits_send_whole_frames_and_keep_the_remainder_lingering():
     """Records spread over two channels: each buffer crosses the batch size by a fraction
     of an emit; only whole frames go, the rest starts its linger at that emit (issue 32,

@@ -359,3 +359,42 @@ def test_property_fast_round_trip_equals_value_with_lists_as_tuples(value):
         return v
 
     assert_same(as_tuples(value), fast_rt(value))
+
+
+# ---------------------------------------------------------------- runs (data frames)
+
+
+@pytest.mark.parametrize("values", [[], [5], [5, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8],
+                                    [3, 3, 1, 1, 3]], ids=repr)
+def test_runs_travel_as_runs_and_come_back_as_the_tuple(values):
+    from engine.wire.codec import Runs, runs_of
+
+    runs = runs_of(values)
+    assert runs is not None and [v for v, n in runs for _ in range(n)] == values
+    assert unpack_fast(pack_fast([Runs(runs), "x"])) == (tuple(values), "x")
+
+
+def test_runs_of_gives_up_past_max_runs():
+    from engine.wire.codec import runs_of
+
+    assert runs_of(list(range(9))) is None
+    assert runs_of(list(range(9)), max_runs=9) == [(i, 1) for i in range(9)]
+    assert runs_of([1] * 1000 + [2] * 1000) == [(1, 1000), (2, 1000)]
+
+
+@pytest.mark.parametrize("flat", [[1, 0], [1, -2], [1, 2, 3], [1, "2"], [1, 1 << 23]],
+                         ids=repr)
+def test_bad_runs_are_a_codec_error_not_a_huge_tuple(flat):
+    from engine.wire.codec import _RUNS_CODE
+
+    data = msgpack.packb(msgpack.ExtType(_RUNS_CODE, msgpack.packb(flat)))
+    with pytest.raises(CodecError):
+        unpack_fast(data)
+
+
+def test_runs_are_no_state_value():
+    from engine.wire.codec import _RUNS_CODE
+
+    data = msgpack.packb(msgpack.ExtType(_RUNS_CODE, msgpack.packb([1, 2])))
+    with pytest.raises(CodecError):
+        unpack_exact(data)

@@ -816,8 +816,11 @@ def test_trigger_before_confirm_migrates_at_once_and_reroutes_in_order(clock, si
     clock.advance(1.5)
     [(target, trig)] = net.deliver_prio(TriggerBarrier)
     assert (target, trig) == (s.name, TriggerBarrier(0))
-    # the state left before s processed any of its input
-    assert s.records_in == 3 and s.migration.old_role.migrated_out == {A: rcid}
+    # the state left before s processed any of its input, and with it A's records queued in
+    # front of the confirm (re-routed) and the confirm: B's records stay queued (the old
+    # owner's record scheduling, tests/unit/test_drrs_ahead.py)
+    assert s.records_in == 3 and s.migration.old_role.migrated_out == {}
+    assert s.router.rerouted == 2 and len(s.reports) == 1
     assert A not in s.backend.groups and B in s.backend.groups
     [(to, ms)] = net.take_prio(MigrateState)
     assert to == d.name and (ms.subscale, ms.key_group, ms.watermark) == (0, A, MIN_WATERMARK)

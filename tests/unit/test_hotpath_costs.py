@@ -4,6 +4,7 @@ latency histogram's integer fast path (the same buckets as the float path)."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -121,6 +122,25 @@ def test_integer_latencies_bucket_as_floats_do(ms: list[int]) -> None:
     fast.observe_many(np.asarray(ms, dtype=np.int64))
     slow.observe_many(np.asarray(ms, dtype=np.float64))
     assert fast.to_wire() == slow.to_wire()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(min_value=-5, max_value=70_000),
+                          st.integers(min_value=1, max_value=50)), min_size=1, max_size=12))
+def test_latency_sink_records_runs_of_one_timestamp_as_the_array_path(
+        runs: list[tuple[int, int]]) -> None:
+    """A batch of a few source batches (runs of one timestamp each) is observed run by run
+    (``observe_repeated``, issue 32 item 9): the same histogram as one value per record,
+    up to 8 runs and past them (then the array path)."""
+    clock = ManualClock(1000.0)
+    now_ms = int(clock.now() * 1000)
+    stamps = [now_ms - ms for ms, n in runs for _ in range(n)]
+    with tempfile.TemporaryDirectory() as d:
+        w = LatencySink(d).open(0, 1, clock)
+        w.write([None] * len(stamps), stamps)
+        expected = LatencyHistogram()
+        expected.observe_many(now_ms - np.asarray(stamps, dtype=np.int64))
+        assert w._current.to_wire() == expected.to_wire()  # type: ignore[attr-defined]
 
 
 def test_latency_sink_total_is_the_sum_of_its_seconds(tmp_path: Any) -> None:

@@ -244,6 +244,24 @@ def test_frame_timestamps_all_equal_travel_once_and_come_back_per_record(stamps)
     assert m.decode_frame(m.encode_frame(many)).timestamps == (1_764_000_000_000,) * 1000
 
 
+def test_frame_timestamps_of_a_few_batches_travel_as_runs_and_come_back_per_record():
+    """A keyed channel's frame at p > 1 holds a few source batches, one stamp each: sent
+    as runs (issue 32, item 9), read back one per record; many distinct stamps, floats or
+    short frames go as they are."""
+    t = 1_764_000_000_000
+    two = [t] * 500 + [t + 3] * 500
+    frame = m.Frame([("k", i) for i in range(1000)], two, ["k"] * 1000, [3] * 1000)
+    data = m.encode_frame(frame)
+    assert len(data) < len(m.encode_frame(m.Frame(frame.values, [t + i for i in range(1000)],
+                                                  frame.keys, frame.key_groups))) - 8000
+    assert m.decode_frame(data).timestamps == tuple(two)
+    for stamps in ([t + i % 20 for i in range(40)], [1.5] * 10 + [2.5] * 10, [t, t + 1] * 3,
+                   [True] * 10 + [False] * 10):
+        out = m.decode_frame(m.encode_frame(m.Frame([0] * len(stamps), stamps)))
+        assert out.timestamps == tuple(stamps)
+        assert [type(x) for x in out.timestamps] == [type(x) for x in stamps]
+
+
 def test_empty_frame_carrying_only_an_event():
     out = m.decode_frame(m.encode_frame(m.Frame((), (), event=m.EndOfStream())))
     assert out == m.Frame((), (), None, None, m.EndOfStream())

@@ -166,3 +166,80 @@ def test_an_update_replaces_the_jobs_it_ran_and_says_so(tmp_path) -> None:
                            {"job": "twitch", "v": 2}]
     assert got["not_run"] == []
     assert got["updates"][0]["jobs"] == ["q8", "twitch"]
+
+
+# ---------------------------------------------------------------- state at a chosen size
+
+
+def test_held_padding_sizes_the_window_state_from_rate_and_window() -> None:
+    # an event of a window of size S sliding by D is held S^2 / 2D seconds in all
+    assert drrs.held_seconds(10_000, 500) == pytest.approx(100.0)
+    assert drrs.held_seconds(40_000, 5_000) == pytest.approx(160.0)
+    assert drrs.held_seconds(2_000, None) == pytest.approx(1.0)  # tumbling: S / 2
+    # Q7 at the paper's 20K tps, 10 s / 500 ms, ~800 MB: about NEXMark's bid size
+    q7 = drrs.held_padding("q7", 800, 20_000, 10_000, 500)
+    assert set(q7) == {"avg_bid_byte_size"}
+    assert 20_000 * 46 / 50 * 100 * q7["avg_bid_byte_size"] == pytest.approx(800e6, rel=0.02)
+    # Q8 pads the persons (1 event in 50); twice the state, twice the padding
+    a, b = (drrs.held_padding("q8", mb, 2_000, 40_000, 5_000)["avg_person_byte_size"]
+            for mb in (500, 1_000))
+    assert b - drrs.HELD_BYTES_OFFSET["persons"] == pytest.approx(
+        2 * (a - drrs.HELD_BYTES_OFFSET["persons"]), rel=1e-3)
+    assert 2_000 / 50 * 160 * a == pytest.approx(500e6, rel=0.01)
+    # never below NEXMark's default size, never beyond the generator's pool
+    from examples.nexmark.generator import MAX_AVG_BYTE_SIZE
+
+    assert drrs.held_padding("q7", 0.001, 3_000, 2_000, 500) == {"avg_bid_byte_size": 100}
+    assert drrs.held_padding("q8", 1e6, 100, 1_000, 500) == {
+        "avg_person_byte_size": MAX_AVG_BYTE_SIZE}
+
+
+def test_state_options_reach_the_scenario_and_the_job_config() -> None:
+    args = drrs.parse_args(["--jobs", "q7,q8", "--q7-state-mb", "100", "--q8-state-mb", "200",
+                            "--q8-window", "40000/5000", "--state-backend", "rocksdb",
+                            "--state-memory-mb", "256", "--state-dir", "/tmp/x"])
+    assert (args.q7_state_mb, args.q8_state_mb, args.state_backend) == (100, 200, "rocksdb")
+    sargs = drrs.scenario_args(args, "q8", args.protocols)
+    assert (sargs.state_backend, sargs.state_memory_mb, sargs.state_dir) == (
+        "rocksdb", 256, "/tmp/x")
+    assert (sargs.size_ms, sargs.slide_ms) == (40_000, 5_000)
+    from examples.bench import rescale
+
+    cfg = drrs.config_for(rescale.job_config(sargs, args.state_backend), "drrs", 8, 12, 200)
+    assert cfg.state_backend == "rocksdb" and cfg.state_memory_bytes == 256 << 20
+    assert cfg.rescale_timeout_s == pytest.approx(drrs.RESCALE_TIMEOUT_S + 20)
+    sc = drrs.make_scenario(args, "q8", sargs)
+    assert isinstance(sc, drrs.NexmarkScenario) and sc.build_s >= 45 + 2
+    assert sc.padding == drrs.held_padding("q8", 200, args.q8_rate, 40_000, 5_000)
+    assert sc.info["state_mb_asked"] == 200 and "persons" in sc.describe()
+    q7 = drrs.make_scenario(args, "q7", drrs.scenario_args(args, "q7", args.protocols))
+    assert "holding the windows' bids" in q7.describe()
+    # without a size: the queries as they are, on the in-memory backend by default
+    plain = drrs.parse_args(["--jobs", "q7"])
+    assert plain.state_backend == "memory" and plain.q7_state_mb is None
+    psargs = drrs.scenario_args(plain, "q7", plain.protocols)
+    assert type(drrs.make_scenario(plain, "q7", psargs)) is drrs.rescale.Scenario
+    for bad in (["--q8-state-mb", "0"], ["--state-backend", "both"]):
+        with pytest.raises(SystemExit):
+            drrs.parse_args(bad)
+
+
+def test_the_scale_column_gives_the_measured_state() -> None:
+    runs = _runs()
+    j = {"job": "q8", "operator": "q8-join", "description": "q8", "runs": runs,
+         "planned_moved": 111, "info": {"state_mb_asked": 2.5}, **drrs.analyse_job(runs)}
+    m = drrs.measured_state(j, 128)
+    # the moved groups' exact bytes (2 MB for 111 groups), scaled to the 128 groups
+    assert m["moved_mb"] == pytest.approx(2.0)
+    assert m["state_mb"] == pytest.approx(2.0 * 128 / 111)
+    assert m["estimate_mb"] == pytest.approx(5.0)  # the tasks' own, metrics_before
+    results = {"config": {**vars(drrs.parse_args(["--state-backend", "rocksdb"]))}}
+    text = drrs.state_text(results, j)
+    assert "state 2.3 MB measured" in text and "2.0 MB moved" in text
+    assert "asked 2.5 MB" in text
+    assert "rocksdb backend" in text and "1,301x less" in text  # 3,000 / 2.306
+    # nothing moved (only the run without a rescale): the tasks' estimate
+    none = [r for r in runs if r["protocol"] == "none"]
+    j2 = {**j, "runs": none, **drrs.analyse_job(none)}
+    assert "state 5.0 MB measured" in drrs.state_text(results, j2)
+    assert "nothing moved" in drrs.state_text(results, j2)

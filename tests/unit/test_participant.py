@@ -34,6 +34,7 @@ from engine.task.core import (
     TaskStatus,
 )
 from engine.task.host import CoreHost
+from engine.task.inputs import InputSet
 from engine.time.clock import ManualClock
 from engine.time.event_time import MIN_WATERMARK
 from engine.wire.messages import (
@@ -115,6 +116,9 @@ class FakeHost:
         self.seen_dropped: list[int] = []
         self.seen_fired = 0
         self.seen_finish_checks = 0
+        # no channels: the old owner finds no confirm queued ahead (tests/unit/test_drrs_ahead.py)
+        self.inputs = InputSet(name, 64, lambda cid: cid in self.seen_blocked,
+                               lambda cid, head: True)
 
     def add_input(self, channel_id: int, port: int) -> None:
         self.seen_inputs.setdefault(channel_id, port)

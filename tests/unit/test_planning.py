@@ -537,10 +537,12 @@ def test_profiles_and_workload_from_metrics():
 
 
 class Stats:
-    """A task's ``GroupStats`` reply: ``(key group, records, state bytes[, keys])``."""
+    """A task's ``GroupStats`` reply: ``(key group, records, state bytes[, keys])``, and the
+    distinct keys its records touched over ``touched_seconds`` (-1: not counted)."""
 
-    def __init__(self, groups, seconds):
+    def __init__(self, groups, seconds, keys_touched=-1, touched_seconds=0.0):
         self.groups, self.seconds = tuple(groups), seconds
+        self.keys_touched, self.touched_seconds = keys_touched, touched_seconds
 
 
 def test_arrival_order_follows_the_measured_arrival_rates():
@@ -625,3 +627,82 @@ def test_a_non_disruptive_rescale_plans_from_the_measured_workload():
     assert "state access 2%" in coord.plan.reason
     coord, enabled = run(keys=False, capacity=None)
     assert not enabled and "state access not measured" in coord.plan.reason
+
+
+def test_the_state_access_ratio_counts_distinct_keys_touched_not_records():
+    """Spacker's ratio is the share of the keys accessed per second: records that repeat a
+    key touch it once (what a replica has to catch up on is one entry per key). 64 groups
+    of 512 keys at 6,400 records/s: the bound min(rate, keys) says 100 rec/s of 512 keys per
+    group, ~20 %; the tasks counted 328 distinct keys a second (1 %): 1 %."""
+    rows = [(kg, 10 * 100, 4 * MB, 512) for kg in range(64)]
+    bounded = measure_groups([Stats(rows[:32], 10.0), Stats(rows[32:], 10.0)])
+    assert bounded.state_access_ratio == pytest.approx(100 / 512)
+    assert not bounded.access_counted
+    counted = measure_groups([Stats(rows[:32], 10.0, 164, 1.0),
+                              Stats(rows[32:], 10.0, 328, 2.0)])
+    assert counted.touched == pytest.approx(328.0)
+    assert counted.state_access_ratio == pytest.approx(328 / 32_768)
+    assert counted.access_counted
+    # one task counted, the other did not: its groups keep the bound
+    mixed = measure_groups([Stats(rows[:32], 10.0, 164, 1.0), Stats(rows[32:], 10.0)])
+    assert mixed.state_access_ratio == pytest.approx((164 + 32 * 100) / 32_768)
+    assert not mixed.access_counted
+    # a task whose groups do not all say their keys cannot set its count against them
+    unknown = [(kg, 1000, 4 * MB, None) for kg in range(32)]
+    part = measure_groups([Stats(unknown, 10.0, 164, 1.0), Stats(rows[32:], 10.0, 164, 1.0)])
+    assert part.touched == pytest.approx(164.0) and part.touched_groups == frozenset(range(32, 64))
+    assert part.state_access_ratio == pytest.approx(164 / (32 * 512))
+    # an empty window (0 keys) is a measure; a task with no groups adds nothing
+    idle = measure_groups([Stats(rows, 10.0, 0, 1.5), Stats([], 10.0, 7, 1.0)])
+    assert idle.state_access_ratio == 0.0 and idle.access_counted
+
+
+def test_the_adaptive_default_replicates_from_counted_access_and_says_how_it_measured():
+    """With the bound, records repeating keys read as high access (no replication); the
+    counted distinct keys say 1 %: replication, and the reason carries no caveat."""
+    rows = [(kg, 10 * 100, 4 * MB, 512) for kg in range(64)]
+    moved = list(range(32))
+    bounded = adaptive_from_measures(measure_groups([Stats(rows, 10.0)]), moved,
+                                     capacity_rate=20_000.0)
+    assert bounded.planning.replication == "none"
+    assert "bounded by the records per second" in bounded.reason
+    counted = adaptive_from_measures(measure_groups([Stats(rows, 10.0, 328, 1.0)]), moved,
+                                     capacity_rate=20_000.0)
+    assert counted.planning.replication == "hot", counted.reason
+    assert "state access 1%" in counted.reason and "(" not in counted.reason.split(";")[-1]
+
+
+def test_a_non_disruptive_rescale_replicates_when_the_tasks_counted_low_access():
+    """The coordinator reads the tasks' distinct key counts (``GroupStats.keys_touched``):
+    16 groups of 512 keys, 1,000 records/s per group repeating 20 keys a second: the bound
+    says 100 % (no replication), the count 4 % (replication on from this rescale)."""
+    import dataclasses
+
+    from engine.time.clock import ManualClock
+    from engine.wire.messages import GroupStats
+    from migration.coordinator import EnableReplication, LiveRescale, Phase, RescaleRequest
+    from migration.coordinator import SendControl as Send
+    from tests.unit.test_coordinator import Driver, N, context, finish_running
+
+    def run(counted: bool) -> tuple[Any, list[Any]]:
+        ctx = dataclasses.replace(context(), capacity_rate=100_000.0)
+        coord = LiveRescale(RescaleRequest("sum", 3, "non-disruptive"), ctx, ManualClock())
+        d = Driver(coord, finish_running)
+        cmd = d.run(until=lambda c: isinstance(c, Send) and c.phase == Phase.PLAN)
+        mine = {c.task: [kg for kg in range(N) if ctx.deployment.assignments["sum"][kg] == i]
+                for i, c in enumerate(cmd.calls)}
+        replies = [GroupStats(c.task, tuple((kg, 10_000, 4 * MB, 512) for kg in mine[c.task]),
+                              10.0, *((20 * len(mine[c.task]) * 2, 2.0) if counted else ()))
+                   for c in cmd.calls]
+        d.queue.extend(coord.on_result(cmd, replies))
+        d.run()
+        assert coord.done
+        return coord, [c for c in d.log if isinstance(c, EnableReplication)]
+
+    coord, enabled = run(counted=False)
+    assert not enabled and "high state access 100%" in coord.plan.reason, coord.plan.reason
+    coord, enabled = run(counted=True)
+    assert enabled and enabled[0].policy == "hot", coord.plan.reason
+    assert "state access 4%" in coord.plan.reason
+    assert "replication 'hot' on from now" in coord.plan.reason
+    assert "of capacity" in coord.plan.reason  # the capacity came with the context

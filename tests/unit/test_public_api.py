@@ -63,8 +63,9 @@ def test_every_public_package_lists_the_names_it_provides(package):
 
 # errors that never reach a user as themselves: caught inside reflow and turned into one
 # that does (a failed task, a refused rescale); engine.errors has them all
-INTERNAL_ERRORS = frozenset({"ConnectionLost", "DataChannelError", "DownstreamDied",
-                             "FrameRefused", "FrameTooLarge", "JobRestarted", "KeyFunctionError",
+INTERNAL_ERRORS = frozenset({"ConnectionClosed", "ConnectionLost", "DataChannelError",
+                             "DownstreamDied", "FrameRefused", "FrameTooLarge", "JobRestarted",
+                             "KeyFunctionError",
                              "StaleReplicaError", "TaskControlError", "UnknownKeyGroupError",
                              "UnknownSubscaleError"})
 

@@ -39,6 +39,7 @@ from engine import (
 )
 from engine.observability import LatencyHistogram
 from engine.time import ManualClock
+from engine.wire.codec import runs_of
 from examples.bench.harness import analysis
 
 #: every benchmark's generator seed, so that runs of one benchmark see the same keys
@@ -208,8 +209,16 @@ class _WriteLogWriter(SinkWriter):
     def write(self, values: Any, timestamps: Any) -> None:
         self.inner.write(values, timestamps)
         if len(values):
-            low = int(min(timestamps)) if not hasattr(timestamps, "min") else int(
-                timestamps.min())
+            first = timestamps[0]
+            runs = None
+            if type(timestamps) in (list, tuple):  # one stamp per source batch: no min
+                runs = ([(first, 1)] if timestamps.count(first) == len(timestamps)
+                        else runs_of(timestamps))
+            if runs is not None:
+                low = int(min(t for t, _ in runs))
+            else:
+                low = int(min(timestamps)) if not hasattr(timestamps, "min") else int(
+                    timestamps.min())
             self.first_ts = low if self.first_ts is None else min(self.first_ts, low)
             now = self.clock.now()
             analysis.add_write(self.segments, now, self.join_s)

@@ -43,24 +43,27 @@ class RunStatus(NameEnum):
     FAILED = "failed"  # the job failed, or ended before the run was over
 
 
-def init_ray(*, log_to_driver: bool = True, **kwargs: Any) -> None:
+def init_ray(*, address: str | None = None, log_to_driver: bool = True,
+             **kwargs: Any) -> None:
     """Connect to Ray (``ray.init``) unless connected. Locally (no ``RAY_ADDRESS``, not a
     submitted job) a new local Ray is started, never the cluster another process recorded
     with ``ray start`` or ``ray.cluster_utils.Cluster`` (a benchmark that joined one died
     with it, and shared its cores with it), and the workers get the repository root on
     their ``PYTHONPATH``; under ``ray job submit --working-dir .`` the working directory
-    already is on it. ``RAY_ADDRESS`` names a cluster to use."""
+    already is on it. ``RAY_ADDRESS`` names a cluster to use; so does ``address`` (a
+    ``ray.cluster_utils.Cluster`` the script started itself), whose workers also get the
+    repository root on their ``PYTHONPATH``."""
     import ray
 
     from engine.runtime import NAMESPACE, local_ray
 
     if ray.is_initialized():
         return
-    address = None
-    if not local_ray.submitted():
+    if not local_ray.submitted() or address is not None:
         path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
         kwargs.setdefault("runtime_env", {"env_vars": {"PYTHONPATH": path}})
-        address = local_ray.LOCAL
+        if address is None:
+            address = local_ray.LOCAL
     local_ray.connect(address, namespace=NAMESPACE, log_to_driver=log_to_driver,
                       configure_logging=False, **kwargs)
     if os.environ.get("RAY_ADDRESS") == local_ray.LOCAL:

@@ -53,7 +53,9 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    counters span longer than (useful + idle + backpressured time over ``_OVERSPAN`` x the
    window: its snapshot at the start was late or missing, so its rates and utilisation
    are inflated: "377% busy" and a source read at 2.8x its rate on a loaded machine,
-   issue 32); a scale-up is carried out at once, a scale-down only after it was
+   issue 32), nor on one at whose start a source task's backlog was unknown (its growth,
+   demand it could not read, is then unknown: what it read alone was taken for its
+   demand); a scale-up is carried out at once, a scale-down only after it was
    recommended continuously for ``scale_down_delay_s``, and then to the highest
    parallelism recommended meanwhile.
 
@@ -421,9 +423,16 @@ class DS2(Controller):
 
 def _overspan(metrics: MetricsWindow) -> str:
     """Why the window does not measure ("" when it does): a task whose accounted time
-    exceeds ``_OVERSPAN`` x the window."""
+    exceeds ``_OVERSPAN`` x the window, or a source task that tells its backlog now but
+    did not at the window's start (its snapshot then came before it ran): the backlog's
+    growth is demand it could not read, and without it what the source read, held back by
+    a saturated operator, would be taken for its whole demand."""
     for r in metrics.operators.values():
         for t in r.tasks:
+            if t.source_backlog is not None and t.backlog_change is None:
+                return (f"waiting for a window that measures: source task {t.task}'s "
+                        "backlog at the window's start is unknown, so its growth (demand "
+                        "it could not read) is")
             spent = t.useful_s + t.idle_s + t.backpressured_s
             if t.seconds > 0 and spent > _OVERSPAN * t.seconds:
                 return (f"waiting for a window that measures: task {t.task}'s counters span "

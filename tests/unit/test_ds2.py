@@ -410,3 +410,35 @@ def test_no_decision_on_a_window_whose_counters_span_longer_than_it():
     out = DS2().decide(w, job.view())
     assert not scales(out), out
     assert "span" in out[0].reason and "reduce/0" in out[0].reason, out
+
+
+def test_no_decision_while_a_sources_backlog_growth_is_unknown():
+    """A source that tells its backlog at the window's end but not at its start (its
+    first snapshot came before it ran): what it read, held back by a saturated operator,
+    is not its demand (before: 1 -> 2 asked from 684 rec/s of a source scheduled at
+    1,500/s). DS2 waits for the next window, where the growth counts and 1 -> 5 is asked,
+    as the ideal says."""
+    from engine.observability.latency import LatencyHistogram
+    from engine.observability.metrics import TaskMetrics
+    from engine.observability.rates import metrics_window
+
+    def tm(task, vertex, rin, useful, backlog=None, status="running", bp=0.0):
+        return TaskMetrics(task, vertex, 0, status, rin, rin, 0, 0, useful, 0.0, bp, 0, 0,
+                           0, 0, LatencyHistogram().to_wire(), 0, 0, backlog)
+
+    job = Pipeline([Stage("reduce", 500, keyed=True)], 1_500)
+    first = {"src/0": tm("src/0", "src", 0, 0.0, None, "created"),
+             "reduce/0": tm("reduce/0", "reduce", 0, 0.0)}
+    # 10 s: the source read 6,840 (held back), 8,160 more fell due
+    second = {"src/0": tm("src/0", "src", 6_840, 0.1, 8_160, bp=9.0),
+              "reduce/0": tm("reduce/0", "reduce", 5_000, 10.0)}
+    ds2 = DS2(catch_up_s=1e9)  # the catch-up of the backlog itself aside
+    out = ds2.decide(metrics_window(first, second, 0.0, 10.0, ["src", "reduce"]), job.view())
+    assert not scales(out), out
+    assert "src/0" in out[0].reason and "backlog" in out[0].reason, out
+    # the next 10 s: read 5,000, the backlog grew by 10,000 more: demand 1,500/s
+    third = {"src/0": tm("src/0", "src", 11_840, 0.2, 18_160, bp=18.0),
+             "reduce/0": tm("reduce/0", "reduce", 10_000, 20.0)}
+    out = ds2.decide(metrics_window(second, third, 10.0, 20.0, ["src", "reduce"]),
+                     job.view())
+    assert scales(out) == {"reduce": 5}, out

@@ -52,7 +52,6 @@ workload and SSM helpers and the bench harness.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
 import sys
@@ -581,9 +580,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results["config"] = {**vars(args), "out": os.path.relpath(args.out, ROOT)}
+    results = provenance.begin(__file__, argv, args)
     _, steps = trace(*PAPER_RANGE, args.migrations, args.seed)
     results["steps"] = steps
     print(f"Ding et al.: θ sweep over {len(steps) - 1} migrations in {PAPER_RANGE} ...",

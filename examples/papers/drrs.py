@@ -92,7 +92,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
 import shutil
 import statistics
@@ -1015,10 +1014,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_results:
         return redraw(args.from_results, args.out, args.note)
     args.started = time.monotonic()
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results["config"] = {**{k: v for k, v in vars(args).items() if k != "started"},
-                         "out": os.path.relpath(args.out, ROOT)}
+    results = provenance.begin(__file__, argv, args, omit=("started",))
     moved = len(moved_key_groups(uniform_assignment(args.key_groups, args.from_p),
                                  uniform_assignment(args.key_groups, args.to_p)))
     paper_moved = len(moved_key_groups(uniform_assignment(PAPER_KEY_GROUPS, PAPER_FROM),

@@ -40,7 +40,6 @@ to ``--out`` (default ``examples/papers/results/drrs_ablation/``; ``--quick``:
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import sys
 from typing import Any
@@ -376,16 +375,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    results = provenance.begin(__file__, argv, args, omit=("backends",))
     sc = AblationScenario(args)
     config = rescale.job_config(args)
     names = run_order(list(args.variants), args.repeats, args.with_none)
     print(f"DRRS ablation: {sc.describe()}", flush=True)
     print(f"runs: {', '.join(v for v, _ in names)}", flush=True)
     results.update({
-        "config": {k: v for k, v in vars(args).items() if k != "backends"} | {
-            "out": os.path.relpath(args.out, ROOT)},
         "scenario": {"name": "micro", "operator": sc.op, "description": sc.describe(),
                      **sc.info},
         "variants": {v: {"protocol": VARIANTS[v][0], "without": list(VARIANTS[v][1]),

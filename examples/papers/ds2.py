@@ -49,7 +49,6 @@ count and records) and the bench harness.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import re
@@ -575,9 +574,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results["config"] = {**vars(args), "out": os.path.relpath(args.out, ROOT)}
+    results = provenance.begin(__file__, argv, args)
     results["description"] = (
         f"keyed count at {args.rate:,.0f} records/s, {args.service_us:,.0f} us per record per "
         f"{OP} task ({1e6 / args.service_us:,.0f}/s each): ideal {args.ideal} tasks at "

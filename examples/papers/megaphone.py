@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import os
 import shutil
 import sys
@@ -1180,9 +1179,7 @@ def main(argv: list[str] | None = None) -> int:
         render.write_outputs(out, results, markdown=markdown(results), png="megaphone.png",
                              plot=plot)
         return 0
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results["config"] = {**vars(args), "out": os.path.relpath(args.out, ROOT)}
+    results = provenance.begin(__file__, argv, args)
     results["strategies"] = {s: {"protocol": p, "job_config": f} for s, (p, f) in
                              STRATEGIES.items()}
     run.init_ray()

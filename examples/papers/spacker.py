@@ -72,7 +72,6 @@ holds) to ``--out`` (default ``examples/papers/results/spacker/``; ``--quick``:
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shutil
 import sys
@@ -990,10 +989,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         return render_again(argv[1], argv[2:])
     args = parse_args(argv)
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results["config"] = {k: v for k, v in vars(args).items() if k != "job_config"}
-    results["config"]["out"] = os.path.relpath(args.out, ROOT)
+    results = provenance.begin(__file__, argv, args, omit=("job_config",))
     results["paper"] = {"table2": PAPER_TABLE2, "sequence": PAPER_SEQUENCE}
     results["definitions"] = {
         "convergence_s": "first request -> last rescale's completed_at (gaps included)",

@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import os
 import sys
 import time
@@ -576,9 +575,7 @@ def _restore(path: str, text: str | None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results = provenance.begin(__file__, argv)
-    results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    results["config"] = {**vars(args), "out": os.path.relpath(args.out, ROOT)}
+    results = provenance.begin(__file__, argv, args)
     plan = run_plan(args)
     scenarios = {k: TriskScenario(scenario_args(args, k), k) for k in args.scenarios}
     results["scenarios"] = {k: sc.describe() for k, sc in scenarios.items()}

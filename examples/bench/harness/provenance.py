@@ -18,6 +18,7 @@ Driver side only; nothing here imports Ray.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import platform
@@ -76,10 +77,18 @@ def command(script: str, argv: list[str] | None) -> str:
     return " ".join(["python", os.path.relpath(os.path.abspath(script), ROOT), *args])
 
 
-def begin(script: str, argv: list[str] | None) -> dict[str, Any]:
-    """A new results dict with ``command``, ``code``, ``machine`` and the start time."""
-    return {"command": command(script, argv), "code": code_state(), "machine": machine(),
-            "_t0": time.monotonic()}
+def begin(script: str, argv: list[str] | None, args: Any = None,
+          omit: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A new results dict with ``command``, ``code``, ``machine`` and the start time; with
+    the parsed ``args`` also ``date`` (UTC, to the minute) and ``config`` (``args`` but
+    ``omit``, its ``out`` relative to the repository)."""
+    results: dict[str, Any] = {"command": command(script, argv), "code": code_state(),
+                               "machine": machine(), "_t0": time.monotonic()}
+    if args is not None:
+        results["date"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+        results["config"] = {k: v for k, v in vars(args).items() if k not in omit}
+        results["config"]["out"] = os.path.relpath(args.out, ROOT)
+    return results
 
 
 def finish(results: dict[str, Any]) -> None:

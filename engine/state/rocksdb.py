@@ -73,6 +73,7 @@ import operator
 import os
 import shutil
 from collections.abc import (
+    Callable,
     ItemsView,
     Iterable,
     Iterator,
@@ -82,7 +83,7 @@ from collections.abc import (
     MutableSet,
     ValuesView,
 )
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 import msgpack
 import rocksdict as rd
@@ -107,6 +108,7 @@ __all__ = ["RocksDBKeyedStateBackend"]
 _KG_BYTES = 2
 _ID_BYTES = 8
 _PREFIX = _KG_BYTES + _ID_BYTES
+_V = TypeVar("_V")
 _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None), frozenset})
 #: loans (dirty or mutable values) beyond which they are written back at the next change of
 #: the current key (4x: at once)
@@ -196,7 +198,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # key group -> {state name: table view}: the names a group holds (a table may be
         # empty, as a dict in the in-memory backend may be)
         self._reg: dict[int, dict[str, _TableView]] = {}
-        self.groups = _Groups(self)  # type: ignore[assignment]
+        self.groups = _OwnedGroups(self, self._group)  # type: ignore[assignment]
         self._group_views: dict[int, _GroupView] = {}
         self._ids: dict[str, bytes] = {}
         self._names: dict[bytes, str] = {}
@@ -213,7 +215,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         for name, i in zip(TIMER_NAMES, timer_ids, strict=True):
             self._names[i] = name
         self._tq = TimerQueues(self, num_key_groups, timer_cache_bytes, timer_ids, _pack)
-        self.timers = _Timers(self)  # type: ignore[assignment]
+        self.timers = _OwnedGroups(  # type: ignore[assignment]
+            self, lambda kg: _GroupTimers(self, kg))
         self._open(block_cache_bytes, write_buffer_bytes)
 
     # -- lifecycle
@@ -946,16 +949,23 @@ class _GroupTimers(MutableSet[tuple[int, Any, int]]):
         return f"<RocksDB timers of key group {self.key_group}>"
 
 
-class _Timers(Mapping[int, _GroupTimers]):
-    """``backend.timers``: the owned key groups' timers, each a ``_GroupTimers``."""
+class _OwnedGroups(Mapping[int, _V]):
+    """A view of the owned key groups (``backend.groups``, ``backend.timers``): each
+    group's value made by ``make`` when asked."""
 
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
+    def __init__(self, backend: RocksDBKeyedStateBackend, make: Callable[[int], _V]) -> None:
         self._b = backend
+        self._make = make
 
-    def __getitem__(self, key_group: int) -> _GroupTimers:
+    def __getitem__(self, key_group: int) -> _V:
         if key_group not in self._b._reg:
             raise KeyError(key_group)
-        return _GroupTimers(self._b, key_group)
+        return self._make(key_group)
+
+    def get(self, key_group: int, default: Any = None) -> Any:
+        if key_group not in self._b._reg:
+            return default
+        return self._make(key_group)
 
     def __contains__(self, key_group: object) -> bool:
         return key_group in self._b._reg
@@ -1022,29 +1032,3 @@ class _GroupView(MutableMapping[str, Table]):
             self[name] = {} if default is None else default
             view = self._reg[name]
         return view
-
-
-class _Groups(Mapping[int, _GroupView]):
-    """``backend.groups``: the owned key groups, each a ``_GroupView``."""
-
-    def __init__(self, backend: RocksDBKeyedStateBackend) -> None:
-        self._b = backend
-
-    def __getitem__(self, key_group: int) -> _GroupView:
-        if key_group not in self._b._reg:
-            raise KeyError(key_group)
-        return self._b._group(key_group)
-
-    def get(self, key_group: int, default: Any = None) -> Any:
-        if key_group not in self._b._reg:
-            return default
-        return self._b._group(key_group)
-
-    def __contains__(self, key_group: object) -> bool:
-        return key_group in self._b._reg
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(list(self._b._reg))
-
-    def __len__(self) -> int:
-        return len(self._b._reg)

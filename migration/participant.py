@@ -31,9 +31,15 @@ Guarantees:
   is set aside per (channel, group), at most ``drrs_set_aside_cap`` records per task; a
   channel whose next record cannot be set aside, or whose watermark, barrier or end must
   follow set-aside records, waits (latency markers pass).
-* Timers of a group on its way in or out do not fire here (held ones travel with the state);
-  user code sees, for an incoming group, no later watermark than the old owner's when the
-  group left it.
+* Timers of a group on its way in or out do not fire here (held ones travel with the state).
+  A record of an incoming group is judged (late or not) against the later of the old
+  owner's watermark when the group froze there and the record's arrival watermark: this
+  task's when it came on a direct channel, the old owner's when it came re-routed (the old
+  owner puts its watermark on the re-route channel ahead of the records it re-routes once
+  it advanced); once the group is active, against no earlier watermark than the old
+  owner's while this task's own is behind it. Neither passes the watermark that preceded
+  the record on its way, and a record late everywhere before it was sent is late at a new
+  task too.
 * Receivers take a group's outputs from the old owner before those from the new one: the
   old owner puts ``GroupLeft`` behind its last outputs of a group it gives away, the new
   owner ``GroupArrived`` ahead of its first (``engine.task.group_order``).
@@ -94,6 +100,7 @@ from engine.task.core import (
 from engine.task.inputs import InputSet
 from engine.task.reply import Reply
 from engine.time.clock import Clock
+from engine.time.event_time import MIN_WATERMARK
 from engine.wire.messages import (
     Ack,
     ConfirmBarrier,
@@ -266,7 +273,8 @@ def _crossable(event: Any) -> bool:
     """Whether records of a subscale's groups queued behind ``event`` at their old owner may
     be re-routed before the owner reaches it. A latency marker carries no obligation; a
     watermark concerns this task's own groups (the leaving ones froze at their first
-    barrier, and their new owner caps what they see at that watermark); another subscale's
+    barrier, and their new owner judges their records against no later watermark than this
+    task's when it re-routes them); another subscale's
     confirm concerns other groups. Not a checkpoint or logic barrier (records behind it
     belong to the next epoch), nor an order marker, pause or end of input."""
     return event is None or type(event) in (LatencyMarker, Watermark, ConfirmBarrier)
@@ -404,7 +412,8 @@ class NewOwnerRole:
         self.subscales: dict[int, _Incoming] = {}
         self.group_subscale: dict[int, int] = {}
         self.group_watermark: dict[int, int] = {}
-        self.aside: dict[tuple[int, int], list[tuple[Any, int, Any, int]]] = {}
+        # (channel, group) -> (value, timestamp, key, port, arrival watermark) in order
+        self.aside: dict[tuple[int, int], list[tuple[Any, int, Any, int, int]]] = {}
         self.aside_count = 0
 
     def expect(self, subscale_id: int, key_groups: tuple[int, ...],
@@ -522,8 +531,11 @@ class NewOwnerRole:
         return self.aside_count < self.cap
 
     def set_aside(self, channel: int, key_group: int, value: Any, timestamp: int, key: Any,
-                  port: int = 0) -> None:
-        self.aside.setdefault((channel, key_group), []).append((value, timestamp, key, port))
+                  port: int = 0, arrival_watermark: int = MIN_WATERMARK) -> None:
+        """``arrival_watermark``: the watermark the record is judged against when it runs
+        (see ``MigrationParticipant.user_watermark``)."""
+        self.aside.setdefault((channel, key_group), []).append(
+            (value, timestamp, key, port, arrival_watermark))
         self.aside_count += 1
 
     def has_aside(self, channel: int) -> bool:
@@ -536,7 +548,7 @@ class NewOwnerRole:
         """Set-aside units whose records are ready now."""
         return [(c, kg) for (c, kg) in self.aside if self.ready(c, kg)]
 
-    def release(self, channel: int, key_group: int) -> list[tuple[Any, int, Any, int]]:
+    def release(self, channel: int, key_group: int) -> list[tuple[Any, int, Any, int, int]]:
         records = self.aside.pop((channel, key_group), [])
         self.aside_count -= len(records)
         return records
@@ -572,6 +584,15 @@ class MigrationParticipant:
         self.confirms_ahead = 0  # confirms taken ahead of other groups' records (old owner)
         # old owner: queued frames decoded while looking for confirms, by (channel, seq)
         self._decoded: dict[tuple[int, int], tuple[bytes, PartialFrame]] = {}
+        # old owner: re-route channel -> the watermark last put on it ahead of its records
+        self._stamped: dict[int, int] = {}
+        # new owner: re-route input channel -> the old owner's watermark stamped on it
+        self._reroute_wm: dict[int, int] = {}
+        # new owner: the arrival watermark of the records running now (user_watermark)
+        self._arrival_wm = MIN_WATERMARK
+        # new owner: active groups -> the old owner's watermark when they left it, while
+        # this task's own watermark is still behind it (a new task's, at first)
+        self._floors: dict[int, int] = {}
         if host.config.live_rescaling:
             host.hold_timers(self._holds_timers)
 
@@ -649,6 +670,10 @@ class MigrationParticipant:
 
     def on_event(self, ch: InputChannel, event: Any) -> None:
         match event:
+            case Watermark(timestamp=t) if ch.port == REROUTE_PORT:
+                # the old owner's watermark when it re-routed the records that follow
+                if t > self._reroute_wm.get(ch.channel_id, MIN_WATERMARK):
+                    self._reroute_wm[ch.channel_id] = t
             case ConfirmBarrier(subscale=sid, direct_channel=dc):
                 if ch.port == REROUTE_PORT:
                     self._confirm_at_new_owner(sid, dc)
@@ -674,12 +699,14 @@ class MigrationParticipant:
         n = len(values)
         ready: list[Record] = []
         pos = frame.pos
+        arrival = (self._reroute_wm.get(cid, MIN_WATERMARK) if ch.port == REROUTE_PORT
+                   else self.host.watermark)
         slicer = self._slicer
         slicer.start()
         while pos < n:
             if len(ready) >= slicer.chunk:
                 frame.pos = pos
-                self.host.run_records(ready)
+                self._run_arrived(ready, arrival)
                 ready = []
                 if slicer.spent():
                     break
@@ -692,18 +719,18 @@ class MigrationParticipant:
             port = ports[pos] if ports is not None else ch.port
             rc = old.migrated_out.get(kg)
             if rc is not None:
-                self.host.router.reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
+                self._reroute(rc, values[pos], tss[pos], keys[pos], kg, port)
             elif nr.incoming(kg) and not nr.ready(cid, kg):
                 if not nr.can_set_aside(kg):
                     self._fetch(kg)
                     break
                 self._fetch(kg)
-                nr.set_aside(cid, kg, values[pos], tss[pos], keys[pos], port)
+                nr.set_aside(cid, kg, values[pos], tss[pos], keys[pos], port, arrival)
             else:
                 ready.append((values[pos], tss[pos], keys[pos], kg, port))
             pos += 1
         frame.pos = pos
-        self.host.run_records(ready)
+        self._run_arrived(ready, arrival)
         return not (pos < n or (_waits_for_aside(frame.event) and nr.has_aside(cid)))
 
     def can_progress(self, channel_id: int, frame: PartialFrame) -> bool:
@@ -718,15 +745,50 @@ class MigrationParticipant:
         return not (_waits_for_aside(frame.event) and nr.has_aside(channel_id))
 
     def user_watermark(self, watermark: int) -> int:
-        """For a group still arriving: no later than the old owner's watermark when the
-        group left it."""
-        gw = self.new_role.group_watermark
+        """For a group still arriving, the watermark its record is judged against (late or
+        not, a window fired already or not): the later of the old owner's watermark when
+        the group left it (its first barrier there) and the record's arrival watermark
+        (this task's when the record arrived on a direct channel; the old owner's stamped
+        ahead of it when it came re-routed). Neither passes the watermark that preceded the
+        record on its path, so a record on time stays on time; a record that was late
+        everywhere before it was sent is late here too, even when this task is new and its
+        own watermark has not caught up (a scale-out lost late records to windows). Once
+        the group is active, no earlier than the old owner's watermark while this task's is
+        behind it. Timers of an arriving group do not fire here until it is active
+        (``_holds_timers``)."""
         b = self.host.backend
-        if b is not None and gw:
-            cap = gw.get(b.current_group)
-            if cap is not None:
-                return min(cap, watermark)
+        if b is None:
+            return watermark
+        floor = self.new_role.group_watermark.get(b.current_group)
+        if floor is not None:
+            return max(floor, self._arrival_wm)
+        if self._floors:
+            floor = self._floors.get(b.current_group)
+            if floor is not None:
+                if watermark < floor:
+                    return floor
+                del self._floors[b.current_group]
         return watermark
+
+    def _run_arrived(self, records: list[Record], arrival: int) -> None:
+        """Run ``records`` that arrived at ``arrival`` (``user_watermark``)."""
+        if not records:
+            return
+        self._arrival_wm = arrival
+        try:
+            self.host.run_records(records)
+        finally:
+            self._arrival_wm = MIN_WATERMARK
+
+    def _reroute(self, channel_id: int, value: Any, timestamp: int, key: Any, kg: int,
+                 port: int) -> None:
+        """Re-route one record, behind this task's watermark when it advanced since the
+        channel's last one: the new owner judges the record against it (``user_watermark``)."""
+        wm = self.host.watermark
+        if wm > self._stamped.get(channel_id, MIN_WATERMARK):
+            self._stamped[channel_id] = wm
+            self.host.router.reroute_event(channel_id, Watermark(wm))
+        self.host.router.reroute(channel_id, value, timestamp, key, kg, port)
 
     def describe(self) -> list[str]:
         parts = []
@@ -821,6 +883,7 @@ class MigrationParticipant:
         out = self.old_role.subscales[sid]
         router = self.host.router
         router.close_reroute(out.reroute_channel)
+        self._stamped.pop(out.reroute_channel, None)
         self.old_role.finish(sid)
         self._frozen.discard(sid)
         self._reroute_channels.pop(sid, None)
@@ -858,6 +921,7 @@ class MigrationParticipant:
         self.host.router.broadcast(GroupLeft(sid, kg))
         b.remove(kg)
         b.untrack(kg)
+        self._floors.pop(kg, None)
         self.host.drop_held_timers(kg)  # they are in the state just taken
         # the new owner shows records set aside there no later watermark than the one
         # they followed: the watermark here when the subscale's first barrier came
@@ -983,7 +1047,6 @@ class MigrationParticipant:
                     return False
         if not others:
             return False
-        router = self.host.router
         last = frames[-1][1]
         for qi, f in frames:
             kgs = f.kgs
@@ -994,8 +1057,8 @@ class MigrationParticipant:
                 for j in range(f.pos, n):
                     if kgs[j] in moving:
                         port = f.ports[j] if f.ports is not None else ch.port
-                        router.reroute(out.reroute_channel, f.values[j], f.timestamps[j],
-                                       f.keys[j], kgs[j], port)
+                        self._reroute(out.reroute_channel, f.values[j], f.timestamps[j],
+                                      f.keys[j], kgs[j], port)
                 f.values = [f.values[j] for j in keep]
                 f.timestamps = [f.timestamps[j] for j in keep]
                 f.keys = [f.keys[j] for j in keep]
@@ -1039,9 +1102,20 @@ class MigrationParticipant:
     def _release_and_activate(self, sid: int) -> None:
         nr, host = self.new_role, self.host
         for c, kg in nr.releasable():
-            host.run_records([(v, ts, k, kg, port) for v, ts, k, port in nr.release(c, kg)])
+            recs = nr.release(c, kg)
+            i = 0
+            while i < len(recs):  # in runs of one arrival watermark
+                j = i
+                while j < len(recs) and recs[j][4] == recs[i][4]:
+                    j += 1
+                self._run_arrived([(v, ts, k, kg, port) for v, ts, k, port, _ in recs[i:j]],
+                                  recs[i][4])
+                i = j
         activated = nr.activatable(sid)
         for kg in activated:
+            floor = nr.group_watermark.get(kg, MIN_WATERMARK)
+            if floor > host.watermark:
+                self._floors[kg] = floor
             nr.activate(kg)
             host.release_timers(kg)
         if activated:
@@ -1052,6 +1126,7 @@ class MigrationParticipant:
             host.router.broadcast(WatermarkRelease(sid))
             host.unblock_channels(sid)
             host.remove_input_if_idle(inc.reroute_channel)
+            self._reroute_wm.pop(inc.reroute_channel, None)
             host.report(SubscaleDone(host.name, sid, SubscaleRole.NEW.value, inc.bytes_in, 0, 0.0,
                                      host.suspended_s))
             host.check_finish()

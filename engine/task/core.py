@@ -397,6 +397,9 @@ class TaskCore:
         self.router.send_marker(marker)
 
     def _on_channel_watermark(self, ch: InputChannel, wm: Watermark) -> None:
+        if ch.port == REROUTE_PORT:  # the old owner's, for the records it re-routes
+            self.migration.on_event(ch, wm)
+            return
         self.advance_watermark(self.tracker.update(ch.channel_id, wm.timestamp))
 
     def _on_idle(self, ch: InputChannel, event: ChannelIdle) -> None:

@@ -785,6 +785,36 @@ def test_no_record_late_downstream_of_a_rescaled_operator_reproducers(case):
     run_case(case)
 
 
+#: A definitely-late record (``LateGate``) reaching a *new* task of the rescaled window B:
+#: its gate opened after the new task was created (every task's watermark, the new one's
+#: too, had passed it), but the new owner judged the records of a group still arriving
+#: against the old owner's watermark at the subscale's first barrier, from before the gate.
+#: The record went into a window (an extra "win" output) instead of the late sink. Every one
+#: of these failed on e3dc4d3, found by the ``_many`` variants; the fix judges a record
+#: against the later of that watermark and its arrival watermark (``user_watermark``).
+LATE_AT_A_NEW_TASK_REPRODUCERS = [
+    Case(seed=119, shape="chain", src_p=1, right_p=1, pre=None, a="reduce", a_win=None,
+         a_p=3, mid=False, b="window", b_key="same", b_win=(40, 40, 0), b_p=1, bound=40,
+         records=121, late=1, batch=1, target="B", change="out", protocol=p, at=0.5, size=2,
+         limit=1, at_once=None, cap=1, subscale_bytes=None, mid_p=None, p_data=0.3,
+         p_prio=0.1)
+    for p in ("batched", "drrs")
+] + [
+    Case(seed=1, shape="chain", src_p=1, right_p=1, pre=None, a="reduce", a_win=None,
+         a_p=a_p, mid=True, b="window", b_key="other", b_win=(40, 40, 30), b_p=1, bound=15,
+         records=136, late=1, batch=1, target="B", change="out", protocol=p, at=0.25,
+         size=1, limit=1, at_once=None, cap=1, subscale_bytes=None, mid_p=None, p_data=p_data,
+         p_prio=0.1)
+    for p, a_p, p_data in (("meces", 2, 0.6), ("non-disruptive", 3, 0.3))
+]
+
+
+@pytest.mark.parametrize("case", LATE_AT_A_NEW_TASK_REPRODUCERS,
+                         ids=[str(c.protocol) for c in LATE_AT_A_NEW_TASK_REPRODUCERS])
+def test_a_record_late_everywhere_is_late_at_a_new_task_reproducers(case):
+    run_case(case)
+
+
 #: Per-key order downstream of a rescaled keyed operator: A (running reduce) scaled out,
 #: B a running sum keyed as A, and A's outputs also to a sink of its own (``tap``, one task).
 #: The old owner's outputs of a key may still be on their way when the new owner's first

@@ -248,6 +248,20 @@ def test_records_of_a_pulled_group_are_rerouted_and_the_rest_processed_here():
     assert list(rerouted.values) == [("r", 0), ("r", 3)] and list(rerouted.ports) == [0, 0]
 
 
+def test_rerouted_records_follow_the_old_owners_watermark_when_it_advanced():
+    p, host = old_owner()
+    p.handle(TriggerBarrier(0))         # B is pushed at once
+    ch = InputChannel(1, port=0)
+    host.watermark = 40
+    p.step_frame(ch, frame([B, B], tag="x"))
+    host.watermark = 50
+    p.step_frame(ch, frame([B], tag="y"))
+    out = outbox(host, RC)
+    # the watermark ahead of the records re-routed under it, once per advance
+    assert [(list(f.values), f.event) for f in out] == [
+        ([], Watermark(40)), ([("x", 0), ("x", 1)], Watermark(50)), ([("y", 0)], None)]
+
+
 def test_confirm_goes_behind_the_rerouted_records_and_the_last_pull_finishes():
     p, host = old_owner()
     p.handle(TriggerBarrier(0))
@@ -339,7 +353,8 @@ def test_records_wait_for_the_state_and_the_confirm_through_the_old_owner():
     # the re-routed record is ready at once; the direct ones wait for the confirm
     assert [r[0] for r in host.seen_processed] == [("d", 1), ("x", 0)]
     host.backend.set_current("k", A)
-    assert p.user_watermark(10) == 3 and p.user_watermark(2) == 2
+    # outside a record's run: the old owner's watermark when the group left it
+    assert p.user_watermark(10) == 3 and p.user_watermark(2) == 3
     assert host.seen_reports == [] and host.seen_released == []
     p.on_event(reroute, ConfirmBarrier(0, 1))
     assert [r[0] for r in host.seen_processed] == [("d", 1), ("x", 0), ("d", 0), ("d", 2)]
@@ -348,6 +363,54 @@ def test_records_wait_for_the_state_and_the_confirm_through_the_old_owner():
     [done] = host.seen_reports
     assert (done.subscale, done.role, done.bytes) == (0, "new", len(state.snapshot(A)))
     assert host.seen_inputs == {} and not p.active and host.seen_finish_checks == 1
+
+
+def test_records_of_an_arriving_group_are_judged_at_their_arrival_watermark():
+    """A record of a group still arriving runs with the later of the old owner's watermark
+    when the group left (3) and its arrival watermark: this task's when it came direct (7,
+    though the task is at 20 by the time it runs), the old owner's stamped on the re-route
+    channel (9). A task whose own watermark is behind (a new task) still finds a record
+    late that was late everywhere."""
+    p, host = new_owner()
+    seen: list[tuple[Any, int]] = []
+
+    def run_records(records: list[Record]) -> None:
+        for r in records:
+            host.backend.set_current(r[2], r[3])
+            seen.append((r[0], p.user_watermark(host.watermark)))
+    host.run_records = run_records  # type: ignore[method-assign]
+    direct, reroute = InputChannel(1, port=0), InputChannel(RC, port=REROUTE_PORT)
+    host.watermark = 7
+    assert p.step_frame(direct, frame([A], tag="d")) is True          # set aside
+    p.on_event(reroute, Watermark(9))
+    assert p.step_frame(reroute, frame([A], ports=[0], tag="x")) is True  # set aside too
+    host.watermark = 20
+    state = KeyedStateBackend(N)
+    state.own(A)
+    p.handle(MigrateState(0, A, state.snapshot(A), watermark=3))
+    assert seen == [(("x", 0), 9)]
+    p.on_event(reroute, ConfirmBarrier(0, 1))
+    assert seen == [(("x", 0), 9), (("d", 0), 7)]
+    # active: the task's own watermark
+    host.backend.set_current("k", A)
+    assert p.user_watermark(20) == 20
+
+
+def test_a_new_task_behind_the_old_owner_judges_at_the_old_owners_watermark():
+    p, host = new_owner(confirm_needed=False)
+    seen: list[int] = []
+
+    def run_records(records: list[Record]) -> None:
+        for r in records:
+            host.backend.set_current(r[2], r[3])
+            seen.append(p.user_watermark(host.watermark))
+    host.run_records = run_records  # type: ignore[method-assign]
+    state = KeyedStateBackend(N)
+    state.own(A)
+    p.handle(MigrateState(0, A, state.snapshot(A), watermark=30))
+    assert host.watermark == MIN_WATERMARK        # nothing reached this task yet
+    p.step_frame(InputChannel(1, port=0), frame([A]))
+    assert seen == [30]
 
 
 def test_the_set_aside_cap_stops_a_channel_and_other_groups_go_on():

@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
-from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+from ray.exceptions import (
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+)
 
 from engine.dataflow import graph as g
 from engine.errors import (
@@ -55,6 +61,15 @@ _OOM_WORDS = ("memory pressure", "low on memory", "OOM kill reason", "OutOfMemor
 # where Ray's generic list of causes for a worker that exited unexpectedly begins
 _CAUSES = re.compile(r"\s*(Some common causes include|There are some potential root causes)")
 _FIELD = re.compile(r"^\t(\w+): (.*)$")
+
+
+def actor_gone(exc: BaseException | None) -> bool:
+    """Whether Ray's ``exc`` from a call on an actor means the actor is gone for good
+    (``ActorDiedError`` and the other ``RayActorError``s). ``ActorUnavailableError`` does
+    not: Ray raises it while an actor cannot be reached for now (its node's connection is
+    broken, it is restarting), and calls may succeed again; a task in that state is
+    silent (unresponsive), not dead, until Ray says it died."""
+    return isinstance(exc, RayActorError) and not isinstance(exc, ActorUnavailableError)
 
 
 def actor_death(exc: BaseException | str) -> str:
@@ -187,4 +202,4 @@ def open_failure(exc: BaseException, operators: Sequence[g.OperatorDef], task: s
     return None
 
 
-__all__ = ["actor_death", "open_failure", "reflow_error_in", "translate", "unwrap", "user_objects"]
+__all__ = ["actor_death", "actor_gone", "open_failure", "reflow_error_in", "translate", "unwrap", "user_objects"]

@@ -9,7 +9,8 @@ the poll waits ``Deadlines.task_poll_s`` and reports it as unresponsive instead
 Guarantees: a poll returns within ``Deadlines.task_poll_s``; at most one metrics call per
 task is outstanding (a stuck task is asked once, the next polls wait on the same call);
 the collector holds every live task's latest snapshot (a silent task's last one) and the
-silent tasks for the ``reflow_task_unresponsive_seconds`` gauge; a task whose actor died
+silent tasks for the ``reflow_task_unresponsive_seconds`` gauge (a task Ray cannot reach
+for now, ``ActorUnavailableError``, is silent, not dead); a task whose actor died
 is returned to the caller (the background loop fails the job); a dead standby actor is
 dropped at the next poll and the pool topped up ``warm_standby_refill_s`` later.
 """
@@ -20,11 +21,9 @@ import asyncio
 import dataclasses
 from typing import Any, Protocol
 
-from ray.exceptions import RayActorError
-
 from engine.names import JobState
 from engine.observability.metrics import TaskMetrics
-from engine.runtime.failures import actor_death
+from engine.runtime.failures import actor_death, actor_gone
 from engine.runtime.health import TaskHealth
 from engine.runtime.ports import JobPort
 from engine.wire.messages import decode_message
@@ -117,8 +116,10 @@ class Watch:
             if p.handles.get(n) is not h:  # replaced or removed meanwhile
                 continue
             exc = f.exception()
-            if isinstance(exc, RayActorError) and n in p.dep.task_names():
+            if actor_gone(exc) and n in p.dep.task_names():
                 died.append((n, exc))
+            elif exc is not None and not actor_gone(exc):
+                self.health.missed(n)  # unreachable for now (ActorUnavailableError): silent
             elif exc is None:
                 self.health.answered(n)
                 snap = f.result()

@@ -641,13 +641,13 @@ def test_new_owner_role_readiness_activation_and_set_aside():
     assert r.activatable(2) == []  # channel 11 has not confirmed
     r.set_aside(11, 3, "v1", 1, "k", 0)
     r.set_aside(10, 4, "v2", 2, "k4", 0)
-    r.set_aside(11, 3, "v3", 3, "k", 0)
+    r.set_aside(11, 3, "v3", 3, "k", 0, 7)  # arrived at watermark 7
     assert not r.can_set_aside() and r.aside_count == 3
     assert r.has_aside(11) and r.has_aside_for(10, 4) and not r.has_aside(20)
     assert r.releasable() == []  # 11 unconfirmed; group 4 without state
     r.on_confirm(2, 11)
     assert r.releasable() == [(11, 3)]
-    assert r.release(11, 3) == [("v1", 1, "k", 0), ("v3", 3, "k", 0)]
+    assert r.release(11, 3) == [("v1", 1, "k", 0, MIN_WATERMARK), ("v3", 3, "k", 0, 7)]
     assert r.aside_count == 1 and r.can_set_aside()
     assert r.activatable(2) == [3]
     r.activate(3)
@@ -873,7 +873,7 @@ def test_confirm_overtaken_direct_records_wait_for_the_confirm_through_the_old_o
     assert d.migration.new_role.subscales[0].state_in == {A}
     net.run("sum/1")
     # A's records straight from the predecessor overtook the confirm: set aside
-    assert {u: [(v, k, port) for v, _, k, port in recs] for u, recs in d.migration.new_role.aside.items()} == {
+    assert {u: [(v, k, port) for v, _, k, port, _ in recs] for u, recs in d.migration.new_role.aside.items()} == {
         (c_ud, A): [((a, 100), a, 0), ((a, 300), a, 0)]}
     assert [r for r in sink.results() if r[0] == a] == [(a, 1), (a, 4)]
     assert not d.has_work() and d.reports == []

@@ -14,7 +14,15 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    operator's target input rate is the sum of its inputs' target output rates; its target
    output rate is its target input rate times its output ratio (records out / records
    in). The sources' backlog is propagated the same way as a catch-up rate: the backlog
-   divided by ``catch_up_s``.
+   divided by ``catch_up_s``, except the records that piled up while DS2's own last
+   rescale ran (the backlog beyond its level when DS2 decided, until it drains back
+   below it): a rescale's duration is not demand, and draining what it held up within
+   ``catch_up_s`` sized the operator for a transient (1 -> 2 -> 11 tasks for 5, the
+   second step asking 2,693 rec/s of catch-up for 81,000 records held up by the first);
+   the headroom of the target utilisation drains them. A source's rates are taken over
+   the span of its own metrics snapshots (``engine.observability.rates``): over the
+   window's seconds a snapshot answered late read a source scheduled at 1,500 rec/s,
+   held back by a saturated operator, as 680 rec/s of demand.
 2. **True rates, MAX across tasks, starved time discounted.** An operator's capacity at
    its current parallelism is its observed input rate over the MAX utilisation (useful
    time / window) of its tasks: under skew the busiest task saturates first, and the
@@ -22,7 +30,9 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    where reported) is not useful time: it is taken out first
    (``engine.control.reconfiguration.without_cpu_wait``), and on a window where the
    operator's tasks waited for a CPU more than ``max_starved`` of their busy time DS2 does
-   not scale the operator up (the machine has no core for more tasks).
+   not scale the operator up (the machine has no core for more tasks), nor down (what
+   little useful time is left measures no capacity: at load 27, 98% of the busy time of
+   8 tasks serving 1,500 rec/s read as 23,490 rec/s per task, and 8 -> 3 for 5).
 3. **Utilisation band.** Nothing moves while every operator's load (target + catch-up
    rate, over its capacity) lies within ``band`` (Flink's 0.4 .. 1.0 around a 0.7 target),
    except a saturated operator (busiest task ``_SATURATED`` busy) behind a backpressured
@@ -55,9 +65,10 @@ The policy (DS2, OSDI'18; with the Flink Kubernetes operator autoscaler's safegu
    are inflated: "377% busy" and a source read at 2.8x its rate on a loaded machine,
    issue 32), nor on one at whose start a source task's backlog was unknown (its growth,
    demand it could not read, is then unknown: what it read alone was taken for its
-   demand); a scale-up is carried out at once, a scale-down only after it was
-   recommended continuously for ``scale_down_delay_s``, and then to the highest
-   parallelism recommended meanwhile.
+   demand), nor on one in which a task answered no metrics poll (the same snapshot at
+   both ends: nothing measured); a scale-up is carried out at once, a scale-down only
+   after it was recommended continuously for ``scale_down_delay_s``, and then to the
+   highest parallelism recommended meanwhile.
 
 ``estimate`` is the pure computation (one ``Estimate`` per operator); ``decide`` adds the
 band, the delays and the decisions. Subclasses change ``disruption_s`` (what an action
@@ -197,6 +208,9 @@ class DS2(Controller):
         self.name = name or self.default_name
         # operator -> (first recommended at, highest parallelism recommended since)
         self.pending_down: dict[str, tuple[float, int]] = {}
+        # source -> its backlog when DS2 last decided a rescale; what piled up beyond it is
+        # the rescale's own (no catch-up for it), until the backlog drains below it
+        self.rescale_backlog: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the computation
     def bounds(self, op: OperatorView) -> tuple[int, int]:
@@ -210,17 +224,22 @@ class DS2(Controller):
         must drain within ``catch_up_s``: Flink's fixed ``restart.time``."""
         return self.restart_time_s
 
-    def _source_rates(self, r: OperatorRates | None) -> tuple[float, float, bool]:
-        """(demand, catch-up) in records read per second at a source, and whether its
+    def _source_rates(self, name: str, r: OperatorRates | None
+                      ) -> tuple[float, float, bool, int]:
+        """(demand, catch-up) in records read per second at source ``name``, whether its
         demand may be higher than that by an unknown amount (it cannot tell its backlog
-        and was backpressured: what it read is a lower bound)."""
+        and was backpressured: what it read is a lower bound), and the records of its
+        backlog that DS2's last rescale held up (no catch-up for them)."""
         if r is None:
-            return 0.0, 0.0, False
+            return 0.0, 0.0, False, 0
         read = r.observed_input_rate
         backlog, growth = r.source_backlog, r.backlog_growth
         if backlog is None:
-            return read, 0.0, r.backpressured_fraction > _BLOCKED
-        return max(0.0, read + (growth or 0.0)), backlog / self.catch_up_s, False
+            return read, 0.0, r.backpressured_fraction > _BLOCKED, 0
+        base = self.rescale_backlog.get(name)
+        held_up = 0 if base is None else max(0, backlog - base)
+        return (max(0.0, read + (growth or 0.0)), (backlog - held_up) / self.catch_up_s,
+                False, held_up)
 
     def estimate(self, metrics: MetricsWindow, view: JobView) -> dict[str, Estimate]:
         """DS2's estimate for every vertex, in topological order (sources included, with
@@ -233,10 +252,13 @@ class DS2(Controller):
             ratio = 1.0 if r is None or r.output_ratio is None else r.output_ratio
             per_edge = ratio / max(1, len(op.outputs))
             if op.is_source:
-                demand, catch, blocked = self._source_rates(r)
+                demand, catch, blocked, held_up = self._source_rates(name, r)
                 edge_rate[name] = (demand * per_edge, catch * per_edge, blocked)
+                why = "a source" + (f"; {held_up:,} records of its backlog piled up while "
+                                    "DS2's last rescale ran: no catch-up for them (the "
+                                    "headroom drains them)" if held_up else "")
                 out[name] = Estimate(name, op.parallelism, demand, catch, None, None,
-                                     op.parallelism, "a source")
+                                     op.parallelism, why)
                 continue
             ins = [edge_rate.get(u, (0.0, 0.0, False)) for u in op.inputs]
             target = sum(e[0] for e in ins)
@@ -268,10 +290,14 @@ class DS2(Controller):
         exact = max(1, math.ceil(p * needed / capacity - 1e-9))
         best = self._align(op, exact, lo, hi)
         held = ""
+        starved = starved_fraction(raw)
         if best > p:
             best, held = self._bounded_up(op, raw, best, lo, hi, view)
+        elif best < p and starved is not None and starved > self.max_starved:
+            best, held = p, (f"no scale-down: its tasks waited for a CPU {starved:.0%} of "
+                             f"their busy time (more than {self.max_starved:.0%}), so its "
+                             "capacity without that wait is not measured")
         tpr = r.true_processing_rate or 0.0
-        starved = starved_fraction(raw)
         reason = (f"needs {needed:,.0f} rec/s of capacity for {target:,.0f} rec/s"
                   f"{f' + {catch:,.0f} catch-up' if catch else ''}"
                   f"{' (a source was backpressured: its demand may be higher)' if saturated else ''}"
@@ -336,6 +362,12 @@ class DS2(Controller):
         if wait:
             return [NoChange(wait)]
         estimates = self.estimate(metrics, view)
+        backlogs = {name: r.source_backlog for name, r in metrics.operators.items()
+                    if name in view.operators and view.operators[name].is_source
+                    and r.source_backlog is not None}
+        for name, level in backlogs.items():  # drained back: the rescale's backlog is gone
+            if level <= self.rescale_backlog.get(name, -1):
+                del self.rescale_backlog[name]
         ops = {o.name: o for o in rescalable(view, self.operators)}
         mine = [estimates[n] for n in ops if estimates[n].measured]
         lo, hi = self.band
@@ -392,7 +424,10 @@ class DS2(Controller):
             else:
                 self.pending_down.pop(e.operator, None)
         decisions = self.finish(decisions, estimates, metrics, view)
-        if not any(isinstance(d, Scale) for d in decisions):
+        if any(isinstance(d, Scale) for d in decisions):
+            for name, level in backlogs.items():
+                self.rescale_backlog[name] = min(level, self.rescale_backlog.get(name, level))
+        else:
             why = "scale-down delayed: " + "; ".join(waiting)
             notes = [d for d in decisions if isinstance(d, NoChange)]
             if not notes or (waiting and all(d in kept for d in notes)):
@@ -422,13 +457,16 @@ class DS2(Controller):
 
 
 def _overspan(metrics: MetricsWindow) -> str:
-    """Why the window does not measure ("" when it does): a task whose accounted time
-    exceeds ``_OVERSPAN`` x the window, or a source task that tells its backlog now but
-    did not at the window's start (its snapshot then came before it ran): the backlog's
-    growth is demand it could not read, and without it what the source read, held back by
-    a saturated operator, would be taken for its whole demand."""
+    """Why the window does not measure ("" when it does): a task that answered no poll in
+    it, a task whose accounted time exceeds ``_OVERSPAN`` x its span, or a source task that
+    tells its backlog now but did not at the window's start (its snapshot then came before
+    it ran): the backlog's growth is demand it could not read, and without it what the
+    source read, held back by a saturated operator, would be taken for its whole demand."""
     for r in metrics.operators.values():
         for t in r.tasks:
+            if t.seconds <= 0 < metrics.seconds:
+                return (f"waiting for a window that measures: task {t.task} answered no "
+                        "metrics poll in it (the same snapshot at both ends)")
             if t.source_backlog is not None and t.backlog_change is None:
                 return (f"waiting for a window that measures: source task {t.task}'s "
                         "backlog at the window's start is unknown, so its growth (demand "

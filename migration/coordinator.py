@@ -744,7 +744,9 @@ class LiveRescale(RescaleCoordinator):
         profiles: dict[int, Any] = {}
         measured = MeasuredGroups({}, {}, {}, 0.0)
         if self.spec.needs_profiles(planning, cfg.drrs_subscale_bytes) or self._wants_workload():
-            replies = yield from self._send(Phase.PLAN, (Call(t, GroupStatsRequest())
+            # the keys per group only for the adaptive planning below (a scan of all state)
+            keys = planning is None and self.spec.name == RescaleProtocol.NON_DISRUPTIVE
+            replies = yield from self._send(Phase.PLAN, (Call(t, GroupStatsRequest(keys))
                                                          for t in tasks))
             profiles = _profiles(replies)
             measured = measure_groups(replies)

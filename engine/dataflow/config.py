@@ -153,7 +153,9 @@ class JobConfig:
     """Knobs of a deployed job.
 
     ``batch_size``/``linger_ms``: a channel sends a frame when it holds this many records or
-    its oldest record waited this long. ``credits``: unacknowledged frames a sender may have
+    its oldest record waited this long; a source task that read all that was due polls
+    again no sooner than the smaller of 1 ms and ``linger_ms`` later
+    (``engine.task.source.poll_interval``). ``credits``: unacknowledged frames a sender may have
     on one channel (a frame is acknowledged when the receiver takes it for processing), so a
     task holds at most ``credits`` frames per input channel. ``metrics_host``: the address
     the job's Prometheus endpoint binds to (default ``REFLOW_METRICS_HOST``, else

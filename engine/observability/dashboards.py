@@ -186,7 +186,7 @@ OVERVIEW = Dashboard(
                        "(operators of jobs with event time)"),
             Panel("State bytes per task",
                   (Query(f"reflow_state_bytes{{{J}}}", "{{operator}} {{task}}"),),
-                  "bytes", "Estimated encoded size of each task's keyed state"),
+                  "bytes", "Logical encoded size of each task's keyed state"),
             Panel("Key groups per task",
                   (Query(f"reflow_key_groups{{{J}}}", "{{operator}} {{task}}"),),
                   "short", "Key groups each task holds (moves when an operator rescales)"),

@@ -174,12 +174,15 @@ class GroupCounters:
         self.load.observe(kgs)
         self.access.observe(keys, now, batch)
 
-    def reply(self, task: str, backend: Any, now: float) -> GroupStats:
+    def reply(self, task: str, backend: Any, now: float, keys: bool = True) -> GroupStats:
         """The ``GroupStats`` of ``task`` now (``backend``: its keyed state backend, None
-        for a task without keyed state); the record counters restart."""
+        for a task without keyed state); the record counters restart. ``keys`` False: each
+        group's keys are None (``GroupStatsRequest.keys``: no scan of the state)."""
         counts = self.load.take()
         groups = () if backend is None else tuple(
-            (kg, counts.get(kg, 0), *backend.group_stats(kg)) for kg in backend.owned())
+            (kg, counts.get(kg, 0), *(backend.group_stats(kg) if keys
+                                      else (backend.estimated_group_bytes(kg), None)))
+            for kg in backend.owned())
         touched = None if backend is None else self.access.take(now)
         seconds, self.since = now - self.since, now
         return GroupStats(task, groups, seconds, *((-1, 0.0) if touched is None else touched))

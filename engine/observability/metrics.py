@@ -42,7 +42,11 @@ class TaskMetrics:
     source. ``cpu_seconds`` / ``cpu_wait_seconds``: CPU time the task's process used, and
     time it was runnable but had no CPU, since the task's first metrics snapshot
     (``process_cpu``; filled in by the task's actor, None where not measured): DS2 takes the wait out of the useful
-    time and bounds scale-ups by the cores a task uses."""
+    time and bounds scale-ups by the cores a task uses. ``at``: when the task took the
+    snapshot, on its own monotonic clock (filled in by the task's actor; None: not
+    stamped): a poll answered late or not at all leaves the collector an older snapshot
+    than its time says, so rates are taken over the span between a task's own stamps
+    (``engine.observability.rates``)."""
 
     task: str
     vertex: str
@@ -65,15 +69,18 @@ class TaskMetrics:
     source_backlog: int | None = None
     cpu_seconds: float | None = None
     cpu_wait_seconds: float | None = None
+    at: float | None = None
 
 
-def process_cpu() -> tuple[float, float | None]:
+def process_cpu(thread: int | None = None) -> tuple[float, float | None]:
     """This process's CPU seconds (every thread) and the seconds its threads were runnable
     but waited for a CPU (the run-queue wait of ``/proc/self/task/*/schedstat``; None where
-    the kernel does not say). A task actor is one process, so these are its task's."""
+    the kernel does not say). A task actor is one process, so these are its task's.
+    ``thread``: only that thread's wait (a native thread id: the task's loop thread, whose
+    busy time the wait is taken out of; a Ray worker's other threads wait too)."""
     cpu = time.process_time()
     try:
-        tids = os.listdir("/proc/self/task")
+        tids = [str(thread)] if thread is not None else os.listdir("/proc/self/task")
     except OSError:
         return cpu, None
     wait = 0.0
@@ -181,7 +188,8 @@ _COUNTERS = [
 ]
 _GAUGES = [
     ("queued_frames", "reflow_queued_frames", "Frames waiting in the task's input queues"),
-    ("state_bytes", "reflow_state_bytes", "Estimated encoded size of the task's keyed state"),
+    ("state_bytes", "reflow_state_bytes", "Logical encoded size of the task's keyed state "
+     "(encoded keys plus values, before compression; timers not counted)"),
     ("key_groups", "reflow_key_groups", "Key groups held by the task"),
     ("watermark", "reflow_watermark_milliseconds", "The task's event-time watermark"),
 ]

@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import threading
 from collections import deque
 from typing import Any
 
@@ -340,7 +341,7 @@ class TaskActor(DataConnections):
         if self._broken is not None:
             raise self._broken
         m = self.core.metrics()
-        cpu, wait = process_cpu()
+        cpu, wait = process_cpu(threading.get_native_id())  # the loop's thread: the task's
         if self._cpu_task != m.task:  # a new task in this process: count from here
             self._cpu_task, self._cpu_base, self._cpu_waited = m.task, (cpu, wait), 0.0
         base_cpu, base_wait = self._cpu_base
@@ -348,7 +349,8 @@ class TaskActor(DataConnections):
         if waited is not None:  # threads that ended take their wait with them: never back
             waited = self._cpu_waited = max(self._cpu_waited, waited)
         return encode_message(dataclasses.replace(
-            m, cpu_seconds=max(0.0, cpu - base_cpu), cpu_wait_seconds=waited))
+            m, cpu_seconds=max(0.0, cpu - base_cpu), cpu_wait_seconds=waited,
+            at=self.clock.monotonic()))
 
     def _ack_consumed(self) -> None:
         consumed = self.core.consumed
@@ -515,7 +517,9 @@ class TaskActor(DataConnections):
                 if core.snapshots:
                     self._persist_snapshots()
                 self._send_reports()
-                if did:
+                # a source that read all that was due waits for its next poll below
+                # (SourceDriver.seconds_until_ready) instead of polling again at once
+                if did and not (core.is_source and core.source.caught_up):  # type: ignore[union-attr]
                     await asyncio.sleep(0)
                     continue
                 timeout = self._idle_timeout(t1, next_marker, timer_every)

@@ -116,7 +116,7 @@ class Watch:
             if p.handles.get(n) is not h:  # replaced or removed meanwhile
                 continue
             exc = f.exception()
-            if actor_gone(exc) and n in p.dep.task_names():
+            if exc is not None and actor_gone(exc) and n in p.dep.task_names():
                 died.append((n, exc))
             elif exc is not None and not actor_gone(exc):
                 self.health.missed(n)  # unreachable for now (ActorUnavailableError): silent

@@ -23,6 +23,15 @@ for every group, the keys made current or written and the timers added or remove
 ``take_changes()``, and which groups were installed, removed or owned anew (written whole);
 ``snapshot_changes(kg, keys, timers)`` encodes those keys' current entries as a delta blob.
 Until it is called nothing is recorded (``set_current`` tests one flag, as before).
+
+Sizes (``estimated_bytes``: the ``state_bytes`` metric; ``estimated_group_bytes``: the
+``GroupStats`` sizes planning reads): both backends report the *logical* encoded size of
+the keyed tables, the encoded keys plus the encoded values of every entry, which is what
+the tables take in a key-group blob (a savepoint, a checkpoint, a migration) before any
+compression; blob framing (a few bytes per table; the RocksDB blob's 8 bytes of lengths per
+entry) and timers are not counted. Here each table is measured whole (encoded) in turn, a
+bounded number per call, and scaled by its length in between; the RocksDB backend keeps
+exact counts on its writes (``engine.state.rocksdb``).
 """
 
 from __future__ import annotations
@@ -44,15 +53,40 @@ if TYPE_CHECKING:
 # dense table (engine.state.dense), which reads and writes like one.
 Table = MutableMapping[Any, Any]
 
+#: what one ``estimated_bytes`` call measures at most (whole tables, at least one): tables,
+#: entries and bytes
+_MEASURE_TABLES = 16
+_MEASURE_ENTRIES = 32_768
+_MEASURE_BYTES = 8 << 20
+#: of which tables measured again in turn (neither new nor moved) take at most
+_REFRESH = (4, 8_192, 1 << 20)
+#: entries sampled to guess a table no measured table of its name stands for
 _SAMPLE = 32
-_RESAMPLE_PER_CALL = 2
-_SAMPLES_PER_CALL = 8  # new or grown tables sampled per estimated_bytes call
 
 
-def _entry_size(table: Table, sample_size: int = _SAMPLE) -> float:
-    """Mean encoded bytes of an entry of ``table`` (non-empty), from its first entries."""
-    sample = list(itertools.islice(table.items(), sample_size))
-    return len(pack_exact(sample)) / len(sample)
+def _table_bytes(table: Table) -> int:
+    """The logical bytes of ``table``: its keys' and values' encodings (exact codec), as
+    its entries lie in a key-group blob (the flat array without its header)."""
+    n = 2 * len(table)
+    if not n:
+        return 0
+    return len(pack_exact(list(itertools.chain.from_iterable(table.items())))) - (
+        1 if n < 16 else 3 if n < 1 << 16 else 5)
+
+
+def _close(measured_length: int, length: int) -> bool:
+    """A table measured at ``measured_length`` entries still counts by that measure at
+    ``length`` (scaled): its length moved by less than a quarter."""
+    return 3 * measured_length <= 4 * length <= 5 * measured_length
+
+
+def _sampled_bytes(table: Table) -> float:
+    """A guess of ``_table_bytes`` from the first entries (a skewed table fools it: used
+    only until the table is measured)."""
+    sample = list(itertools.islice(table.items(), _SAMPLE))
+    return _table_bytes(dict(sample)) * len(table) / len(sample)
+
+
 PROCESSING_TIME = 0
 EVENT_TIME = 1
 
@@ -85,9 +119,9 @@ class KeyedStateBackend:
         # some change is recorded (replicas or incremental checkpoints): the one test on
         # the per-record path
         self._track = False
-        # (key group, table) -> (mean encoded bytes per entry, length when sampled)
-        self._entry_bytes: dict[tuple[int, str], tuple[float, int]] = {}
-        self._resample_at = 0
+        # (key group, table) -> (its logical bytes, its length) when last measured
+        self._measured: dict[tuple[int, str], tuple[int, int]] = {}
+        self._measure_at = 0
         # key group -> (its tables' lengths, distinct keys then): group_keys
         self._group_keys: dict[int, tuple[tuple[int, ...], int]] = {}
         self._dense: dict[str, DenseTable] = {}
@@ -433,15 +467,20 @@ class KeyedStateBackend:
         return len(self.snapshot(key_group))
 
     def estimated_group_bytes(self, key_group: int) -> int:
-        """Cheap estimate of one key group's encoded size, for planning (a migration ships
-        and counts the exact bytes): per table, a sample of 32 entries stands for the rest,
-        so a call costs one ``len`` and one small encode per table."""
-        total = 0
-        for t in self.groups.get(key_group, {}).values():
-            if t:
-                sample = list(itertools.islice(t.items(), 32))
-                total += len(pack_exact(sample)) * len(t) // len(sample)
-        return total
+        """One key group's logical bytes (as ``estimated_bytes``, for one group), for
+        planning (a migration ships and counts the exact bytes): each table at its last
+        measurement scaled by its length since, a table never measured, or whose length
+        moved by a quarter, measured now (encoded once; the metrics' calls to
+        ``estimated_bytes`` keep most tables measured)."""
+        total = 0.0
+        for name, t in self.groups.get(key_group, {}).items():
+            n = len(t)
+            if n:
+                known = self._measured.get((key_group, name))
+                if known is None or not _close(known[1], n):
+                    known = self._measure(key_group, name, t)
+                total += known[0] * n / known[1]
+        return int(total)
 
     def group_keys(self, key_group: int) -> int | None:
         """The distinct keys holding state in ``key_group`` (the denominator of Spacker's
@@ -468,62 +507,96 @@ class KeyedStateBackend:
         reply says of it."""
         return self.estimated_group_bytes(key_group), self.group_keys(key_group)
 
+    def _measure(self, key_group: int, name: str, t: Table) -> tuple[int, int]:
+        known = self._measured[(key_group, name)] = (_table_bytes(t), len(t))
+        return known
+
     def estimated_bytes(self) -> int:
-        """Cheap estimate of the encoded size of all state: each table's length times its
-        entries' mean encoded size. A call samples (``_SAMPLE`` entries) at most
-        ``_SAMPLES_PER_CALL`` tables that are new or whose length changed by half since
-        their sample, and re-samples ``_RESAMPLE_PER_CALL`` others in turn (a quarter of
-        ``_SAMPLE``), so values that grow are seen within some calls. Until its turn, a
-        grown table counts at its old mean entry size and a new one at the mean of the
-        sampled tables of its name (sampled at once when there is none). So a call costs
-        one ``len`` per table plus a bounded number of samples, never a sample of every
-        table: the JobMaster asks every second, and state that doubles, or 64 groups
-        installed by a rescale, would otherwise stall the task for one sample per table."""
-        cache = self._entry_bytes
+        """The logical encoded size of all keyed state: the encoded keys plus the encoded
+        values of every table entry (what the tables' entries take in a savepoint, before
+        compression; framing and timers not counted), the figure the RocksDB backend
+        keeps exactly for the same state.
+
+        Cheap, and exact up to a bounded staleness: each table counts as its bytes when
+        last measured (encoded whole: exact, whatever the spread of its value sizes)
+        scaled by its length since. A call measures whole tables within a budget of
+        ``_MEASURE_TABLES`` tables, ``_MEASURE_ENTRIES`` entries and ``_MEASURE_BYTES``
+        bytes (by their expected size): first those never measured or whose length moved
+        by a quarter, then the others in turn (within the smaller ``_REFRESH`` budget:
+        they change least), and at least one table (so a call costs one
+        ``len`` per table plus at most the budget and one table's encode, never a pass
+        over all state: the JobMaster asks every second). The figure is exact once every
+        table changed since was measured again: about ``max(tables, entries, bytes)`` over
+        the ``_REFRESH`` budget calls after the last change
+        (while tables keep moving by a quarter faster than the budget measures them, the
+        others wait). Meanwhile a table whose values changed without its length counts at
+        its old size, and a table not yet measured at the mean entry size of the measured
+        tables of its name (a sample of its first entries when there are none)."""
+        measured = self._measured
         total = 0.0
-        budget = _SAMPLES_PER_CALL
-        stale: list[tuple[int, str, Table]] = []
-        unsampled: list[tuple[str, int]] = []  # (name, length): estimated below
-        by_name: dict[str, list[float]] = {}  # name -> [entry bytes, entries] of sampled
-        acc: list[float] | None
+        first: list[tuple[int, str, Table, int]] = []  # new or moved: measured first
+        known_tables: list[tuple[int, str, Table, int]] = []  # the others, in turn
+        by_name: dict[str, list[float]] = {}  # name -> [bytes, entries] of known tables
         for kg, tables in self.groups.items():
             for name, t in tables.items():
                 n = len(t)
                 if not n:
                     continue
-                known = cache.get((kg, name))
-                if known is None or not known[1] // 2 <= n <= 2 * known[1] + 1:
-                    if budget:
-                        budget -= 1
-                        known = cache[(kg, name)] = (_entry_size(t), n)
-                    elif known is None:
-                        unsampled.append((name, n))
-                        continue
-                else:
-                    stale.append((kg, name, t))
-                total += known[0] * n
+                known = measured.get((kg, name))
+                if known is None or not _close(known[1], n):
+                    first.append((kg, name, t, n))
+                    continue
+                known_tables.append((kg, name, t, n))
+                b = known[0] * n / known[1]
+                total += b
                 acc = by_name.setdefault(name, [0.0, 0])
-                acc[0] += known[0] * n
+                acc[0] += b
                 acc[1] += n
-        for name, n in unsampled:
-            acc = by_name.get(name)
-            if acc is None:  # nothing known of this name: one table of it is sampled
-                kg, t = next((kg, tables[name]) for kg, tables in self.groups.items()
-                             if len(tables.get(name, ())) and (kg, name) not in cache)
-                known = cache[(kg, name)] = (_entry_size(t), len(t))
-                acc = by_name[name] = [known[0] * known[1], known[1]]
-            total += acc[0] / acc[1] * n
-        if stale:  # refresh a few, in turn
-            self._resample_at %= len(stale)
-            for kg, name, t in stale[self._resample_at:self._resample_at + _RESAMPLE_PER_CALL]:
-                old, _ = cache[(kg, name)]
-                per = cache[(kg, name)] = (_entry_size(t, _SAMPLE // 4), len(t))
-                total += (per[0] - old) * len(t)
-            self._resample_at += _RESAMPLE_PER_CALL
-        if len(cache) > 2 * sum(len(tables) for tables in self.groups.values()) + 64:
+        left = [_MEASURE_TABLES, _MEASURE_ENTRIES, _MEASURE_BYTES]
+
+        def fits(n: int, guess: float) -> bool:
+            return left[0] > 0 and n <= left[1] and guess <= left[2]
+
+        def spend(n: int, nbytes: int) -> None:
+            left[0] -= 1
+            left[1] -= n
+            left[2] -= nbytes
+
+        for i, (kg, name, t, n) in enumerate(first):
+            known = measured.get((kg, name))
+            seen = by_name.get(name)
+            guess = (known[0] * n / known[1] if known is not None
+                     else seen[0] / seen[1] * n if seen is not None and seen[1]
+                     else None)
+            if guess is None and i:
+                guess = _sampled_bytes(t)
+            if i == 0 or fits(n, guess):  # type: ignore[arg-type]
+                b = self._measure(kg, name, t)[0]
+                spend(n, b)
+                acc = by_name.setdefault(name, [0.0, 0])
+                acc[0] += b
+                acc[1] += n
+            else:  # not measured this call: guessed
+                b = guess  # type: ignore[assignment]
+            total += b
+        if known_tables:  # refresh some in turn (one at least when none was new or moved)
+            left[:] = map(min, left, _REFRESH)
+            at = self._measure_at % len(known_tables)
+            done = 0
+            while done < len(known_tables):
+                kg, name, t, n = known_tables[(at + done) % len(known_tables)]
+                old, old_n = measured[(kg, name)]
+                if (done or first) and not fits(n, old * n / old_n):
+                    break
+                b = self._measure(kg, name, t)[0]
+                spend(n, b)
+                total += b - old * n / old_n
+                done += 1
+            self._measure_at = at + done
+        if len(measured) > 2 * sum(len(tables) for tables in self.groups.values()) + 64:
             live = {(kg, name) for kg, tables in self.groups.items() for name in tables}
-            for k in [k for k in cache if k not in live]:
-                del cache[k]
+            for k in [k for k in measured if k not in live]:
+                del measured[k]
         return int(total)
 
     def num_keys(self) -> int:

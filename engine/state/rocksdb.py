@@ -44,6 +44,24 @@ them (``object_cache_bytes``, an eighth of the task's state memory from the fact
 * *clean* values: immutable values as RocksDB holds them (read, or written back), dropped
   all at once when they exceed their share.
 
+A loan counts towards its share at its encoded size: as read (the stored bytes), or as
+written (bytes and str by their length, other scalars at 9 bytes, small tuples by their
+items, anything else encoded once). A container lent (list, dict, set, bytearray, which
+``ListState.add``, ``MapState.put`` or user code grow in place) is encoded again whenever
+its length reaches twice the length it was measured at plus two, checked when it is read
+from or assigned to the cache: so it counts at no less than about half its size, and the
+measures of a container grown item by item cost at most about twice its final encoding.
+Growth nested inside an item (a list inside a dict whose length stays) is seen at the next
+write-back only. The current key's growth counts as kept (live, it cannot be freed before
+the key's work ends); the next change of key writes it back once the share is exceeded.
+
+Sizes (``estimated_bytes``, ``estimated_group_bytes``): the logical bytes each table
+stores, encoded user keys plus encoded values, are counted on every write: a write-back
+knows the stored length each loan replaces when the cache read the key, found it
+missing, or wrote it back before (``_base``), and reads the rest in one multi-get; range
+deletes drop their tables' counts and an install counts the bytes it writes. So the
+figure is exact and costs no scan, and equals the in-memory backend's for the same state.
+
 So a hot key costs a dict lookup per access instead of a RocksDB read and write (the
 steady-state job was 3-20x slower per record on RocksDB without it). Contract: a value's
 mutations persist until it is written back, as with a dict; code that writes tables
@@ -110,6 +128,8 @@ _ID_BYTES = 8
 _PREFIX = _KG_BYTES + _ID_BYTES
 _V = TypeVar("_V")
 _IMMUTABLE: frozenset[type] = frozenset({int, float, str, bytes, bool, type(None), frozenset})
+#: mutable containers whose growth in place the object cache follows (by their length)
+_GROWS: frozenset[type] = frozenset({list, dict, set, bytearray})
 #: loans (dirty or mutable values) beyond which they are written back at the next change of
 #: the current key (4x: at once)
 _MAX_LOANS = 16384
@@ -139,6 +159,24 @@ def _pack(obj: Any, _fast: Any = _PACKER.pack, _scalars: frozenset[type] = _SCAL
         except OverflowError:  # an int beyond 64 bits: the codec's extension
             pass
     return pack_exact(obj)
+
+
+def _encoded_size(value: Any) -> int:
+    """About ``len(_pack(value))``, without encoding scalars and small tuples (bytes and
+    str at their length plus the largest header, other scalars at 9, the most an int or
+    a float takes; a tuple of up to 8 items as its items plus 4); anything else encoded.
+    A value without a codec counts as 9 here: it fails where it is written back."""
+    t = type(value)
+    if t is bytes or t is str:
+        return len(value) + 5
+    if t in _SCALARS:
+        return 9
+    if t is tuple and len(value) <= 8:  # (count, payload)-like values: no encode
+        return 4 + sum(map(_encoded_size, value))
+    try:
+        return len(_pack(value))
+    except Exception:  # noqa: BLE001 - see above
+        return 9
 
 
 def _name_id(name: str) -> bytes:
@@ -176,7 +214,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
     there (``groups[kg][name] = {}`` and then writing to the dict would write nowhere
     here). Reading through ``groups`` (``task.checkpointing.unencodable_state``,
     ``participant``'s ``kg in b.groups``) works unchanged; sizes for planning come from
-    ``estimated_group_bytes`` (one scan of the group, not a scan per ``len(table)``).
+    ``estimated_group_bytes`` (counts kept on writes, not a scan per ``len(table)``).
     Built per task by ``engine.state.backends.make_keyed_backend`` from ``JobConfig``.
     """
 
@@ -205,6 +243,17 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         # the object cache (module doc): loans (to write back) and clean values, by full key
         self._loans: dict[bytes, Any] = {}
         self._loan_bytes = 0
+        # per loan, the encoded size it is counted at in _loan_bytes (without _ENTRY_BYTES);
+        # per container loan, the length at which it is measured again (twice the last)
+        self._loan_size: dict[bytes, int] = {}
+        self._grow: dict[bytes, int] = {}
+        # full key -> its stored value's length (0: absent), for keys the cache read, wrote
+        # back or found missing (what a write-back replaces): every write keeps it true;
+        # pruned to the loans' keys when it outgrows the cache (_prune_base)
+        self._base: dict[bytes, int] = {}
+        # table prefix (key group | name id) -> the logical bytes it stores: encoded user
+        # keys plus encoded values, kept on every write (estimated_bytes); no timers
+        self._stored: dict[bytes, int] = {}
         self._kept_bytes = 0  # the current key's loans kept live by an in-key flush
         self._clean: dict[bytes, Any] = {}
         self._clean_bytes = 0
@@ -300,6 +349,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         when the backend was given it for itself (``owns_directory``: the factory
         ``engine.state.backends.make_keyed_backend`` makes one per task). Idempotent."""
         self._loans.clear()
+        self._loan_size.clear()
+        self._grow.clear()
+        self._base.clear()
+        self._stored.clear()
         self._clean.clear()
         self._tq.clear()
         if self._db is not None:
@@ -385,43 +438,115 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._write_back()
 
     def _write_back(self, sizes_of: Mapping[bytes, Any] | None = None) -> dict[bytes, int]:
-        """``flush``, returning the accounted size of each loan whose key is in
-        ``sizes_of``."""
+        """``flush``, returning the encoded size of each loan whose key is in
+        ``sizes_of``. Keeps the stored-bytes counts: a loan replaces its stored value,
+        whose length the cache knows when it read the key (``_base``), else one multi-get
+        of the keys written blind tells."""
         loans = self._loans
         self._kept_bytes = 0
         sizes: dict[bytes, int] = {}
         if not loans:
             return sizes
+        base = self._base
+        base_get = base.get
+        unknown: list[tuple[bytes, int]] = []  # written blind: (key, new length)
         batch = rd.WriteBatch(raw_mode=True)
         put = batch.put
         clean = self._clean
+        stored = self._stored
+        stored_get = stored.get
         kept = self._clean_bytes
+        pre, immutable, pack, entry = _PREFIX, _IMMUTABLE, _pack, _ENTRY_BYTES
         for k, v in loans.items():
-            enc = _pack(v)
+            enc = pack(v)
             put(k, enc)
-            if sizes_of and k in sizes_of:
-                sizes[k] = len(enc) + _ENTRY_BYTES
-            if type(v) in _IMMUTABLE:
+            n = len(enc)
+            old = base_get(k)
+            if old is None:
+                unknown.append((k, n))
+            else:
+                p = k[:pre]
+                stored[p] = stored_get(p, 0) + n - (old or pre - len(k))
+            if type(v) in immutable:
                 clean[k] = v
-                kept += len(enc) + _ENTRY_BYTES
+                base[k] = n
+                kept += n + entry
+            elif sizes_of and k in sizes_of:
+                sizes[k] = base[k] = n
+            else:
+                base.pop(k, None)
+        if unknown:  # what they replace: read before the batch is written
+            with self._io("reading state"):
+                olds: list[bytes | None] = self.db.get(  # type: ignore[assignment]
+                    [k for k, _ in unknown])
+            for (k, n), raw in zip(unknown, olds, strict=True):
+                p = k[:_PREFIX]
+                stored[p] = stored.get(p, 0) + n - (_PREFIX - len(k) if raw is None
+                                                     else len(raw))
         loans.clear()
+        self._loan_size.clear()
+        self._grow.clear()
         self._loan_bytes = 0
         self._clean_bytes = kept
         if kept > self._cache_bytes:
             clean.clear()
             self._clean_bytes = 0
+        if len(base) > 4 * _MAX_LOANS + len(clean):
+            self._prune_base()
         with self._io("writing state"):
             self.db.write(batch, self._wo)
         return sizes
 
+    def _prune_base(self) -> None:
+        """Keep ``_base`` to the keys cached (its entries stay true; others may go)."""
+        base = self._base
+        self._base = {k: base[k] for k in itertools.chain(self._loans, self._clean)
+                      if k in base}
+
     def _lend(self, full: bytes, value: Any, size: int) -> None:
-        """Keep ``value`` as the loan of ``full`` (written back later), making room at
-        four times the loans' share (a key's work in progress is not interrupted below)."""
+        """Keep ``value`` as the loan of ``full`` (written back later), counted at ``size``
+        (its encoded size, exact or estimated), making room at four times the loans' share
+        (a key's work in progress is not interrupted below)."""
         if (len(self._loans) >= 4 * _MAX_LOANS
                 or self._loan_bytes - self._kept_bytes >= 4 * self._cache_bytes):
             self._flush_in_key()
         self._loans[full] = value
+        self._loan_size[full] = size
         self._loan_bytes += size + _ENTRY_BYTES
+        if type(value) in _GROWS:
+            self._grow[full] = 2 * len(value) + 2
+
+    def _resize(self, full: bytes, value: Any) -> None:
+        """Count the loan ``full`` (now ``value``) again when it may have grown: a container
+        measured at length n is encoded again once its length reaches 2n + 2 (so the
+        encodes of a growing container cost at most twice its final encoding, and it is
+        counted at no less than about half its size); any other value at its scalar
+        size. The current key's growth counts as kept (it is live: flushing it in the
+        middle of the key's work would free nothing)."""
+        if type(value) in _GROWS:
+            limit = self._grow.get(full)
+            if limit is not None and len(value) < limit:
+                return
+            size = _encoded_size(value)
+            self._grow[full] = 2 * len(value) + 2
+        else:
+            self._grow.pop(full, None)
+            size = _encoded_size(value)
+        delta = size - self._loan_size.get(full, 0)
+        self._loan_size[full] = size
+        self._loan_bytes += delta
+        if self._is_current(full):
+            self._kept_bytes += delta
+
+    def _is_current(self, full: bytes) -> bool:
+        """``full`` is a key of the current key (any table of the current group)."""
+        group = self.current_group
+        if group is None or group < 0 or int.from_bytes(full[:_KG_BYTES], "big") != group:
+            return False
+        try:
+            return full[_PREFIX:] == _pack(self.current_key)
+        except Exception:  # noqa: BLE001 - a key without a codec fails where it is written
+            return False
 
     def _flush_in_key(self) -> None:
         """``flush()`` in the middle of the current key's work: everything is written back,
@@ -445,7 +570,10 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         sizes = self._write_back(keep)
         for k, v in keep.items():
             self._loans[k] = v
-            self._loan_bytes += sizes[k]
+            self._loan_size[k] = sizes[k]
+            self._loan_bytes += sizes[k] + _ENTRY_BYTES
+            if type(v) in _GROWS:
+                self._grow[k] = 2 * len(v) + 2
         self._kept_bytes = self._loan_bytes
 
     def _keep_clean(self, full: bytes, value: Any, size: int) -> None:
@@ -458,25 +586,46 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._clean[full] = value
         self._clean_bytes += size + _ENTRY_BYTES
 
+    def _forget(self, full: bytes) -> None:
+        """Drop ``full`` from the object cache (its stored value is replaced or deleted)."""
+        if self._loans.pop(full, _MISSING) is not _MISSING:
+            self._loan_bytes -= self._loan_size.pop(full, 0) + _ENTRY_BYTES
+            self._grow.pop(full, None)
+        self._clean.pop(full, None)
+        self._base.pop(full, None)
+
     def _write(self, prefix: bytes, pairs: Iterable[tuple[Any, Any]]) -> None:
-        """Write ``pairs`` under ``prefix`` in one batch (values encoded now: no loans)."""
+        """Write ``pairs`` under ``prefix`` in one batch (values encoded now: no loans);
+        the stored values they replace are read in one multi-get (for the counts)."""
+        entries = {prefix + _pack(k): _pack(v) for k, v in pairs}
+        if not entries:
+            return
+        for full in entries:
+            self._forget(full)
+        keys = list(entries)
         batch = rd.WriteBatch(raw_mode=True)
-        loans = self._loans
-        clean = self._clean
-        for k, v in pairs:
-            full = prefix + _pack(k)
-            loans.pop(full, None)
-            clean.pop(full, None)
-            batch.put(full, _pack(v))
+        with self._io("reading state"):
+            olds: list[bytes | None] = self.db.get(keys)  # type: ignore[assignment, arg-type]
+        delta = 0
+        for (full, enc), old in zip(entries.items(), olds, strict=True):
+            batch.put(full, enc)
+            delta += len(enc) + (len(full) - _PREFIX if old is None else -len(old))
         with self._io("writing state"):
             self.db.write(batch, self._wo)
+        self._stored[prefix] = self._stored.get(prefix, 0) + delta
 
     def _drop_loans(self, prefix: bytes) -> None:
         """Forget the cached values under ``prefix`` (its range is deleted or replaced)."""
         for k in [k for k in self._loans if k.startswith(prefix)]:
-            del self._loans[k]
+            self._forget(k)
         self._clean.clear()  # rare (a group installed, removed, a table cleared): all of it
         self._clean_bytes = 0
+        self._base.clear()
+
+    def _drop_stored(self, prefix: bytes) -> None:
+        """The range under ``prefix`` (a table or a group) was deleted: its counts go."""
+        for p in [p for p in self._stored if p.startswith(prefix)]:
+            del self._stored[p]
 
     # -- dense tables: none on disk (the vectorised operators take their dict path)
     def dense_table(self, name: str) -> None:
@@ -585,6 +734,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         with self._io("installing state"):
             if key_group in self._reg:  # a group never owned, or removed, holds no keys
                 self.db.delete_range(kg, _successor(kg), self._wo)
+            self._drop_stored(kg)
             if ts:
                 batch = rd.WriteBatch(raw_mode=True)
                 self._tq.write(batch, key_group, ts)
@@ -595,7 +745,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                 view = reg[name] = _TableView(self, key_group, name)
                 keys = list(map(view.prefix.__add__, raw[0::2]))
                 values = raw[1::2]
-                step = max(1, _BATCH_BYTES * len(keys) // max(1, sum(map(len, raw))))
+                size = sum(map(len, raw))  # the logical bytes: encoded keys and values
+                self._stored[view.prefix] = size
+                step = max(1, _BATCH_BYTES * len(keys) // max(1, size))
                 for at in range(0, len(keys), step):
                     batch = rd.WriteBatch(raw_mode=True)
                     put = batch.put
@@ -617,6 +769,7 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._drop_loans(kg)
         with self._io("removing state"):
             self.db.delete_range(kg, _successor(kg), self._wo)
+        self._drop_stored(kg)
         self._reg.pop(key_group, None)
         self._group_views.pop(key_group, None)
         self._made_whole(key_group)
@@ -675,15 +828,19 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
 
     # -- sizes
     def estimated_bytes(self) -> int:
-        """RocksDB's estimate of its live data plus the memtables: cheap, and counts
-        compressed bytes on disk (not the encoded size the in-memory backend estimates).
-        0 once closed: a stopped task's metrics may still be asked for."""
-        db = self._db
-        if db is None:
+        """The logical encoded size of all keyed state: the encoded user keys plus the
+        encoded values of every table entry (what the tables' entries take in a savepoint
+        before compression; framing and timers not counted), the same figure the in-memory
+        backend reports for the same state. Exact, from counts kept on every write (no scan,
+        no read): the loans are written back first (``_flush_in_key``: the current key's
+        mutable values stay live). Not RocksDB's on-disk size (compressed, with overwritten
+        entries not yet compacted away). 0 once closed: a stopped task's metrics may still
+        be asked for."""
+        if self._db is None:
             return 0
-        live = db.property_int_value("rocksdb.estimate-live-data-size") or 0
-        mem = db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
-        return int(live + mem)
+        if self._loans:
+            self._flush_in_key()
+        return sum(self._stored.values())
 
     def num_keys(self) -> int:
         """Exact, by a scan of every table (costs a pass over the keys; timers are not
@@ -694,17 +851,25 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                    if k[_KG_BYTES:_PREFIX] not in timers)
 
     def group_bytes(self, key_group: int) -> int:
-        """The stored bytes of one group's entries (a scan of the group)."""
+        """One group's logical bytes by a scan (encoded user keys plus values of its tables'
+        entries; timers not counted): what ``estimated_group_bytes`` keeps counts of."""
         self.flush()
         kg = key_group.to_bytes(_KG_BYTES, "big")
-        return sum(len(k) - _PREFIX + len(v) for k, v in self._scan(kg, _successor(kg)))
+        timers = self._timer_ids
+        return sum(len(k) - _PREFIX + len(v) for k, v in self._scan(kg, _successor(kg))
+                   if k[_KG_BYTES:_PREFIX] not in timers)
 
     def estimated_group_bytes(self, key_group: int) -> int:
-        """One key group's stored bytes (``group_bytes``: exact, by one range scan of the
-        group, which reads keys and values but decodes nothing). ``len(table)`` scans here
-        too, so the in-memory backend's sample-times-length estimate would cost a scan per
-        table and still be an estimate. 0 once closed (a stopped task's statistics)."""
-        return 0 if self._db is None else self.group_bytes(key_group)
+        """One key group's logical bytes (as ``estimated_bytes``, for one group): exact,
+        from the counts, after writing the loans back (unless the only loans are the
+        current key's live values already written back: their growth since is not seen).
+        0 once closed (a stopped task's statistics)."""
+        if self._db is None:
+            return 0
+        if self._loans and self._loan_bytes != self._kept_bytes:  # (asked for every group
+            self._flush_in_key()  # in a row: the current key's live values written once)
+        prefix = key_group.to_bytes(_KG_BYTES, "big")
+        return sum(n for p, n in self._stored.items() if p.startswith(prefix))
 
     def group_keys(self, key_group: int) -> int | None:
         """The distinct keys holding state in one group: exact, by one scan of its keys
@@ -713,19 +878,16 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         return self.group_stats(key_group)[1]
 
     def group_stats(self, key_group: int) -> tuple[int, int | None]:
-        """``(group_bytes, group_keys)`` from one range scan of the group (the bytes need
-        the scan anyway; the keys cost a set of their encodings, nothing per record)."""
+        """``(estimated_group_bytes, group_keys)``: the bytes from the counts, the keys
+        from one scan of the group's keys (a set of their encodings)."""
         if self._db is None:
             return 0, 0
         self.flush()
         kg = key_group.to_bytes(_KG_BYTES, "big")
         timers = self._timer_ids
-        size, keys = 0, set()
-        for k, v in self._scan(kg, _successor(kg)):
-            size += len(k) - _PREFIX + len(v)
-            if k[_KG_BYTES:_PREFIX] not in timers:
-                keys.add(k[_PREFIX:])
-        return size, len(keys)
+        keys = {k[_PREFIX:] for k in self._scan_keys(kg, _successor(kg))
+                if k[_KG_BYTES:_PREFIX] not in timers}
+        return self.estimated_group_bytes(key_group), len(keys)
 
 
 def _split_blob(data: bytes) -> tuple[list[tuple[str, list[bytes]]], list[Any]]:
@@ -797,6 +959,9 @@ class _TableView(MutableMapping[Any, Any]):
         b = self._b
         v = b._loans.get(full, _MISSING)
         if v is not _MISSING:
+            limit = b._grow.get(full)  # a container lent: grown since it was measured?
+            if limit is not None and type(v) in _GROWS and len(v) >= limit:
+                b._resize(full, v)
             return v
         v = b._clean.get(full, _MISSING)
         if v is not _MISSING:
@@ -805,6 +970,8 @@ class _TableView(MutableMapping[Any, Any]):
             raw = b._db.get(full)  # type: ignore[union-attr]
         except Exception as exc:
             raise b._failed("reading state", exc) from exc
+        if len(b._base) < 8 * _MAX_LOANS + len(b._clean):  # a write that follows needs
+            b._base[full] = 0 if raw is None else len(raw)  # no read (bounded, see _base)
         if raw is None:
             return default
         v = unpack_exact(raw)
@@ -826,12 +993,14 @@ class _TableView(MutableMapping[Any, Any]):
         loans = b._loans
         if full in loans:  # a hot key: already cached to be written back
             loans[full] = value
+            if type(value) in _GROWS:  # (a container replaced by a scalar keeps its count)
+                b._resize(full, value)
             return
         if b._db is None:
             raise b._error("the state backend is closed")
         b._clean.pop(full, None)
         t = type(value)
-        b._lend(full, value, len(value) if t is bytes or t is str else 8)
+        b._lend(full, value, 9 if t is int or t is float else _encoded_size(value))
 
     def __delitem__(self, key: Any) -> None:
         if self.pop(key, _MISSING) is _MISSING:
@@ -840,12 +1009,14 @@ class _TableView(MutableMapping[Any, Any]):
     def pop(self, key: Any, default: Any = _MISSING) -> Any:
         full = self.prefix + _pack(key)
         b = self._b
-        v = b._loans.pop(full, _MISSING)
-        b._clean.pop(full, None)
+        v = b._loans.get(full, _MISSING)
+        b._forget(full)
         raw = b.db.get(full)
         if raw is not None:
             with b._io("writing state"):
                 b.db.delete(full, b._wo)
+            stored = b._stored
+            stored[self.prefix] = stored.get(self.prefix, 0) - (len(full) - _PREFIX + len(raw))
             if v is _MISSING:
                 v = unpack_exact(raw)
         if v is _MISSING:
@@ -891,6 +1062,7 @@ class _TableView(MutableMapping[Any, Any]):
         b._drop_loans(self.prefix)
         with b._io("writing state"):
             b.db.delete_range(self.prefix, self.end, b._wo)
+        b._drop_stored(self.prefix)
 
     def update(self, other: Any = (), /, **kw: Any) -> None:  # one batch
         pairs = other.items() if isinstance(other, Mapping) else other

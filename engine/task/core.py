@@ -82,7 +82,7 @@ from engine.task.inputs import InputSet
 from engine.task.logic import LogicSwitch
 from engine.task.migration_hooks import MigrationHooks, NoMigration, PartialFrame
 from engine.task.reply import ACK, Effects, Reply, dispatch_table
-from engine.task.source import SourceDriver
+from engine.task.source import SourceDriver, poll_interval
 from engine.task.spec import (
     CREATED,
     FAILED,
@@ -185,7 +185,8 @@ class TaskCore:
                                    spec.num_key_groups, spec.key_groups, clock,
                                    self._current_watermark, cfg, spec.job_id, spec.task_name)
         self.backend, self.keyed = self.chain.backend, self.chain.keyed
-        self.source = SourceDriver(head, clock) if self.is_source else None
+        self.source = (SourceDriver(head, clock, poll_interval(cfg.linger_ms))
+                       if self.is_source else None)
         self.paused = False
         self.quiet = False  # after a stop-with-savepoint's barrier: no timers until Resume
 
@@ -583,7 +584,7 @@ class TaskCore:
 
     def _group_stats(self, msg: GroupStatsRequest) -> Reply:
         return Reply(self.group_counters.reply(self.name, self.backend,
-                                               self.clock.monotonic()))
+                                               self.clock.monotonic(), msg.keys))
 
     def _priority_batch(self, msg: PriorityBatch) -> Reply:
         for m in msg.messages:

@@ -489,7 +489,11 @@ class GroupStatsRequest:
     (the record counters restart). The records are estimated from a sample of frames scaled
     to the exact total, the distinct keys counted in windows
     (``engine.observability.groupstats``), the bytes from a sample of each table's entries
-    (the keys: ``KeyedStateBackend.group_stats``)."""
+    (the keys: ``KeyedStateBackend.group_stats``). ``keys`` False: no keys (None in their
+    place): counting them scans every key of the task's state (on RocksDB every value is
+    read back), which a plan that needs only the bytes (drrs's) must not pay."""
+
+    keys: bool = True
 
 
 @wire

@@ -381,7 +381,8 @@ def run_job(args: argparse.Namespace, job: str, progress: run.Progress, counter:
     """Every run of one job (``rescale.run_one``), summarised."""
     sargs = scenario_args(args, job, args.protocols)
     sc = make_scenario(args, job, sargs)
-    base = rescale.job_config(sargs, args.state_backend)
+    base = dataclasses.replace(rescale.job_config(sargs, args.state_backend),
+                               drrs_pacing=not args.drrs_no_pacing)
     state_mb = getattr(args, f"{job}_state_mb", None)
     print(f"\n{job}: {sc.describe()}", flush=True)
     runs = []
@@ -963,6 +964,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                          "default, 128)")
     ap.add_argument("--state-dir", help="JobConfig(state_dir=...) of RocksDB runs (default: "
                                         "the system's temporary directory)")
+    ap.add_argument("--drrs-no-pacing", action="store_true",
+                    help="JobConfig(drrs_pacing=False): drrs starts drrs_max_subscales at once "
+                         "whatever the idle cores (migration.pacing)")
     ap.add_argument("--twitch-others", type=int, default=2,
                     help="tasks of Twitch's keyed operators other than loyalty (2)")
     ap.add_argument("--twitch-pad-bytes", type=int,

@@ -24,8 +24,8 @@ Per run (``--runs``) the job starts with ``agg`` at 1 task (under-provisioned) o
 with ``controllers.DS2`` on ``agg`` (target utilisation 0.7, band 0.4..1.0,
 ``--interval``/``--window``, stabilisation = window, ``--scale-down-delay``, live rescales
 by drrs; no max parallelism: DS2's own bounds by the cluster's CPUs apply), in one of two
-variants: ``shipped`` (DS2's defaults: no task reports its CPU time yet, so its bound by
-the cluster's CPUs counts a core per working task: 2 tasks on this machine) and ``cpu``
+variants: ``shipped`` (DS2's defaults: its bound by the cluster's CPUs counts the cores a
+working task uses, measured from the CPU time the tasks report) and ``cpu``
 (``cpu_per_task=--cpu-per-task`` given, as a user whose tasks mostly wait would set it).
 It runs until it stays put: ``--stay`` s after the last executed decision, the controller
 ticking again (at least ``--min-s``; at most ``--max-s``, plus ``--max-wait`` for a rescale
@@ -93,8 +93,8 @@ def ideal_parallelism(rate: float, service_us: float, key_groups: int) -> int:
     return even_split(max(1, need), key_groups, 0.15)
 
 
-#: DS2 as it ships, and with the cores a task uses given (``cpu_per_task``): no task reports
-#: its CPU time yet, so as shipped DS2's cluster bound counts a core per working task
+#: DS2 as it ships (its cluster bound from the cores the tasks report using), and with the
+#: cores a task uses given (``cpu_per_task``)
 VARIANTS = ("shipped", "cpu")
 VARIANT_NAMES = {"shipped": "DS2 as shipped", "cpu": "DS2, cpu_per_task={cpu:g}"}
 

@@ -289,7 +289,9 @@ def test_a_dead_standby_actor_is_dropped_and_never_handed_to_a_rescale(ray_clust
     gate = SourceGate(after=2000)
     records = [(i % 40, i % 7) for i in range(4000)]
     sink = TestingSink()
-    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None, control_timeout_s=2.0,
+    # control_timeout_s as the default: the rescale first asks Ray's GCS within half of it
+    # (engine.runtime.gcs), and one ray.nodes() took longer than 1 s at load ~50 (refused)
+    cfg = JobConfig(batch_size=50, linger_ms=2, metrics_port=None,
                     warm_standby_tasks=3, warm_standby_refill_s=600.0,
                     metrics_poll_interval_s=0.2)
     h = held_job("standby", cfg, gate, len(records), sink).run()

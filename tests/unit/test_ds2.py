@@ -442,3 +442,146 @@ def test_no_decision_while_a_sources_backlog_growth_is_unknown():
     out = ds2.decide(metrics_window(second, third, 10.0, 20.0, ["src", "reduce"]),
                      job.view())
     assert scales(out) == {"reduce": 5}, out
+
+
+def _snap(task, vertex, at, rin, useful, backlog=None, bp=0.0, idle=0.0):
+    """A task's metrics snapshot stamped ``at`` (its own monotonic clock)."""
+    from engine.observability.latency import LatencyHistogram
+    from engine.observability.metrics import TaskMetrics
+
+    return TaskMetrics(task, vertex, 0, "running", rin, rin, 0, 0, useful, idle, bp, 0, 0, 0,
+                       0, LatencyHistogram().to_wire(), 0, 0, backlog, at=at)
+
+
+def test_a_sources_demand_is_taken_over_its_own_snapshots_span():
+    """Issue 32, measured: from 1 task the first decision counted 673-690 rec/s of demand
+    for a source scheduled at 1,500/s (1 -> 2, then a catch-up overshoot). The source's
+    snapshot at the window's end was older than the window says (its latest polls were
+    answered late: the collector keeps the previous snapshot), and its reads plus its
+    backlog's growth, 1,500/s over its own 4.56 s, were divided by the window's 10 s.
+    Here, the metrics such a saturated job produces: the reduce serves 500/s at p=1."""
+    from engine.observability.rates import metrics_window
+
+    # the window is filed at 0 .. 10 s (JobMaster clock); the tasks' clocks are their own
+    before = {"src/0": _snap("src/0", "src", 100.0, 0, 0.0, 1_000, bp=0.0),
+              "reduce/0": _snap("reduce/0", "reduce", 200.0, 0, 0.0)}
+    # the source's latest snapshot came 4.56 s after its first: it read 500/s and its
+    # backlog grew 1,000/s; the reduce answered on time, busy all 10 s
+    after = {"src/0": _snap("src/0", "src", 104.56, 2_280, 0.05, 5_560, bp=4.4),
+             "reduce/0": _snap("reduce/0", "reduce", 210.0, 5_000, 10.0)}
+    w = metrics_window(before, after, 0.0, 10.0, ["src", "reduce"])
+    job = Pipeline([Stage("reduce", 500, keyed=True)], 1_500)
+    est = DS2(catch_up_s=30).estimate(w, job.view())
+    assert est["src"].target_rate == pytest.approx(1_500)  # not (2,280 + 4,560) / 10 = 684
+    assert est["reduce"].capacity == pytest.approx(500)
+    # 1,500 / 0.7 + 5,560 / 30 = 2,328 rec/s over 500 per task: 5 tasks, not 2
+    assert scales(DS2(catch_up_s=30).decide(w, job.view())) == {"reduce": 5}
+
+
+def test_no_decision_on_a_window_in_which_a_task_answered_no_poll():
+    """The same snapshot at both ends (stamped alike): the task measured nothing, and a
+    source's demand would read as 0."""
+    from engine.observability.rates import metrics_window
+
+    snap = _snap("src/0", "src", 100.0, 2_000, 0.05, 3_000)
+    before = {"src/0": snap, "reduce/0": _snap("reduce/0", "reduce", 200.0, 0, 0.0)}
+    after = {"src/0": snap, "reduce/0": _snap("reduce/0", "reduce", 210.0, 5_000, 10.0)}
+    w = metrics_window(before, after, 0.0, 10.0, ["src", "reduce"])
+    job = Pipeline([Stage("reduce", 500, keyed=True)], 1_500)
+    out = DS2().decide(w, job.view())
+    assert not scales(out), out
+    assert "src/0 answered no metrics poll" in out[0].reason, out
+
+
+def test_the_backlog_a_rescale_held_up_is_not_read_as_demand():
+    """Issue 32, measured: the 1 -> 2 rescale took 46-55 s, ~81,000 records piled up at
+    the source, and the next decision sized the operator to drain them within the 30 s
+    catch-up (1,717 rec/s + 2,693 catch-up: 2 -> 11 for 5). What a rescale held up is
+    drained by the headroom of the target utilisation, not sized for; the backlog from
+    before the decision still counts, and all of it again once it drained back."""
+    import dataclasses
+
+    from engine.observability.rates import metrics_window
+
+    job = Pipeline([Stage("reduce", 500, keyed=True)], 1_500)
+    ds2 = DS2(catch_up_s=30, stabilisation_s=10)
+    # from 1 task: demand 1,500/s, 6,000 records behind (200 rec/s catch-up): 1 -> 5
+    w = metrics_window(
+        {"src/0": _snap("src/0", "src", 100.0, 0, 0.0, 0),
+         "reduce/0": _snap("reduce/0", "reduce", 200.0, 0, 0.0)},
+        {"src/0": _snap("src/0", "src", 106.0, 3_000, 0.05, 6_000, bp=5.5),
+         "reduce/0": _snap("reduce/0", "reduce", 206.0, 3_000, 6.0)},
+        0.0, 6.0, ["src", "reduce"])
+    out = ds2.decide(w, job.view())
+    assert scales(out) == {"reduce": 5}, out
+    job.apply(out)
+    job.advance(60)  # the rescale took 55 s: 60,000 records behind now
+
+    def draining(t0, backlog0, seconds):
+        """5 tasks at full speed (2,500/s) while the backlog drains by 1,000/s."""
+        tasks = {f"reduce/{i}": (_snap(f"reduce/{i}", "reduce", 300.0 + t0, 0, 0.0),
+                                 _snap(f"reduce/{i}", "reduce", 300.0 + t0 + seconds,
+                                       int(500 * seconds), seconds)) for i in range(5)}
+        before = {"src/0": _snap("src/0", "src", 100.0 + t0, 0, 0.0, backlog0),
+                  **{k: v[0] for k, v in tasks.items()}}
+        after = {"src/0": _snap("src/0", "src", 100.0 + t0 + seconds, int(2_500 * seconds),
+                                0.05, backlog0 - int(1_000 * seconds)),
+                 **{k: v[1] for k, v in tasks.items()}}
+        return metrics_window(before, after, t0, t0 + seconds, ["src", "reduce"])
+
+    view = dataclasses.replace(job.view(), last_rescale_end=job.now - 15)
+    w = draining(0.0, 60_000, 10.0)
+    est = ds2.estimate(w, view)
+    assert est["src"].target_rate == pytest.approx(1_500)
+    # 6,000 of the 50,000 behind count (200 rec/s), not 50,000 / 30 = 1,667 rec/s
+    assert est["reduce"].catch_up == pytest.approx(200)
+    assert "44,000 records of its backlog piled up" in est["src"].reason
+    out = ds2.decide(w, view)
+    assert not scales(out) and "within the utilisation band" in out[0].reason, out
+    # before: (1,500 + 1,667) / 2,500 = 1.27 out of the band: 5 -> 10
+    plain = DS2(catch_up_s=30).estimate(w, view)["reduce"]
+    assert plain.optimal > 5
+    # drained back below the level at the decision: the whole backlog counts again
+    w = draining(60.0, 9_000, 6.0)
+    ds2.decide(w, view)
+    assert ds2.rescale_backlog == {}
+    assert ds2.estimate(w, view)["reduce"].catch_up == pytest.approx(3_000 / 30)
+
+
+def test_a_catch_up_never_scales_beyond_what_the_cluster_can_host():
+    """However large the backlog, the catch-up's tasks are within the cluster's bound."""
+    import dataclasses
+
+    job = Pipeline([Stage("reduce", 500, keyed=True)], 1_500)
+    job.backlog = 3_000_000  # 100,000 rec/s of catch-up over 30 s
+    est = DS2().estimate(job.window(), job.view())["reduce"]
+    assert est.optimal == 128  # every key group its own task
+    (d,) = DS2(cpu_per_task=0.25).decide(job.window(), dataclasses.replace(job.view(),
+                                                                           cpus=2.0))
+    assert d.parallelism == 8 and "the cluster's 2 CPUs" in d.reason, d
+
+
+def test_no_scale_down_on_a_window_whose_tasks_mostly_waited_for_a_cpu():
+    """Measured at load 27: 8 tasks serving 1,500 rec/s, 98% of their busy time waiting
+    for a CPU; without that wait they read as 23,490 rec/s each, and DS2 went 8 -> 3 (then
+    3 -> 5). A window that starved measures no capacity: no scale-down either."""
+    job = Pipeline([Stage("reduce", 500, keyed=True, parallelism=8)], 1_500)
+    ds2 = DS2(scale_down_delay_s=0)
+    assert scales(ds2.decide(starved(job.window(), "reduce", 0.0), job.view())) == {
+        "reduce": 5}
+    out = DS2(scale_down_delay_s=0).decide(starved(job.window(), "reduce", 0.98),
+                                           job.view())
+    assert not scales(out), out
+    assert "no scale-down" in out[0].reason and "98%" in out[0].reason, out
+
+
+def test_the_cpu_wait_can_be_read_for_one_thread():
+    """A task reads the run-queue wait of its loop's thread only, not every thread of its
+    Ray worker's process (engine.observability.metrics.process_cpu)."""
+    import threading
+
+    from engine.observability.metrics import process_cpu
+
+    _, every = process_cpu()
+    _, mine = process_cpu(threading.get_native_id())
+    assert mine is not None and every is not None and 0 <= mine <= every + 1e-6

@@ -91,9 +91,8 @@ def test_state_size_estimate_samples_a_bounded_number_of_tables_per_call(monkeyp
     for k in range(12_800):
         b.groups[k % 128].setdefault("v", {})[k] = bytes(50)
     samples = []
-    real = state_mod._entry_size
-    monkeypatch.setattr(state_mod, "_entry_size",
-                        lambda t, n=state_mod._SAMPLE: samples.append(n) or real(t, n))
+    real = state_mod._table_bytes  # every measure and sample goes through it
+    monkeypatch.setattr(state_mod, "_table_bytes", lambda t: samples.append(len(t)) or real(t))
     exact = sum(b.size_bytes(kg) for kg in range(128))
     limit = 16  # of 128 tables
     for _ in range(3):  # 128 new tables: estimated from the sampled ones meanwhile

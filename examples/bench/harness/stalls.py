@@ -10,7 +10,10 @@ two shared cores). This module gathers both, for ``steady.py --trace``:
   tasks the sink is chained into, and by ``TracedGeneratorSource.open_partition`` in the
   source tasks): every garbage collection of at least ``SLOW_MS`` (``gc.callbacks``), every
   ``TaskCore.step`` / ``poll_source`` / ``metrics`` call and latency-sink save of at least
-  ``SLOW_MS`` (after a young collection of ``SLOW_MS`` of CPU, at most every ``YOUNG_S``,
+  ``SLOW_MS`` (the sink's saves with their run-queue wait, so that the time they were
+  blocked on I/O shows apart; and each second how many calls of each kind were made,
+  ``<label>.<kind>_calls``: a source polled 25,000 times a second reads a few records a
+  poll) (after a young collection of ``SLOW_MS`` of CPU, at most every ``YOUNG_S``,
   the young generation at the next one: its size and largest containers; this look
   itself costs the task ~1 us per young object), and a watchdog thread that sleeps
   ``WATCH_S`` at a time and notes each
@@ -67,6 +70,7 @@ class _Probe:
         self._look_young = False
         self._young_at = -YOUNG_S
         self._lock = threading.Lock()
+        self.calls: dict[str, int] = {}  # calls of each timed kind since the last save
         gc.callbacks.append(self._gc)
         from engine.task.core import TaskCore
 
@@ -95,19 +99,29 @@ class _Probe:
                     cpu >= SLOW_MS and info.get("generation") == 0
                     and time.monotonic() - self._young_at >= YOUNG_S)
 
-    def timed(self, kind: str, fn: Any) -> Any:
-        """``fn`` wrapped: calls of at least ``SLOW_MS`` become ``kind`` events."""
-        events = self.events
+    def timed(self, kind: str, fn: Any, queue: bool = False) -> Any:
+        """``fn`` wrapped: calls of at least ``SLOW_MS`` become ``kind`` events; ``queue``:
+        each also with its thread's run-queue wait during the call (two reads of
+        ``/proc/thread-self/schedstat``, ~20 us: for rare calls), so that what is left of
+        its wall time besides CPU and waiting for a CPU is time it was blocked (I/O, a
+        lock)."""
+        events, calls = self.events, self.calls
+        calls[kind] = 0
 
         def wrapper(*a: Any, **kw: Any) -> Any:
+            calls[kind] += 1
+            q0 = _thread_queue_ms() if queue else None
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return fn(*a, **kw)
             finally:
                 ms = (time.perf_counter() - t0) * 1000
                 if ms >= SLOW_MS:
-                    events.append([time.time(), kind, ms, None,
-                                   (time.thread_time() - c0) * 1000])
+                    event = [time.time(), kind, ms, None, (time.thread_time() - c0) * 1000]
+                    q1 = _thread_queue_ms() if q0 is not None else None
+                    if q0 is not None and q1 is not None:
+                        event.append(q1 - q0)
+                    events.append(event)
 
         return wrapper
 
@@ -128,6 +142,10 @@ class _Probe:
             if late >= LATE_MS:
                 self.events.append([time.time(), "late", late, None, None])
             if t1 - saved >= 1.0:
+                now = time.time()
+                for kind, n in list(self.calls.items()):  # how often, beside how long
+                    self.calls[kind] = 0
+                    self.events.append([now, f"{kind}_calls", n, None, None])
                 self.save()
                 saved = t1
 
@@ -138,6 +156,15 @@ class _Probe:
                 json.dump({"label": self.label, "pid": os.getpid(),
                            "events": list(self.events)}, f)
             os.replace(tmp, self.path)
+
+
+def _thread_queue_ms() -> float | None:
+    """The calling thread's run-queue wait so far, ms (None off Linux)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e6
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _young_summary() -> str:
@@ -160,7 +187,8 @@ class TracedLatencySink(LatencySink):
     def open(self, task_index: int, parallelism: int, clock: Clock) -> Any:
         probe = install(self.trace_dir, f"sink{task_index}")
         writer = super().open(task_index, parallelism, clock)
-        writer._save = probe.timed("sink_save", writer._save)  # type: ignore[attr-defined]
+        writer._save = probe.timed(  # type: ignore[attr-defined]
+            "sink_save", writer._save, queue=True)
         flush = writer.flush
 
         def flush_and_save() -> None:
@@ -251,8 +279,10 @@ def per_second(latency_rows: list[dict[str, Any]], samples: list[list[Any]],
     processes'); per probe label the events of that second: ``<label>.<kind>`` the summed
     wall ms, ``<label>.<kind>_max`` the longest and ``<label>.<kind>_cpu_max`` the most CPU
     one of them took (its own thread's: a long event with little CPU was preempted or
-    waited on I/O; one with as much CPU stopped the task by itself). Samples are attributed
-    to the second their interval ends in."""
+    waited on I/O; one with as much CPU stopped the task by itself), and for events timed
+    with their run-queue wait ``<label>.<kind>_blocked_max`` the longest time one spent
+    neither running nor waiting for a CPU (blocked on I/O or a lock). Samples are
+    attributed to the second their interval ends in."""
     rows = {r["second"]: {"second": r["second"], "count": r["count"], "p50_ms": r["p50_ms"],
                           "p99_ms": r["p99_ms"], "max_ms": r["max_ms"]} for r in latency_rows}
     for prev, cur in zip(samples, samples[1:], strict=False):
@@ -273,15 +303,19 @@ def per_second(latency_rows: list[dict[str, Any]], samples: list[list[Any]],
         if cur[1] is not None and prev[1] is not None:
             row["other_ms"] = row.get("other_ms", 0.0) + (cur[1] - prev[1]) * 1000 - procs_ms
     for probe in probes:
-        for wall, kind, ms, _, *cpu in probe["events"]:
+        for wall, kind, ms, _, *more in probe["events"]:
             row = rows.get(int(wall))
             if row is None or kind == "young":  # a description, kept in the probe's file
                 continue
             key = f"{probe['label']}.{kind}"
             row[key] = row.get(key, 0.0) + ms
             row[key + "_max"] = max(row.get(key + "_max", 0.0), ms)
-            if cpu and cpu[0] is not None:
-                row[key + "_cpu_max"] = max(row.get(key + "_cpu_max", 0.0), cpu[0])
+            if more and more[0] is not None:
+                row[key + "_cpu_max"] = max(row.get(key + "_cpu_max", 0.0), more[0])
+                if len(more) > 1:  # [cpu ms, run-queue ms]
+                    blocked = max(0.0, ms - more[0] - more[1])
+                    row[key + "_blocked_max"] = max(row.get(key + "_blocked_max", 0.0),
+                                                    blocked)
     return [rows[s] for s in sorted(rows)]
 
 

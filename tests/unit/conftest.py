@@ -28,6 +28,9 @@ from typing import Any
 
 import pytest
 
+from engine.io.testing import TestingSink
+from engine.time.clock import ManualClock
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
@@ -99,3 +102,15 @@ def _unit_tier_rules(monkeypatch: pytest.MonkeyPatch,
     if started_ray:
         pytest.fail(f"{request.node.nodeid} initialised Ray; unit tests run without Ray "
                     "(move it to tests/integration/)", pytrace=False)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    """A manual clock (the engine's time, moved by the test)."""
+    return ManualClock()
+
+
+@pytest.fixture
+def sink(tmp_path: Any) -> TestingSink:
+    """An exactly-once testing sink writing under the test's temporary directory."""
+    return TestingSink(str(tmp_path / "out"))

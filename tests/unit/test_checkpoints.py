@@ -62,11 +62,6 @@ def ack(task: str, cid: int, groups=(), source=None, txns=(), file="") -> Checkp
                          0.02)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
 def coordinator(clock: ManualClock, root: str, config: JobConfig = CFG) -> cc.CheckpointCoordinator:
     return cc.CheckpointCoordinator("j-1", "j", N, config, clock, root)
 

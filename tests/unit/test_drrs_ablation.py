@@ -24,7 +24,6 @@ from engine.dataflow.config import JobConfig
 from engine.dataflow.keygroups import moved_key_groups, uniform_assignment
 from engine.errors import RescaleRefused
 from engine.io.testing import TestingSink
-from engine.time.clock import ManualClock
 from engine.wire.messages import (
     Ack,
     ConfirmBarrier,
@@ -73,11 +72,6 @@ COMBINATIONS = [frozenset(c) for n in (1, 2, 3) for c in itertools.combinations(
 
 def _ids(without: frozenset[DrrsMechanism]) -> str:
     return "+".join(sorted(str(m) for m in without))
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 @pytest.fixture

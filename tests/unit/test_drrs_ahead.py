@@ -16,7 +16,6 @@ import random
 import tempfile
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
@@ -60,16 +59,6 @@ BACKLOG = [(b, 10), (a, 11), (b, 12), (b, 13),
            (b, 14), (b, 15), (a, 16), (b, 17),
            (b, 18), (b, 19), (b, 20), (a, 21)]
 AFTER = [(b, 30), (a, 31), (a, 32), (b, 33)]  # sent once the source re-routed A
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def sink(tmp_path) -> TestingSink:
-    return TestingSink(str(tmp_path / "out"))
 
 
 def _backlogged(clock: ManualClock, sink: TestingSink, records: list, moving: tuple[int, ...],

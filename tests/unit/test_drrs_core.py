@@ -386,16 +386,6 @@ class EvSum(KeyedProcessFunction):
         yield ("fire", ctx.key, self.total.value(), timestamp)
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def sink(tmp_path) -> TestingSink:
-    return TestingSink(str(tmp_path / "out"))
-
-
 A = 3    # moves from sum/0 to sum/1 in most tests
 B = 5    # stays at sum/0
 D = 12   # owned by sum/1

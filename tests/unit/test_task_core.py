@@ -181,16 +181,6 @@ def records_for(n: int, keys: int = 10, seed: int = 0) -> list[tuple[int, int]]:
     return [(rng.randrange(keys), rng.randrange(100)) for _ in range(n)]
 
 
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
-
-
-@pytest.fixture
-def sink(tmp_path) -> TestingSink:
-    return TestingSink(str(tmp_path / "out"))
-
-
 # ---------------------------------------------------------------- end to end
 
 

@@ -24,7 +24,6 @@ from engine.api import StreamJob
 from engine.dataflow.config import JobConfig
 from engine.dataflow.keygroups import uniform_assignment
 from engine.io.testing import TestingSink, TestingSource
-from engine.time.clock import ManualClock
 from engine.time.event_time import MIN_WATERMARK, WatermarkTracker, tumbling_event_time
 from engine.wire.messages import (
     MigrateState,
@@ -139,11 +138,6 @@ def test_early_releases_are_bounded():
 
 
 # ---------------------------------------------------------------- by hand
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 def test_a_rerouted_record_is_not_late_at_a_window_downstream(clock, tmp_path):

@@ -45,7 +45,7 @@ from engine.checkpoints.metadata import (
     VertexState,
 )
 from engine.checkpoints.shared import SharedFiles, own_files
-from engine.checkpoints.store import directory_name, join
+from engine.checkpoints.store import directory_name, join, link_uri
 from engine.dataflow.config import JobConfig
 from engine.dataflow.deployment import Deployment
 from engine.time.clock import Clock
@@ -241,7 +241,7 @@ class CheckpointCoordinator:
         tasks = tuple(TaskState(a.task, *p.expected[a.task], a.file, a.groups, a.source_state,
                                 a.transactions, a.bytes, a.alignment_s, a.sync_s, a.async_s,
                                 self._chains(a, p.expected[a.task][0], previous)
-                                if chained else ())
+                                if chained else (), a.db_files)
                       for a in acks)
         return CheckpointMetadata(
             p.checkpoint_id, p.kind, self.job_id, self.job_name, p.created_at,
@@ -271,8 +271,15 @@ class CheckpointCoordinator:
         """Why the pending checkpoint cannot be composed, and the task that says so: a
         task built a group on a chain the job's last checkpoint does not hold, or on a
         checkpoint newer than it (its deltas lack the changes between; e.g. the task
-        heard of a completion that a JobMaster taking over did not find) (None: it can
-        be)."""
+        heard of a completion that a JobMaster taking over did not find), or named a
+        file of its DB in an earlier checkpoint that no retained checkpoint holds (None:
+        it can be)."""
+        held = self.shared.files()
+        for a in p.acks.values():
+            for f, _ in a.db_files:
+                if f.startswith("../") and link_uri(p.location, f) not in held:
+                    return (f"task {a.task} refers to {f}, which no retained checkpoint "
+                            "holds; the next checkpoint uploads its files again", a.task)
         acks = [a for a in p.acks.values() if a.deltas or a.unchanged]
         if not acks:
             return None

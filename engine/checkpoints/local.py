@@ -36,6 +36,7 @@ import fcntl
 import glob
 import hashlib
 import os
+import shutil
 import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -121,6 +122,26 @@ class LocalCopies:
                 for _, data in groups:
                     out.write(data)
         os.replace(tmp, final)
+        self._written.append((checkpoint_id, final))
+        self._prune()
+        return final
+
+    def keep_file(self, checkpoint_id: int, uri: str, path: str) -> str:
+        """Keep ``path``, a local file whose bytes the store holds at ``uri`` (a file of an
+        SST-level checkpoint, ``engine.state.sst_checkpoints``), as the copy of ``uri``:
+        hard-linked (RocksDB never changes a file it wrote), copied across devices. A
+        file several checkpoints share is kept as long as the newest of them. Returns the
+        copy's path; ``OSError`` as ``keep_copy``."""
+        directory = self._open()
+        final = os.path.join(directory, copy_name(uri))
+        tmp = f"{final}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            os.link(path, tmp)
+        except OSError:
+            shutil.copyfile(path, tmp)
+        os.replace(tmp, final)
+        for entry in [e for e in self._written if e[1] == final]:
+            self._written.remove(entry)
         self._written.append((checkpoint_id, final))
         self._prune()
         return final

@@ -14,7 +14,10 @@ task's groups its *chain*, ``(key_group, ((file, offset, length, crc32), ...))``
 first (``engine.state.incremental``): ``file`` is relative to the checkpoint's location,
 or ``../chk-<n>/<file>`` for a file an earlier checkpoint of the job wrote (shared: the
 JobMaster's ``engine.checkpoints.shared.SharedFiles`` keeps it while a retained checkpoint
-refers to it). Version 2 (no chains) still reads.
+refers to it). Format version 4 adds, for a task on the RocksDB backend with incremental
+checkpoints, its DB's files, ``(file, size)`` named as chain links name them: the task's
+groups are then located at its DB checkpoint's index (``engine.state.sst_checkpoints``).
+Versions 2 (no chains) and 3 still read.
 
 Guarantees: ``decode`` returns a ``CheckpointMetadata`` or raises ``RestoreError`` saying
 whether the bytes are foreign (not a reflow checkpoint), of another format version, or
@@ -34,8 +37,8 @@ from engine.names import NameEnum
 from engine.wire.codec import pack_exact, unpack_exact
 
 MAGIC = b"RFLWCHK\x00"
-FORMAT_VERSION = 3  # 3: incremental chains; 2: a source's partition list, states by partition
-_READABLE = (2, 3)
+FORMAT_VERSION = 4  # 4: DB files (SST-level); 3: incremental chains; 2: partition lists
+_READABLE = (2, 3, 4)
 METADATA_FILE = "_metadata"
 _HEADER = struct.Struct("!HI")
 
@@ -84,7 +87,9 @@ class TaskState:
     ``(writer, transaction)``, and what it cost. ``chains``: an incremental checkpoint's
     groups as chains of ``(file, offset, length, crc32)`` links, base first (see the module
     doc); when given, a restore reads them, and ``groups`` only says what this checkpoint
-    wrote itself."""
+    wrote itself. ``db_files``: an SST-level incremental checkpoint's files of the task's
+    DB, ``(file, size)`` as chain links name files; ``file`` is then the DB's index, at
+    which ``groups`` locates each group (offset ``DB_PART``)."""
 
     task: str
     vertex: str
@@ -98,6 +103,7 @@ class TaskState:
     sync_s: float = 0.0
     async_s: float = 0.0
     chains: tuple[tuple[int, tuple[Link, ...]], ...] = ()
+    db_files: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,8 @@ class CheckpointMetadata:
                 [[t.task, t.vertex, t.index, t.file, [list(g) for g in t.groups],
                   t.source_state, [list(x) for x in t.transactions], t.bytes, t.alignment_s,
                   t.sync_s, t.async_s, [[kg, [list(link) for link in links]]
-                                        for kg, links in t.chains]] for t in self.tasks],
+                                        for kg, links in t.chains],
+                  [list(f) for f in t.db_files]] for t in self.tasks],
                 self.duration_s]
 
     @classmethod
@@ -160,8 +167,9 @@ class CheckpointMetadata:
     def files(self) -> set[str]:
         """Every file this checkpoint's restore reads, relative to its location (its own
         parts, and an incremental one's links into earlier checkpoints)."""
-        out = {t.file for t in self.tasks if t.file and t.groups}
+        out = {t.file for t in self.tasks if t.file and (t.groups or t.db_files)}
         out.update(link[0] for t in self.tasks for _, links in t.chains for link in links)
+        out.update(f for t in self.tasks for f, _ in t.db_files)
         return out
 
     # ``builtins.bytes``: the ``bytes`` property above shadows the type in this class body
@@ -201,8 +209,9 @@ def _task_state(fields: list[Any]) -> TaskState:
     task, v, i, f, groups, src, txns, b, al, sy, asy, *more = fields
     chains = tuple((int(kg), tuple((str(fl), int(o), int(n), int(c)) for fl, o, n, c in links))
                    for kg, links in (more[0] if more else ()))
+    db_files = tuple((str(fl), int(n)) for fl, n in (more[1] if len(more) > 1 else ()))
     return TaskState(task, v, i, f, tuple(tuple(g) for g in groups), src,
-                     tuple((w, txn) for w, txn in txns), b, al, sy, asy, chains)
+                     tuple((w, txn) for w, txn in txns), b, al, sy, asy, chains, db_files)
 
 
 __all__ = ["FORMAT_VERSION", "Link", "METADATA_FILE", "CheckpointKind", "CheckpointMetadata",

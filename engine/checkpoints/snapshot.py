@@ -11,13 +11,30 @@ does inline. Both call ``persist`` and send what it returns to the JobMaster; bo
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
+import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.checkpoints.local import LocalCopies, read_refs
-from engine.checkpoints.store import join, part_file_name, write_task_part
-from engine.errors import CodecError, RestoreError
+from engine.checkpoints.local import LocalCopies, find_copy, read_refs
+from engine.checkpoints.store import (
+    fetch_file,
+    join,
+    link_uri,
+    parent_location,
+    part_file_name,
+    read_file,
+    write_db_part,
+    write_file,
+    write_task_part,
+)
+from engine.errors import CodecError, RestoreError, StateBackendError
 from engine.state.incremental import merge_chain
+from engine.state.rocksdb import groups_from_checkpoint
+from engine.state.sst_checkpoints import DB_PART, DbIndex, DbPlan, index_name, index_ref
 from engine.time.clock import Clock
 from engine.wire.messages import (
     CheckpointAck,
@@ -37,7 +54,10 @@ class TaskSnapshot:
     snapshot. ``declined``: why it could not take part ('' when it could). An incremental
     checkpoint's ``groups`` hold a delta blob for the groups in ``deltas``; those in
     ``unchanged`` are not in ``groups`` (``engine.state.incremental``); ``base_checkpoint``:
-    the checkpoint whose chains they build on (``ChainRecord.base_checkpoint``)."""
+    the checkpoint whose chains they build on (``ChainRecord.base_checkpoint``). ``db``: the
+    task's state as its backend's own files instead (an SST-level incremental checkpoint:
+    ``engine.state.sst_checkpoints``), checkpointed in a local folder that ``persist``
+    uploads from and deletes."""
 
     task: str
     vertex: str
@@ -53,6 +73,7 @@ class TaskSnapshot:
     deltas: tuple[int, ...] = ()
     unchanged: tuple[int, ...] = ()
     base_checkpoint: int = -1
+    db: DbPlan | None = None
 
 
 def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
@@ -63,6 +84,8 @@ def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
     checkpoint stands without it)."""
     if snap.declined:
         return CheckpointDeclined(snap.task, snap.checkpoint_id, snap.declined)
+    if snap.db is not None:
+        return _persist_db(snap, snap.db, clock, local)
     start = clock.monotonic()
     file = ""
     index: tuple[tuple[int, int, int, int], ...] = ()
@@ -88,6 +111,39 @@ def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
                          snap.base_checkpoint)
 
 
+def _persist_db(snap: TaskSnapshot, plan: DbPlan, clock: Clock, local: LocalCopies | None
+                ) -> CheckpointAck | CheckpointDeclined:
+    """Upload a DB checkpoint's new files and write its index; with ``local``, keep
+    every file of it as a local copy (hard links); the local folder goes either way."""
+    start = clock.monotonic()
+    try:
+        written = write_db_part(snap.location, plan)
+        index = plan.index().encode()
+        name = index_name(part_file_name(snap.vertex, snap.index))
+        write_file(join(snap.location, name), index)
+        if local is not None:
+            try:
+                for link, _, _ in plan.files:
+                    local.keep_file(snap.checkpoint_id, link_uri(snap.location, link),
+                                    os.path.join(plan.local_dir, link.rsplit("/", 1)[-1]))
+            except OSError as exc:
+                log.warning("task %s: no local copy of checkpoint %d (%s: %s); recovery "
+                            "reads the store", snap.task, snap.checkpoint_id,
+                            type(exc).__name__, exc)
+    except (OSError, ValueError) as exc:
+        return CheckpointDeclined(snap.task, snap.checkpoint_id,
+                                  f"its state could not be written to {snap.location}: "
+                                  f"{type(exc).__name__}: {exc}")
+    finally:
+        shutil.rmtree(plan.local_dir, ignore_errors=True)
+    ref = index_ref(index)
+    return CheckpointAck(snap.task, snap.checkpoint_id, name,
+                         tuple((kg, *ref) for kg, _ in plan.groups), snap.source_state,
+                         snap.transactions, written + len(index), snap.alignment_s,
+                         snap.sync_s, clock.monotonic() - start,
+                         db_files=tuple((f, n) for f, n, _ in plan.files))
+
+
 def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
                 local_root: str | None = None) -> list[tuple[int, bytes]]:
     """Key groups read from the store and checked, a group given several links (an
@@ -96,6 +152,9 @@ def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
     is missing, short or corrupt, or a chain does not hold together. ``local_root``: the
     job's local recovery folder on this node, whose copies are read first
     (``engine.checkpoints.local.read_refs``)."""
+    if any(r[2] == DB_PART for r in refs):
+        return (read_chains(tuple(r for r in refs if r[2] != DB_PART), local_root)
+                + read_db_groups((r for r in refs if r[2] == DB_PART), local_root))
     read, _ = read_refs(refs, local_root)
     chains: dict[int, list[bytes]] = {}
     for kg, data in read:
@@ -117,6 +176,50 @@ def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
     return out
 
 
+def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
+                   local_root: str | None = None) -> list[tuple[int, bytes]]:
+    """Key groups located at DB checkpoints' indexes (``(key_group, index URI, DB_PART,
+    length, crc32)``: SST-level incremental checkpoints, ``engine.state.sst_checkpoints``)
+    as key-group blobs: per index, its files linked (a local copy under ``local_root`` of
+    the right size, or a store on this machine) or copied into a local folder, opened
+    read-only, the groups cut out. ``RestoreError`` naming the file when the index or a
+    file is missing, short or corrupt."""
+    by_index: dict[str, list[tuple[int, str, int, int, int]]] = {}
+    for r in refs:
+        by_index.setdefault(r[1], []).append(r)
+    out: list[tuple[int, bytes]] = []
+    for uri, rs in by_index.items():
+        data = read_file(uri)
+        if len(data) != rs[0][3] or zlib.crc32(data) != rs[0][4]:
+            raise RestoreError(f"{uri} is corrupt: it does not match its checksum (a truncated "
+                               "or altered file); restore an earlier checkpoint", path=uri,
+                               reason="corrupt")
+        try:
+            index = DbIndex.decode(data)
+        except CodecError as exc:
+            raise RestoreError(f"{uri} is corrupt: {exc}; restore an earlier checkpoint",
+                               path=uri, reason="corrupt") from exc
+        location = parent_location(uri)
+        folder = tempfile.mkdtemp(prefix="reflow-restore-db-")
+        try:
+            for link, size in index.files:
+                file_uri = link_uri(location.rstrip("/"), link)
+                copy = find_copy(local_root, file_uri) if local_root else None
+                if copy is not None and os.path.getsize(copy) != size:
+                    copy = None  # not the file the checkpoint names: the store has it
+                fetch_file(copy or file_uri, os.path.join(folder, link.rsplit("/", 1)[-1]),
+                           size)
+            out += groups_from_checkpoint(folder, index.num_key_groups, index.names(),
+                                          [r[0] for r in rs])
+        except StateBackendError as exc:
+            raise RestoreError(f"the DB checkpoint at {uri} does not read back: {exc}; "
+                               "restore an earlier checkpoint", path=uri,
+                               reason="corrupt") from exc
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
 def restore_messages(msg: RestoreState, local_root: str | None = None) -> list[Any]:
     """The core's messages for a ``RestoreState``: its key groups read from the store (or
     local copies under ``local_root``) and checked, chains merged (``read_chains``;
@@ -129,4 +232,4 @@ def restore_messages(msg: RestoreState, local_root: str | None = None) -> list[A
     return out
 
 
-__all__ = ["TaskSnapshot", "persist", "read_chains", "restore_messages"]
+__all__ = ["TaskSnapshot", "persist", "read_chains", "read_db_groups", "restore_messages"]

@@ -27,13 +27,18 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import tempfile
 import zlib
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.checkpoints.metadata import METADATA_FILE, CheckpointMetadata
 from engine.errors import RestoreError
+from engine.state.sst_checkpoints import is_sst
+
+if TYPE_CHECKING:
+    from engine.state.sst_checkpoints import DbPlan
 
 _CHECKPOINT_DIR = re.compile(r"^chk-(\d+)$")
 
@@ -93,6 +98,43 @@ def write_task_part(location: str, file: str,
     return tuple(index)
 
 
+def write_file(uri: str, data: bytes) -> None:
+    """Write ``data`` as the file at ``uri``. Raises ``OSError`` when the store refuses."""
+    fs, path = _fs(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as out:
+        out.write(data)
+
+
+def write_db_part(location: str, plan: DbPlan) -> int:
+    """Upload the files of a task's DB checkpoint that ``plan`` marks (from its local
+    folder into ``location``); returns the bytes uploaded. A store on this machine's
+    filesystem gets hard links (the files are immutable), another a copy. Raises
+    ``OSError`` when the store refuses or a file's size is not the one planned."""
+    written = 0
+    for link, size, upload in plan.files:
+        if not upload:
+            continue
+        src = os.path.join(plan.local_dir, link.rsplit("/", 1)[-1])
+        fs, path = _fs(join(location, link))
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+        if "://" not in location and is_sst(link):  # the others are rewritten by RocksDB
+            try:
+                os.link(src, path)
+            except OSError:
+                shutil.copyfile(src, path)
+        elif "://" not in location:
+            shutil.copyfile(src, path)
+        else:
+            with open(src, "rb") as f, fs.open_output_stream(path) as out:
+                while chunk := f.read(8 << 20):
+                    out.write(chunk)
+        if fs.get_file_info(path).size != size:
+            raise OSError(f"{path}: {size} bytes planned, the store holds another size")
+        written += size
+    return written
+
+
 def write_metadata(meta: CheckpointMetadata) -> None:
     """Write ``_metadata`` into ``meta.location``, last and whole: the checkpoint becomes
     visible at once. Raises ``OSError`` when the store refuses."""
@@ -109,6 +151,45 @@ def _read(uri: str) -> bytes:
     fs, path = _fs(uri)
     with fs.open_input_stream(path) as f:
         return f.read()
+
+
+def read_file(uri: str) -> bytes:
+    """The whole file at ``uri``; ``RestoreError`` naming it when it cannot be read."""
+    try:
+        return _read(uri)
+    except OSError as exc:
+        raise RestoreError(f"cannot read {uri}: {exc}; restore an earlier checkpoint",
+                           path=uri, reason="unreadable") from exc
+
+
+def fetch_file(uri: str, path: str, size: int) -> None:
+    """The stored file at ``uri`` as the local file ``path``: for an SST file a hard link
+    when the store is on this machine's filesystem (a copy across devices), else a copy
+    (rocksdict rewrites its config file when it opens a DB, even read-only, and a link
+    would rewrite the store's), downloaded from a remote store. ``RestoreError`` naming
+    it when it is missing or not ``size`` bytes long."""
+    try:
+        if "://" not in uri:
+            src = os.path.abspath(uri)
+            try:
+                if not is_sst(src):
+                    raise OSError("copied, not linked")
+                os.link(src, path)
+            except OSError:
+                shutil.copyfile(src, path)
+        else:
+            fs, spath = _fs(uri)
+            with fs.open_input_stream(spath) as f, open(path, "wb") as out:
+                while chunk := f.read(8 << 20):
+                    out.write(chunk)
+        got = os.path.getsize(path)
+    except OSError as exc:
+        raise RestoreError(f"cannot read {uri}: {exc}; restore an earlier checkpoint",
+                           path=uri, reason="unreadable") from exc
+    if got != size:
+        raise RestoreError(f"{uri} is corrupt: {got} bytes where its checkpoint says {size} "
+                           "(a truncated or altered file); restore an earlier checkpoint",
+                           path=uri, reason="corrupt")
 
 
 def _has_metadata(location: str) -> bool:
@@ -215,6 +296,12 @@ def link_uri(location: str, file: str) -> str:
     return join(location, file)
 
 
+def parent_location(location: str) -> str:
+    """The directory holding a checkpoint's ``location`` (the job's checkpoint directory
+    for ``chk-<n>``), as a URI with its query string."""
+    return link_uri(location, "../")
+
+
 def directory_name(location: str) -> str:
     """The last component of a checkpoint's ``location`` (``chk-<n>``)."""
     base = location.split("?", 1)[0] if "://" in location else location
@@ -248,16 +335,25 @@ def discard_files(locations: Iterable[str], files: Iterable[str]) -> None:
             fs.delete_file(path)
         parent = path.rsplit("/", 1)[0]
         dirs.setdefault(parent, (fs, parent))
-    for fs, path in dirs.values():
-        try:
-            left = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
-        except (OSError, ValueError):
-            continue
-        if not left:
+    for fs, path in sorted(dirs.values(), key=lambda d: -len(d[1])):  # deepest first
+        while True:
+            try:
+                left = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+            except (OSError, ValueError):
+                break
+            if left:
+                break
             with contextlib.suppress(FileNotFoundError, OSError):
                 fs.delete_dir(path)
+            # a DB folder's last files went: its checkpoint directory may now be empty too
+            # (retired long before, when it still held files a retained checkpoint named)
+            parent = path.rsplit("/", 1)[0]
+            if not _CHECKPOINT_DIR.match(parent.rsplit("/", 1)[-1]) or parent == path:
+                break
+            path = parent
 
 
 __all__ = ["complete_checkpoints", "default_root", "directory_name", "discard",
-           "discard_files", "join", "link_uri", "part_file_name", "read_groups",
-           "read_metadata", "resolve", "write_metadata", "write_task_part"]
+           "discard_files", "fetch_file", "join", "link_uri", "parent_location", "part_file_name", "read_groups",
+           "read_file", "read_metadata", "resolve", "write_db_part", "write_file", "write_metadata",
+           "write_task_part"]

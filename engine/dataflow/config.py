@@ -246,11 +246,12 @@ class JobConfig:
     32nd as the caches of the timers kept in it, the rest as block cache; at least 8 MiB);
     state and timers beyond it live on disk.
     Both are ignored by the "memory" backend.
-    ``incremental_checkpoints``: a periodic checkpoint writes, per key group, only what
-    changed since the previous one (the changed keys' values and tombstones, as a delta
-    blob chained to the group's last full blob; ``engine.state.incremental``) and refers to
-    the earlier checkpoints' files for the rest; retention then deletes a file only when
-    no retained checkpoint refers to it (``engine.checkpoints.shared``). Flink's
+    ``incremental_checkpoints``: a periodic checkpoint writes only what changed since the
+    previous one: on "rocksdb" the DB's SST files written since (``engine.state.
+    sst_checkpoints``), on "memory", per key group, the changed keys' values and tombstones
+    as a delta blob chained to the group's last full blob (``engine.state.incremental``);
+    it refers to the earlier checkpoints' files for the rest; retention then deletes a
+    file only when no retained checkpoint refers to it (``engine.checkpoints.shared``). Flink's
     ``state.backend.incremental``. Savepoints stay whole and self-contained. False
     (default): every checkpoint writes every key group whole, and nothing is tracked.
     ``local_recovery``: each task also keeps its checkpoint parts on its node's disk (a

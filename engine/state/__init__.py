@@ -3,8 +3,9 @@
 tables for the vectorised aggregates (``dense``), the RocksDB backend (``rocksdb``:
 key-group-prefixed keys, one database per task, bounded memory; its timers in that
 database, ``rocksdb_timers``), the factory that picks
-one from ``JobConfig.state_backend`` (``backends``) and incremental checkpoints' delta
-blobs and chains (``incremental``). A key group moves between tasks and backends as one
+one from ``JobConfig.state_backend`` (``backends``), incremental checkpoints' delta
+blobs and chains (``incremental``) and the RocksDB backend's SST-level ones
+(``sst_checkpoints``). A key group moves between tasks and backends as one
 blob of encoded entries. State is encoded with the msgpack codecs of
 ``engine.wire.codec``.
 

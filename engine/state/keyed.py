@@ -48,6 +48,7 @@ from engine.wire.codec import pack_exact, unpack_exact
 
 if TYPE_CHECKING:
     from engine.state.dense import DenseTable
+    from engine.state.sst_checkpoints import DbCheckpoint
 
 # One state table of one key group (key -> value): a dict, or a ``DenseGroupView`` of a
 # dense table (engine.state.dense), which reads and writes like one.
@@ -424,6 +425,17 @@ class KeyedStateBackend:
             self._whole.add(key_group)
             self._dirty.pop(key_group, None)
             self._dirty_timers.pop(key_group, None)
+
+    #: whether the backend keeps its state in files of its own, which checkpoints can
+    #: take as they are (``checkpoint_files``)
+    has_files = False
+
+    def checkpoint_files(self, tag: str) -> DbCheckpoint | None:
+        """Checkpoint the whole backend as its own files into a local folder named after
+        ``tag``; None when the backend has none (this one: its checkpoints are key-group
+        blobs). The RocksDB backend's SST-level incremental checkpoints use it
+        (``engine.state.sst_checkpoints``)."""
+        return None
 
     def whole_groups(self) -> frozenset[int]:
         """The groups installed, removed or owned anew since the last ``take_changes``."""

@@ -30,6 +30,12 @@ is decoded. A blob of the in-memory backend (no lengths) is cut at msgpack objec
 boundaries (``Unpacker.skip``), also without decoding; a blob of the format before
 (checkpoints written before it) is decoded and re-encoded.
 
+Checkpoints as files: ``checkpoint_files(tag)`` takes RocksDB's own checkpoint of the
+whole DB (SST files hard-linked, a fresh MANIFEST) into ``<directory>/checkpoints/<tag>``
+for an SST-level incremental checkpoint (``engine.state.sst_checkpoints``), and
+``groups_from_checkpoint`` opens such files read-only and cuts key groups out of them as
+blobs, as ``snapshot`` does.
+
 Values read from a table are decoded objects. An object cache in front of RocksDB keeps
 them (``object_cache_bytes``, an eighth of the task's state memory from the factory):
 
@@ -90,6 +96,7 @@ import itertools
 import operator
 import os
 import shutil
+import uuid
 from collections.abc import (
     Callable,
     ItemsView,
@@ -99,6 +106,7 @@ from collections.abc import (
     Mapping,
     MutableMapping,
     MutableSet,
+    Sequence,
     ValuesView,
 )
 from typing import IO, Any, TypeVar
@@ -119,9 +127,10 @@ from engine.state.keyed import (
     decode_group,
 )
 from engine.state.rocksdb_timers import TIMER_NAMES, TimerQueues
+from engine.state.sst_checkpoints import DbCheckpoint
 from engine.wire.codec import pack_exact, unpack_exact
 
-__all__ = ["RocksDBKeyedStateBackend"]
+__all__ = ["RocksDBKeyedStateBackend", "groups_from_checkpoint"]
 
 _KG_BYTES = 2
 _ID_BYTES = 8
@@ -222,7 +231,8 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
                  task: str = "", block_cache_bytes: int = 64 << 20,
                  write_buffer_bytes: int = 32 << 20, owns_directory: bool = False,
                  object_cache_bytes: int = 16 << 20,
-                 timer_cache_bytes: int = 4 << 20) -> None:
+                 timer_cache_bytes: int = 4 << 20,
+                 checkpoint: Mapping[int, Sequence[str]] | None = None) -> None:
         if not 0 < num_key_groups < 1 << (8 * _KG_BYTES):
             raise StateBackendError(f"num_key_groups must be in 1..65535 for the RocksDB "
                                     f"state backend, got {num_key_groups}",
@@ -266,7 +276,14 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._tq = TimerQueues(self, num_key_groups, timer_cache_bytes, timer_ids, _pack)
         self.timers = _OwnedGroups(  # type: ignore[assignment]
             self, lambda kg: _GroupTimers(self, kg))
-        self._open(block_cache_bytes, write_buffer_bytes)
+        #: names this DB instance apart from every other, e.g. the task's next one after a
+        #: restart (its SST file numbers start again at 1): ``engine.state.sst_checkpoints``
+        self.instance = uuid.uuid4().hex[:12]
+        self._read_only = checkpoint is not None
+        if checkpoint is None:
+            self._open(block_cache_bytes, write_buffer_bytes)
+        else:
+            self._open_checkpoint(checkpoint, block_cache_bytes)
 
     # -- lifecycle
     def _open(self, block_cache_bytes: int, write_buffer_bytes: int) -> None:
@@ -289,8 +306,9 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
             lock.truncate(0)
             lock.write(f"{os.getpid()} {self.task}\n".encode())
             lock.flush()
-            # what a killed task left: state restarts empty
+            # what a killed task left: state restarts empty, its DB checkpoints go too
             shutil.rmtree(os.path.join(path, "db"), ignore_errors=True)
+            shutil.rmtree(os.path.join(path, "checkpoints"), ignore_errors=True)
             self._db = rd.Rdict(os.path.join(path, "db"),
                                 self._options(block_cache_bytes, write_buffer_bytes))
         except Exception as exc:
@@ -300,6 +318,18 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         wo.disable_wal = True  # type: ignore[method-assign,assignment]  # a property; the stub says method
         self._db.set_write_options(wo)
         self._wo = wo
+
+    def _open_checkpoint(self, groups: Mapping[int, Sequence[str]],
+                         block_cache_bytes: int) -> None:
+        """Open ``directory``, a checkpoint of a backend's DB (``checkpoint_files``),
+        read-only and unlocked, holding ``groups`` with those table names."""
+        try:
+            self._db = rd.Rdict(self.directory, self._options(block_cache_bytes, 1 << 20),
+                                access_type=rd.AccessType.read_only())
+        except Exception as exc:
+            raise self._error(f"cannot open the checkpointed RocksDB files: {exc}") from exc
+        for kg, names in groups.items():
+            self._reg[kg] = {name: _TableView(self, kg, name) for name in names}
 
     @staticmethod
     def _options(block_cache_bytes: int, write_buffer_bytes: int) -> rd.Options:
@@ -355,12 +385,15 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         self._stored.clear()
         self._clean.clear()
         self._tq.clear()
+        if self._read_only:  # a checkpoint's files: the reader's to keep or delete
+            remove_files = False
         if self._db is not None:
             with contextlib.suppress(Exception):
                 self._db.close()
             self._db = None
             if remove_files:
                 shutil.rmtree(os.path.join(self.directory, "db"), ignore_errors=True)
+                shutil.rmtree(os.path.join(self.directory, "checkpoints"), ignore_errors=True)
         self._release()
         if remove_files and self.owns_directory:
             shutil.rmtree(self.directory, ignore_errors=True)
@@ -690,15 +723,39 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         items: Iterable[tuple[bytes, bytes]] = self.db.items(from_key=lo, read_opt=ro)  # type: ignore[assignment]
         # a generator, so ``ro`` lives as long as the iterator: the iterator does not keep
         # its read options (and their upper bound) alive, and reads a freed bound otherwise
-        yield from items
+        item = None
+        for item in items:
+            yield item
         del ro
+        self._scan_ended(lo, hi, None if item is None else item[0])
 
     def _scan_keys(self, lo: bytes, hi: bytes) -> Iterator[bytes]:
         ro = rd.ReadOptions()
         ro.set_iterate_upper_bound(hi)
         keys: Iterable[bytes] = self.db.keys(from_key=lo, read_opt=ro)  # type: ignore[assignment]
-        yield from keys  # a generator: see _scan
+        key = None
+        for key in keys:  # a generator: see _scan
+            yield key
         del ro
+        self._scan_ended(lo, hi, key)
+
+    def _scan_ended(self, lo: bytes, hi: bytes, last: bytes | None) -> None:
+        """A scan of ``lo``..``hi`` stopped after ``last``: raise when it stopped at an error
+        (a block that does not match its checksum) rather than at the range's end.
+        rocksdict's ``items``/``keys`` end silently at an error; a seek just past the last
+        key read reaches the same block again, and the iterator's ``status`` says why."""
+        ro = rd.ReadOptions()
+        ro.set_iterate_upper_bound(hi)
+        it = self.db.iter(ro)
+        try:
+            it.seek(lo if last is None else last + b"\x00")
+            if not it.valid():
+                it.status()
+        except Exception as exc:
+            raise self._failed("reading state", exc) from exc
+        finally:
+            del it
+            del ro
 
     # -- single key groups
     def snapshot(self, key_group: int) -> bytes:
@@ -778,6 +835,27 @@ class RocksDBKeyedStateBackend(KeyedStateBackend):
         if key_group == self.current_group:
             self.current_group = -1
             self._tables = {}
+
+    # -- checkpoints as the DB's own files (engine.state.sst_checkpoints)
+    has_files = True
+
+    def checkpoint_files(self, tag: str) -> DbCheckpoint | None:
+        """Checkpoint the whole DB as its own files into a new folder
+        ``<directory>/checkpoints/<tag>`` (engine.state.sst_checkpoints): every loan
+        written back, the memtables flushed, each live SST file hard-linked, a fresh
+        MANIFEST. None when some state of the task is not in the DB (parked timers, held
+        in memory during a rescale): take blobs then. The caller deletes the folder."""
+        if any(self._tq.parked.values()):
+            return None
+        self.flush()
+        target = os.path.join(self.directory, "checkpoints", tag)
+        with self._io("checkpointing the state"):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.rmtree(target, ignore_errors=True)
+            rd.Checkpoint(self.db).create_checkpoint(target)
+            files = {e.name: e.stat().st_size for e in os.scandir(target) if e.is_file()}
+        return DbCheckpoint(target, files, {kg: tuple(reg) for kg, reg in
+                                            sorted(self._reg.items())}, self.instance)
 
     # -- change tracking
     def snapshot_delta(self, key_group: int) -> bytes:
@@ -1204,3 +1282,22 @@ class _GroupView(MutableMapping[str, Table]):
             self[name] = {} if default is None else default
             view = self._reg[name]
         return view
+
+
+def groups_from_checkpoint(directory: str, num_key_groups: int,
+                           names: Mapping[int, Sequence[str]], key_groups: Iterable[int]
+                           ) -> list[tuple[int, bytes]]:
+    """The key groups ``key_groups`` of a DB checkpoint in ``directory``
+    (``RocksDBKeyedStateBackend.checkpoint_files``; ``names``: what it returned) as
+    key-group blobs, as the backend's ``snapshot`` gives them: the stored bytes spliced,
+    nothing decoded. RocksDB checks every block it reads against its checksum; a group
+    the checkpoint does not hold comes back empty. ``StateBackendError`` when the files
+    do not open as a DB."""
+    wanted = sorted(set(key_groups))
+    reader = RocksDBKeyedStateBackend(
+        num_key_groups, directory, block_cache_bytes=8 << 20,
+        checkpoint={kg: names.get(kg, ()) for kg in wanted})
+    try:
+        return [(kg, reader.snapshot(kg)) for kg in wanted]
+    finally:
+        reader.close()

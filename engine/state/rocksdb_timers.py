@@ -147,14 +147,19 @@ class TimerQueues:
         with self._b._io("reading timers"):
             it: Iterator[bytes] = self._b.db.keys(  # type: ignore[assignment]  # raw mode
                 from_key=q.prefix if after is None else self._full(q, after), read_opt=ro)
+            start = q.prefix if after is None else self._full(q, after)
+            last: bytes | None = None
             for k in it:
                 if len(cache) >= limit or nbytes >= cap:
                     complete = False
                     break
+                last = k
                 kb = k[_KEY_AT:]
                 cache.append((_TIME.unpack_from(k, _HEAD)[0] - _OFFSET, kb))
                 nbytes += ENTRY_BYTES + len(kb)
             del it  # before ``ro``: the iterator reads its upper bound
+            if complete:  # the scan's end, or an error (``_scan_ended``)
+                self._b._scan_ended(start, _successor(q.prefix), last)
         q.cache, q.nbytes, q.complete = cache, nbytes, complete
 
     def _push_head(self, q: _Queue) -> None:

@@ -35,12 +35,14 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from engine.checkpoints.snapshot import TaskSnapshot
+from engine.checkpoints.store import directory_name, parent_location, part_file_name
 from engine.dataflow import graph as g
 from engine.errors import CodecError
 from engine.io.sources import PartitionedReader
 from engine.operators.chain import OperatorChain
 from engine.state.incremental import ChainRecord, take_incremental
 from engine.state.keyed import KeyedStateBackend
+from engine.state.sst_checkpoints import DbPlan, SstRecord
 from engine.task.alignment import Aligned, BarrierAligner
 from engine.task.channel import OutputRouter
 from engine.task.reply import ACK, Reply
@@ -121,11 +123,16 @@ class CheckpointParticipant:
         #: exactly-once sinks keep their output invisible until a checkpoint commits it
         self.two_phase = spec.config.checkpointing
         self.writers_open = True
-        #: incremental checkpoints: the chains this task wrote (None: every group whole)
+        #: incremental checkpoints: the chains this task wrote (None: every group whole),
+        #: or, on a backend with files of its own (RocksDB), the SST files it uploaded
         self.chains: ChainRecord | None = None
+        self.ssts: SstRecord | None = None
         if spec.config.incremental_checkpoints and chain.backend is not None:
-            chain.backend.enable_incremental()
-            self.chains = ChainRecord()
+            if chain.backend.has_files:
+                self.ssts = SstRecord()
+            else:
+                chain.backend.enable_incremental()
+                self.chains = ChainRecord()
         if self.two_phase:
             chain.begin_transactions()
 
@@ -172,11 +179,15 @@ class CheckpointParticipant:
         b = self.chain.backend
         if self.chains is not None and b is not None:
             self.chains.completed(msg.checkpoint_id, b.whole_groups())
+        if self.ssts is not None:
+            self.ssts.completed(msg.checkpoint_id)
         return ACK
 
     def _aborted(self, msg: CheckpointAborted) -> Reply:
         if self.chains is not None:
             self.chains.aborted(msg.checkpoint_id)
+        if self.ssts is not None:
+            self.ssts.aborted(msg.checkpoint_id)
         if self.aligner.pending == msg.checkpoint_id:
             self.aligner.abort()
         self._barriers.pop(msg.checkpoint_id, None)
@@ -217,9 +228,22 @@ class CheckpointParticipant:
         deltas: tuple[int, ...] = ()
         unchanged: tuple[int, ...] = ()
         base = -1
+        db: DbPlan | None = None
         try:
             if b is None:
                 groups: tuple[tuple[int, bytes], ...] = ()
+            elif self.ssts is not None and not barrier.savepoint:
+                files = b.checkpoint_files(f"chk-{cid}")
+                if files is None:  # state held outside the DB: whole blobs this time
+                    groups = tuple((kg, b.snapshot(kg)) for kg in b.owned())
+                    # which may leave no retained checkpoint naming the files uploaded
+                    self.ssts.aborted(cid)
+                else:
+                    groups = ()
+                    db = self.ssts.plan(cid, parent_location(barrier.location),
+                                        directory_name(barrier.location),
+                                        part_file_name(spec.vertex, spec.task_index),
+                                        b.num_key_groups, files)
             elif self.chains is not None and not barrier.savepoint:
                 groups, deltas, unchanged = take_incremental(b, self.chains, cid)
                 base = self.chains.base_checkpoint
@@ -255,7 +279,7 @@ class CheckpointParticipant:
         self.snapshots.append(TaskSnapshot(
             spec.task_name, spec.vertex, spec.task_index, cid, barrier.location, groups,
             source, txns, alignment_s, self.clock.monotonic() - started, deltas=deltas,
-            unchanged=unchanged, base_checkpoint=base))
+            unchanged=unchanged, base_checkpoint=base, db=db))
 
     # ------------------------------------------------------------ two-phase commit
     def _commit(self, checkpoint_id: int) -> None:

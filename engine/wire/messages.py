@@ -761,7 +761,10 @@ class CheckpointAck:
     complete checkpoint, those in ``unchanged`` nothing new (that chain as it is);
     ``base_checkpoint``: the newest checkpoint the task knows complete, whose chains its
     deltas hold every change since (-1: none). The coordinator refuses deltas on a base
-    newer than the job's last complete checkpoint (they would miss the changes between)."""
+    newer than the job's last complete checkpoint (they would miss the changes between).
+    ``db_files``: an SST-level incremental checkpoint's files of the task's DB, ``(file,
+    size)`` relative to the checkpoint's location (``engine.state.sst_checkpoints``);
+    ``file`` is then the DB's index and each group in ``groups`` is located at it."""
 
     task: str
     checkpoint_id: int
@@ -776,6 +779,7 @@ class CheckpointAck:
     deltas: tuple[int, ...] = ()
     unchanged: tuple[int, ...] = ()
     base_checkpoint: int = -1
+    db_files: tuple[tuple[str, int], ...] = ()
 
 
 @wire

@@ -31,7 +31,8 @@ task, uniform keys) -> key_by -> PaddedCount (``--parallelism`` tasks; per key a
    and with checkpoints every ``--overhead-interval`` s, each measured for S s after the
    state was built; per run throughput, records per job CPU-second, checkpoints completed
    (bytes, durations) and the load; overhead in both measures and per pair.
-   ``--incremental``: ``JobConfig(incremental_checkpoints=True)``. A checkpointing run
+   ``--incremental``: ``JobConfig(incremental_checkpoints=True)`` (also for part 3's
+   jobs: a recovery then restores an incremental checkpoint). A checkpointing run
    with fewer than ``--min-checkpoints`` (10) makes the measurement invalid (exit 1).
 2. Duration by state size: for each ``--state-mb``, keys x padding of that size; once the
    count tasks took every key (the source goes on at full speed, over the same keys: the
@@ -115,8 +116,8 @@ def parse_args(argv: list[str] | None) -> Any:
                     help="long overhead runs: seconds after the state was built before the "
                          "measured window (5)")
     ap.add_argument("--incremental", action="store_true",
-                    help="the overhead part's jobs use JobConfig(incremental_checkpoints="
-                         "True)")
+                    help="the overhead and recovery parts' jobs use "
+                         "JobConfig(incremental_checkpoints=True) (on RocksDB: SST files)")
     ap.add_argument("--restart-modes", default="reuse",
                     help="part 3: comma-separated ways a restart gets its task processes, "
                          "each one run: 'new' (every task a new actor: JobConfig("
@@ -170,7 +171,8 @@ def _until(cond: Any, what: str, timeout: float = 900.0) -> float:
 
 
 def overhead_fields(args: Any, backend: str) -> dict[str, Any]:
-    """The overhead part's ``JobConfig`` fields: the backend's, and ``--incremental``."""
+    """The overhead and recovery parts' ``JobConfig`` fields: the backend's, and
+    ``--incremental``."""
     return {**cli.state_fields(args, backend),
             **({"incremental_checkpoints": True} if args.incremental else {})}
 
@@ -452,7 +454,7 @@ def _recovery_run(args: Any, root: str, backend: str, mode: str) -> dict[str, An
     job = jobs.keyed_count_job("ckpt-recovery", source, jobs.NullSink(),
                                parallelism=args.parallelism, key_groups=128,
                                config=config(root, args.interval,
-                                             {**cli.state_fields(args, backend),
+                                             {**overhead_fields(args, backend),
                                               **RESTART_MODES[mode]}))
     handle = job.run()
     try:

@@ -4,8 +4,10 @@ Why: ``test_oracle_jobs.run_checkpoint_case`` takes checkpoints during a rescale
 every task after one of them, restores the last and finishes; the exactly-once sinks must
 then hold the reference's output. With ``incremental_checkpoints=True`` the checkpoints
 after the first hold deltas, so the restore reads chains (base + deltas) written by
-several checkpoints. An example whose restore merged no chain of two or more links proves
-nothing about incremental checkpoints and fails.
+several checkpoints; on RocksDB they are the DB's SST files (``engine.state.sst_checkpoints``),
+so the restore reads a DB checkpoint some of whose files an earlier checkpoint wrote. An
+example whose restore merged no chain of two or more links, or read no such DB checkpoint,
+proves nothing about incremental checkpoints and fails.
 
 Replaying a failure: the printed ``Case`` and ``crash_after`` (hypothesis prints the
 example and its seed).
@@ -24,8 +26,10 @@ from hypothesis import strategies as st
 
 import engine.operators.chain as chain_module
 from engine.checkpoints import snapshot
+from engine.checkpoints.store import read_file
 from engine.state import backends
 from engine.state.keyed import KeyedStateBackend
+from engine.state.sst_checkpoints import DbIndex
 from tests.unit import test_oracle_jobs as oj
 
 KEYED = ("A", "B")
@@ -35,10 +39,20 @@ SETTINGS = {**oj.SETTINGS, "phases": (Phase.explicit, Phase.reuse, Phase.generat
 @contextlib.contextmanager
 def incremental(backend: str) -> Iterator[list[int]]:
     """While open, the oracle's jobs take incremental checkpoints on ``backend``; yields
-    the lengths of the chains merged at restores."""
+    the lengths of the chains merged at restores (memory), or, per DB checkpoint a
+    restore read (RocksDB: SST-level, ``engine.state.sst_checkpoints``), how many of its
+    files an earlier checkpoint wrote (its chain, in a sense: 1 + that number)."""
     merged: list[int] = []
     opened: list[KeyedStateBackend] = []
     make, merge, config = backends.make_keyed_backend, snapshot.merge_chain, oj.JobConfig
+    read_db = snapshot.read_db_groups
+
+    def read_db_counted(refs: Any, local_root: str | None = None) -> list[tuple[int, bytes]]:
+        refs = list(refs)
+        for uri in {r[1] for r in refs}:
+            index = DbIndex.decode(read_file(uri))
+            merged.append(1 + sum(f.startswith("../") for f, _ in index.files))
+        return read_db(refs, local_root)
 
     def made(*args: Any, **kw: Any) -> KeyedStateBackend:
         b = make(*args, **kw)
@@ -59,7 +73,8 @@ def incremental(backend: str) -> Iterator[list[int]]:
 
         with mock.patch.object(oj, "JobConfig", cfg), \
                 mock.patch.object(chain_module, "make_keyed_backend", made), \
-                mock.patch.object(snapshot, "merge_chain", counted):
+                mock.patch.object(snapshot, "merge_chain", counted), \
+                mock.patch.object(snapshot, "read_db_groups", read_db_counted):
             try:
                 yield merged
             finally:
@@ -77,9 +92,11 @@ def _checkpoint(protocol: str, backend: str, examples: int, hypothesis_seed: int
         with incremental(backend) as merged, \
                 tempfile.TemporaryDirectory(prefix="reflow-incremental-chk-") as root:
             oj.run_checkpoint_case(case, root, crash_after)
-        print(f"incremental-jobs {backend}: chains merged at restore: {sorted(merged)}")
+        print(f"incremental-jobs {backend}: chains merged at restore (RocksDB: 1 + files "
+              f"of earlier checkpoints per DB checkpoint read): {sorted(merged)}")
         assert any(n >= 2 for n in merged), (
-            f"no restore read a chain of deltas ({merged}): the example proves nothing")
+            f"no restore read a chain of deltas or a DB checkpoint sharing files with an "
+            f"earlier one ({merged}): the example proves nothing")
 
     return test
 

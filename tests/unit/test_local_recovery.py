@@ -121,3 +121,67 @@ def test_persist_keeps_a_copy_and_a_refusing_local_disk_does_not_fail_the_checkp
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(ValueError):
         LocalCopies(str(tmp_path), keep=0)
+
+
+# ------------------------------------------------------------ SST-level checkpoints
+
+
+def _db_checkpoints(tmp_path: os.PathLike, copies: LocalCopies) -> tuple[list[tuple], dict]:
+    """Two SST-level checkpoints of one RocksDB task (the second links the first's SSTs),
+    persisted with local copies; returns each checkpoint's refs and the state at the
+    second."""
+    from engine.state.keyed import ValueState
+    from engine.state.rocksdb import RocksDBKeyedStateBackend
+    from engine.state.sst_checkpoints import SstRecord
+    from engine.wire.messages import CheckpointAck
+
+    root = os.path.join(str(tmp_path), "store")
+    b = RocksDBKeyedStateBackend(8, os.path.join(str(tmp_path), "task"))
+    rec, refs = SstRecord(), []
+    for kg in range(8):
+        b.own(kg)
+    try:
+        for cid in (1, 2):
+            for k in range(cid * 50):
+                b.set_current(k, k % 8)
+                ValueState(b, "v").update((cid, k))
+            location = os.path.join(root, f"chk-{cid}")
+            db = b.checkpoint_files(f"chk-{cid}")
+            assert db is not None
+            plan = rec.plan(cid, root, f"chk-{cid}", "agg-0.state", 8, db)
+            ack = persist(TaskSnapshot("t", "agg", 0, cid, location, db=plan),
+                          ManualClock(), copies)
+            assert isinstance(ack, CheckpointAck), ack
+            rec.completed(cid)
+            refs.append(tuple((kg, join(location, ack.file), off, n, crc)
+                              for kg, off, n, crc in ack.groups))
+        return refs, {kg: b.snapshot(kg) for kg in range(8)}
+    finally:
+        b.close()
+
+
+def test_sst_checkpoint_files_are_kept_as_links_and_a_restore_needs_no_store_file(tmp_path):
+    """Local recovery of SST-level checkpoints: every file of the DB checkpoint is kept on
+    the node (hard links), a file shared by both checkpoints once, as long as the newer
+    one; a restore with every store file but the index gone reads the copies."""
+    from engine.state.keyed import decode_snapshot
+
+    copies = LocalCopies(str(tmp_path / "local" / "job"), keep=1)
+    refs, state = _db_checkpoints(tmp_path, copies)
+    store = os.path.join(str(tmp_path), "store")
+    shared = [f for f in os.listdir(os.path.join(store, "chk-1"))
+              if f.endswith(".db")]
+    [folder] = shared
+    for name in os.listdir(os.path.join(store, "chk-1", folder)):
+        if name.endswith(".sst"):  # linked by chk-2: its copy outlives chk-1's pruning
+            assert find_copy(copies.root, os.path.join(store, "chk-1", folder, name))
+    for cid in (1, 2):  # every stored file but the indexes goes
+        for dirpath, _, names in os.walk(os.path.join(store, f"chk-{cid}")):
+            for name in names:
+                if not name.endswith(".dbindex"):
+                    os.remove(os.path.join(dirpath, name))
+    with pytest.raises(RestoreError):
+        read_chains(refs[-1])  # the store alone no longer holds the checkpoint
+    got = dict(read_chains(refs[-1], copies.root))
+    assert {kg: decode_snapshot(v) for kg, v in got.items()} == {
+        kg: decode_snapshot(v) for kg, v in state.items()}

@@ -8,7 +8,9 @@ new actor, is a concern of its own.
 Guarantees: at most one connection is being opened per receiver at a time; a connection
 opened while the receiver's name was given to a new actor is dropped and reopened to the
 new one; a receiver that cannot be reached raises ``DownstreamDied`` naming it (the task
-fails, and the JobMaster fails the job naming the receiver). A frame taken from the socket
+fails, and the JobMaster fails the job naming the receiver); one Ray cannot reach for now
+(``ActorUnavailableError``) is asked again, backing off, for ``unreachable_budget_s``
+before that, as the JobMaster's watch reads such a task as silent, not dead. A frame taken from the socket
 is acknowledged only once the core took it for processing (``acks``). A connection this
 task closed itself is never read as its receiver's death once the task stopped
 (``ack_failure``).
@@ -24,16 +26,27 @@ import ray
 from ray.exceptions import RayActorError
 
 from engine.errors import ConnectionClosed, DownstreamDied
-from engine.runtime.failures import actor_death
+from engine.runtime.failures import actor_death, actor_gone
 from engine.task.core import TaskCore
 from engine.wire.transport import DataClient, DataServer, ServerConnection
 
 _ACTIVE = ("created", "running")
 
 
+#: a receiver Ray cannot reach for now is asked again after this long, twice as long each
+#: time up to UNREACHABLE_MAX_S, for at most ``DataConnections.unreachable_budget_s``
+UNREACHABLE_FIRST_S = 0.05
+UNREACHABLE_MAX_S = 2.0
+
+
 class DataConnections:
     """The data-connection half of ``TaskActor`` (a base class; the actor sets the
     attributes declared here)."""
+
+    #: how long a receiver Ray reports unavailable (``ActorUnavailableError``: its node's
+    #: connection broken, or the actor restarting) is asked again before the task fails
+    #: with ``DownstreamDied``; one that died (``ActorDiedError``) fails it at once
+    unreachable_budget_s = 30.0
 
     core: TaskCore
     handles: dict[str, Any]
@@ -45,6 +58,9 @@ class DataConnections:
 
     def _event(self) -> asyncio.Event:
         raise NotImplementedError
+
+    async def _backoff(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def data_address(self) -> tuple[str, int, bytes]:
         """Where and with which token to open a data connection to this task (its server
@@ -90,7 +106,7 @@ class DataConnections:
             pending.add_done_callback(lambda _f: self._connecting.pop(target, None))
         return await asyncio.shield(pending)
 
-    async def _open_client(self, target: str) -> DataClient:
+    async def _open_client(self, target: str, waited_s: float = 0.0) -> DataClient:
         handle = self.handles[target]
         try:
             host, port, token = await handle.data_address.remote()
@@ -100,7 +116,15 @@ class DataConnections:
         except (RayActorError, OSError) as exc:  # ssl.SSLError too
             if self.handles.get(target) is not handle:  # replaced meanwhile: try the new one
                 return await self._open_client(target)
-            raise DownstreamDied(f"cannot open a data connection to task {target}: "
+            if (isinstance(exc, RayActorError) and not actor_gone(exc)
+                    and waited_s < self.unreachable_budget_s):
+                # Ray cannot reach the receiver for now (ActorUnavailableError): silent, not
+                # dead; the JobMaster's watch decides that. Ask again, backing off.
+                delay = min(max(2 * waited_s, UNREACHABLE_FIRST_S), UNREACHABLE_MAX_S)
+                await self._backoff(delay)
+                return await self._open_client(target, waited_s + delay)
+            waited = f" (unreachable for {waited_s:.1f} s)" if waited_s else ""
+            raise DownstreamDied(f"cannot open a data connection to task {target}{waited}: "
                                   f"{type(exc).__name__}: {actor_death(exc)}") from exc
         if self.handles.get(target) is not handle:  # the name now stands for a new actor
             client.close()

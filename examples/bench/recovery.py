@@ -468,6 +468,7 @@ def _recovery_run(args: Any, root: str, backend: str, mode: str) -> dict[str, An
                                if "/agg/" in n})
         victim = next(n["name"] for n in ray.util.list_named_actors(all_namespaces=True)
                       if isinstance(n, dict) and n["name"].startswith(f"{handle.job_id}/agg/"))
+        state_bytes = sum(t.state_bytes for t in handle.metrics().operator("agg"))
         t_kill = time.monotonic()
         ray.kill(ray.get_actor(victim, namespace="reflow"))
         t_noticed = _until(lambda: handle.status().restarts >= 1
@@ -480,12 +481,13 @@ def _recovery_run(args: Any, root: str, backend: str, mode: str) -> dict[str, An
     finally:
         handle.stop()
     res = {"state_mb": mb, "backend": backend, "mode": mode,
-           "checkpoint_bytes": cp.last_bytes,
+           "checkpoint_bytes": cp.last_bytes, "state_bytes": state_bytes,
            "tasks_rss_mb": sum(rss.values()) / 2**20, "interval_s": args.interval,
            "rate": args.rate, "to_noticed_s": t_noticed - t_kill,
            "to_running_s": t_running - t_kill, "to_output_s": t_flowing - t_kill,
            "restarts": st.restarts, "last_failure": st.last_failure}
-    print(f"  [{backend}, {mode}] recovery with {cp.last_bytes / 1e6:,.1f} MB: noticed after "
+    print(f"  [{backend}, {mode}] recovery of {state_bytes / 1e6:,.1f} MB of state from a "
+          f"checkpoint that wrote {cp.last_bytes / 1e6:,.1f} MB: noticed after "
           f"{res['to_noticed_s']:.2f} s, running after {res['to_running_s']:.2f} s, output "
           f"flowing after {res['to_output_s']:.2f} s")
     return res
@@ -650,14 +652,17 @@ def markdown(results: dict[str, Any]) -> str:
     if rows:
         lines += [*render.md_table(["backend", "state", "savepoint bytes", "duration s"],
                                    rows), ""]
-    rows = [[b, rec.get("mode", "new"), f"{rec['checkpoint_bytes'] / 1e6:,.0f} MB",
+    rows = [[b, rec.get("mode", "new"),
+             render.fmt(rec.get("state_bytes", 0) / 1e6, ",.0f") + " MB",
+             f"{rec['checkpoint_bytes'] / 1e6:,.0f} MB",
              f"{rec['to_noticed_s']:.2f}", f"{rec['to_running_s']:.2f}",
              f"{rec['to_output_s']:.2f}", render.fmt(rec.get("tasks_rss_mb"), ",.0f")]
             for b, res in series.items() if (top := res.get("recovery"))
             for rec in top.get("modes") or [top]]
     if rows:
-        lines += [*render.md_table(["backend", "restart", "checkpoint", "noticed s", "running s",
-                                    "output flowing s", "count tasks' RSS MB"], rows), ""]
+        lines += [*render.md_table(["backend", "restart", "state", "checkpoint written",
+                                    "noticed s", "running s", "output flowing s",
+                                    "count tasks' RSS MB"], rows), ""]
     rows = [[b, f"{m['checkpoint_bytes'] / 1e6:,.0f} MB", f"{m['to_takeover_s']:.2f}",
              f"{m['to_checkpoint_s']:.2f}", "yes" if m["reconciled"] else "no (restarted)",
              f"{m['records_during_takeover']:,}"]

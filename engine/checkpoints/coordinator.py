@@ -51,6 +51,9 @@ from engine.dataflow.deployment import Deployment
 from engine.time.clock import Clock
 from engine.wire.messages import CheckpointAck, CheckpointDeclined, CheckpointStats
 
+#: how many failed checkpoints' directories are remembered, for parts written late
+_FAILED_REMEMBERED = 16
+
 # ---------------------------------------------------------------------- commands
 
 
@@ -178,6 +181,8 @@ class CheckpointCoordinator:
         self.restored_from = ""
         self.outcomes: list[Outcome] = []  # for whoever waits on a checkpoint
         self.shared = SharedFiles()  # the retained checkpoints' files
+        # failed checkpoints' directories, whose late parts are deleted as they come
+        self._failed_locations: dict[int, str] = {}
         self._last_trigger: float | None = None
 
     # -- when
@@ -213,7 +218,13 @@ class CheckpointCoordinator:
 
     # -- what tasks say
     def on_report(self, msg: Any) -> list[Command]:
-        """A task's ``CheckpointAck`` or ``CheckpointDeclined`` (anything else: nothing)."""
+        """A task's ``CheckpointAck`` or ``CheckpointDeclined`` (anything else: nothing).
+        One for a checkpoint that failed meanwhile deletes its directory again: the task
+        wrote its part after the failure's ``Discard``, and nothing else would."""
+        if isinstance(msg, (CheckpointAck, CheckpointDeclined)):
+            late = self._failed_locations.get(msg.checkpoint_id)
+            if late is not None:
+                return [Discard((late,))]
         p = self.pending
         if p is None or p.writing:
             return []
@@ -395,6 +406,9 @@ class CheckpointCoordinator:
         out: list[Command] = [NotifyAborted(p.checkpoint_id, tuple(p.expected))]
         if p.kind == CheckpointKind.CHECKPOINT:
             out.append(Discard((p.location,)))
+            self._failed_locations[p.checkpoint_id] = p.location
+            while len(self._failed_locations) > _FAILED_REMEMBERED:
+                del self._failed_locations[next(iter(self._failed_locations))]
             self.consecutive_failures += 1
             limit = self.config.tolerable_checkpoint_failures
             if self.consecutive_failures > limit:

@@ -83,6 +83,8 @@ def persist(snap: TaskSnapshot, clock: Clock, local: LocalCopies | None = None
     local copy (``engine.checkpoints.local``; a local disk that refuses is logged, the
     checkpoint stands without it)."""
     if snap.declined:
+        if snap.db is not None:  # taken before the task declined: nothing else keeps it
+            shutil.rmtree(snap.db.local_dir, ignore_errors=True)
         return CheckpointDeclined(snap.task, snap.checkpoint_id, snap.declined)
     if snap.db is not None:
         return _persist_db(snap, snap.db, clock, local)
@@ -145,16 +147,18 @@ def _persist_db(snap: TaskSnapshot, plan: DbPlan, clock: Clock, local: LocalCopi
 
 
 def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
-                local_root: str | None = None) -> list[tuple[int, bytes]]:
+                local_root: str | None = None, scratch: str | None = None
+                ) -> list[tuple[int, bytes]]:
     """Key groups read from the store and checked, a group given several links (an
     incremental checkpoint's chain, base first) merged into one full blob
     (``engine.state.incremental.merge_chain``); ``RestoreError`` naming the file when one
     is missing, short or corrupt, or a chain does not hold together. ``local_root``: the
     job's local recovery folder on this node, whose copies are read first
-    (``engine.checkpoints.local.read_refs``)."""
+    (``engine.checkpoints.local.read_refs``). ``scratch``: where DB checkpoints are
+    unpacked (``read_db_groups``)."""
     if any(r[2] == DB_PART for r in refs):
         return (read_chains(tuple(r for r in refs if r[2] != DB_PART), local_root)
-                + read_db_groups((r for r in refs if r[2] == DB_PART), local_root))
+                + read_db_groups((r for r in refs if r[2] == DB_PART), local_root, scratch))
     read, _ = read_refs(refs, local_root)
     chains: dict[int, list[bytes]] = {}
     for kg, data in read:
@@ -177,13 +181,16 @@ def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
 
 
 def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
-                   local_root: str | None = None) -> list[tuple[int, bytes]]:
+                   local_root: str | None = None, scratch: str | None = None
+                   ) -> list[tuple[int, bytes]]:
     """Key groups located at DB checkpoints' indexes (``(key_group, index URI, DB_PART,
     length, crc32)``: SST-level incremental checkpoints, ``engine.state.sst_checkpoints``)
     as key-group blobs: per index, its files linked (a local copy under ``local_root`` of
     the right size, or a store on this machine) or copied into a local folder, opened
-    read-only, the groups cut out. ``RestoreError`` naming the file when the index or a
-    file is missing, short or corrupt."""
+    read-only, the groups cut out. The folder is made under ``scratch`` (the task's state
+    root: the disk the state is meant for, and the filesystem of the local copies; the
+    system's temporary directory when None) and deleted after. ``RestoreError`` naming
+    the file when the index or a file is missing, short or corrupt."""
     by_index: dict[str, list[tuple[int, str, int, int, int]]] = {}
     for r in refs:
         by_index.setdefault(r[1], []).append(r)
@@ -200,7 +207,9 @@ def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
             raise RestoreError(f"{uri} is corrupt: {exc}; restore an earlier checkpoint",
                                path=uri, reason="corrupt") from exc
         location = parent_location(uri)
-        folder = tempfile.mkdtemp(prefix="reflow-restore-db-")
+        if scratch is not None:
+            os.makedirs(scratch, exist_ok=True)
+        folder = tempfile.mkdtemp(prefix="reflow-restore-db-", dir=scratch)
         try:
             for link, size in index.files:
                 file_uri = link_uri(location.rstrip("/"), link)
@@ -220,13 +229,14 @@ def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
     return out
 
 
-def restore_messages(msg: RestoreState, local_root: str | None = None) -> list[Any]:
+def restore_messages(msg: RestoreState, local_root: str | None = None,
+                     scratch: str | None = None) -> list[Any]:
     """The core's messages for a ``RestoreState``: its key groups read from the store (or
     local copies under ``local_root``) and checked, chains merged (``read_chains``;
     ``RestoreError`` when one is missing or corrupt), then its transactions."""
     out: list[Any] = []
     if msg.groups:
-        out.append(InstallKeyGroups(tuple(read_chains(msg.groups, local_root))))
+        out.append(InstallKeyGroups(tuple(read_chains(msg.groups, local_root, scratch))))
     if msg.transactions:
         out.append(CommitTransactions(msg.transactions))
     return out

@@ -258,7 +258,9 @@ class JobConfig:
     hard link to the stored file when the store is the local filesystem, a copy
     otherwise; under ``state_dir``), and a task restored on that node reads them instead
     of the store, each key group checked against its checksum (the store when a copy is
-    missing or does not match; ``engine.checkpoints.local``). Flink's
+    missing or does not match; ``engine.checkpoints.local``); an SST-level checkpoint's
+    files (RocksDB, incremental) are hard links of the DB's files, used when their size
+    matches, their blocks checked by RocksDB as it reads them. Flink's
     ``state.backend.local-recovery``. It pays when the store is remote; it costs a second
     write of each part to the local disk and that disk's space for the last checkpoints.
     """

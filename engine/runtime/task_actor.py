@@ -20,10 +20,12 @@ connections are in ``engine.runtime.connections``.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import gc
+import os
 import threading
 from collections import deque
 from typing import Any
@@ -42,9 +44,11 @@ from engine.errors import (
     ReflowError,
     StaleJobMaster,
 )
+from engine.names import StateBackend
 from engine.observability.metrics import process_cpu
 from engine.runtime.connections import DataConnections, ack_failure
 from engine.runtime.failures import open_failure
+from engine.state.backends import RESTORE_FOLDER, state_root
 from engine.state.incremental import MAX_DELTA_CHAIN
 from engine.task.channel import CreditGate
 from engine.task.core import RUNNING, TaskCore, TaskSpec
@@ -95,6 +99,9 @@ class TaskActor(DataConnections):
         # local recovery copies (JobConfig.local_recovery) of this process's tasks
         self._local: LocalCopies | None = None
         self._local_root: str | None = None
+        self._scratch: str | None = None  # where a restore unpacks DB checkpoints
+        self._persist_pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="reflow-persist")
         self.handles: dict[str, Any] = {}
         self._broken: ReflowError | None = None
         # the process's CPU counters when its current task first answered for its metrics
@@ -135,10 +142,15 @@ class TaskActor(DataConnections):
         self.clock = self.core.clock
         self.gate = CreditGate(spec.config.credits)
         cfg = spec.config
+        self._scratch = os.path.join(state_root(cfg), RESTORE_FOLDER)
         if cfg.local_recovery and self._local is None:  # kept across recycle()
             self._local_root = local_root(cfg, spec.job_id)
-            self._local = LocalCopies(self._local_root, keep=(
-                MAX_DELTA_CHAIN + 2 if cfg.incremental_checkpoints else 2))
+            # a delta chain's links are in up to MAX_DELTA_CHAIN + 1 checkpoints; an SST
+            # checkpoint's files are all named by the last one (older copies would only
+            # keep files RocksDB compacted away)
+            chained = cfg.incremental_checkpoints and cfg.state_backend != StateBackend.ROCKSDB
+            self._local = LocalCopies(self._local_root,
+                                      keep=MAX_DELTA_CHAIN + 2 if chained else 2)
         freeze_startup_heap()
 
     def _event(self) -> asyncio.Event:
@@ -264,7 +276,7 @@ class TaskActor(DataConnections):
         fx = reply.effects
         if fx.restore is not None:  # read the groups here, in a thread; the core installs
             for inner in await asyncio.to_thread(restore_messages, fx.restore,
-                                                 self._local_root):
+                                                 self._local_root, self._scratch):
                 core.handle(inner)
             self._send_reports()
             return encode_message(reply.message)
@@ -295,11 +307,13 @@ class TaskActor(DataConnections):
         snaps = self.core.snapshots
         while snaps:
             snap = snaps.pop(0)
-            if not snap.groups:  # nothing to write: say so at once
+            if not snap.groups and snap.db is None:  # nothing to write: say so at once
                 self._report_snapshot(snap)
                 continue
-            fut = asyncio.get_running_loop().run_in_executor(None, persist, snap, self.clock,
-                                                             self._local)
+            # one writer thread per actor: parts are written in checkpoint order, and the
+            # local copies (not thread-safe) are kept by one thread at a time
+            fut = asyncio.get_running_loop().run_in_executor(self._persist_pool, persist, snap,
+                                                             self.clock, self._local)
             fut.add_done_callback(functools.partial(self._written, snap, self._generation))
 
     def _report_snapshot(self, snap: TaskSnapshot) -> None:

@@ -51,6 +51,9 @@ class StateConfig(Protocol):
 #: when ``JobConfig.state_dir`` is None
 DEFAULT_STATE_FOLDER = "reflow-state"
 LOCK_FILE = "reflow.lock"  # flock'ed in an instance directory while it is in use
+#: the folder under a node's state root where a restore unpacks a DB checkpoint's files
+#: (engine.checkpoints.snapshot.read_db_groups), one temporary folder per restore
+RESTORE_FOLDER = "restore"
 
 
 def state_root(config: StateConfig) -> str:

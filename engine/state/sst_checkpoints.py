@@ -181,7 +181,10 @@ class SstRecord:
         for cid in [c for c in self._pending if c < checkpoint_id]:
             del self._pending[cid]
         if uploads is not None:
-            self.confirmed.update(uploads)
+            # heard late: a later checkpoint, planned meanwhile, uploaded some of these
+            # again; its copy is the one to name (retention deletes this one first)
+            later = {n for p in self._pending.values() for n in p}
+            self.confirmed.update((n, u) for n, u in uploads.items() if n not in later)
 
     def aborted(self, checkpoint_id: int) -> None:
         """A checkpoint failed: the JobMaster may retain other checkpoints than the task

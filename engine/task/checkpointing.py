@@ -264,8 +264,9 @@ class CheckpointParticipant:
                 self.chain.flush()
                 txns = ()
         except Exception as exc:  # a sink's pre_commit raised: the checkpoint fails
-            self.snapshots.append(declined(f"a sink's pre_commit raised "
-                                           f"{type(exc).__name__}: {exc}"))
+            self.snapshots.append(TaskSnapshot(  # with the DB checkpoint, for the shell to drop
+                spec.task_name, spec.vertex, spec.task_index, cid, barrier.location,
+                declined=f"a sink's pre_commit raised {type(exc).__name__}: {exc}", db=db))
             return
         if txns:
             self._pending_txns[cid] = txns

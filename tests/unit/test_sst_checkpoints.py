@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from engine.checkpoints import coordinator as cc
+from engine.checkpoints import snapshot as snapshot_module
 from engine.checkpoints.metadata import (
     _HEADER,
     MAGIC,
@@ -58,7 +59,7 @@ from engine.state.rocksdb import RocksDBKeyedStateBackend, groups_from_checkpoin
 from engine.state.sst_checkpoints import DbCheckpoint, SstRecord, db_folder, index_name
 from engine.time.clock import ManualClock
 from engine.wire.codec import pack_exact
-from engine.wire.messages import CheckpointAck
+from engine.wire.messages import CheckpointAck, CheckpointDeclined
 from tests.unit.test_checkpoints import N, job
 
 JOB = "/store/j-1"
@@ -134,6 +135,20 @@ def test_uploads_of_a_checkpoint_never_heard_complete_are_never_linked():
     rec.completed(3)  # heard late, after a later one: it failed, its files may be gone
     assert _plan(rec, 5, {"000008.sst": 100, "000009.sst": 5}) == {
         "000008.sst": f"{FOLDER}/000008.sst", "000009.sst": f"{FOLDER}/000009.sst"}
+
+
+def test_a_completion_heard_after_the_next_plan_names_the_newer_upload():
+    """Review finding 3: checkpoint 2 was planned before the task heard 1 complete, so it
+    uploaded 000008.sst again; once 2 completes too, retention deletes 1's copy, so the
+    late completion of 1 must not make a later plan name it."""
+    rec = SstRecord()
+    _plan(rec, 1, {"000008.sst": 100})
+    _plan(rec, 2, {"000008.sst": 100})  # before CheckpointComplete(1): uploads it again
+    rec.completed(1)  # late
+    assert _plan(rec, 3, {"000008.sst": 100}) == {"000008.sst": f"{FOLDER}/000008.sst"}
+    rec.completed(3)
+    assert _plan(rec, 4, {"000008.sst": 100}) == {
+        "000008.sst": f"../chk-3/{FOLDER}/000008.sst"}
 
 
 def test_files_no_longer_live_are_forgotten():
@@ -440,3 +455,46 @@ def test_metadata_v4_keeps_db_files_and_a_v3_body_still_decodes():
     body = pack_exact(wire)
     old = CheckpointMetadata.decode(MAGIC + _HEADER.pack(3, zlib.crc32(body)) + body, "/s")
     assert old.tasks[0].db_files == () and old.tasks[0].groups == meta.tasks[0].groups
+
+
+def test_a_part_written_after_its_checkpoint_failed_is_deleted_when_its_ack_comes(chain):
+    """Review finding 6: a task's writer thread may finish a part after the checkpoint
+    failed and its directory was discarded (a timeout, another task's decline); the late
+    part recreates the directory, and its ack must delete it again (SST files there would
+    be hard links keeping a DB's worth of disk)."""
+    [trigger] = chain.co.trigger(chain.dep)
+    cid, loc = trigger.checkpoint_id, trigger.location
+    out = chain.execute(chain.co.on_report(CheckpointDeclined(chain.names[1], cid, "no")))
+    assert any(isinstance(c, cc.NotifyAborted) for c in out)
+    assert not os.path.exists(loc)
+    db = chain.backends[0].checkpoint_files(f"chk-{cid}")
+    assert db is not None
+    plan = chain.records[0].plan(cid, parent_location(loc), directory_name(loc),
+                                 part_file_name("sum", 0), N, db)
+    late = persist(TaskSnapshot(chain.names[0], "sum", 0, cid, loc, db=plan), ManualClock())
+    assert isinstance(late, CheckpointAck) and os.path.exists(loc)
+    chain.execute(chain.co.on_report(late))
+    assert not os.path.exists(loc), "the late part was left behind"
+    _check_retention(chain)
+
+
+def test_a_restore_unpacks_under_the_scratch_folder_it_is_given_and_cleans_up(chain,
+                                                                              tmp_path):
+    """Review finding 2: the files are linked or copied into a folder under ``scratch``
+    (the task's state root, the disk meant for state) rather than the system's temporary
+    directory (often a small tmpfs: copies there are memory), and the folder goes after."""
+    scratch = tmp_path / "state-root" / "restore"
+    seen: list[str] = []
+    real = snapshot_module.groups_from_checkpoint
+
+    def spy(folder: str, *args: Any) -> Any:
+        seen.append(folder)
+        return real(folder, *args)
+
+    plan = plan_restore(read_metadata(chain.co.latest.location), job(sum_p=2), "j-1", 2)
+    refs = next(r.groups for r in plan.tasks.values() if r.groups)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(snapshot_module, "groups_from_checkpoint", spy)
+        assert read_chains(refs, None, str(scratch))
+    assert seen and all(Path(f).parent == scratch for f in seen)
+    assert scratch.is_dir() and not any(scratch.iterdir())

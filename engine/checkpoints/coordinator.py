@@ -86,10 +86,12 @@ class NotifyComplete:
 
 @dataclass(frozen=True)
 class NotifyAborted:
-    """Send ``CheckpointAborted(checkpoint_id)`` to ``tasks`` (stop aligning it)."""
+    """Send ``CheckpointAborted(checkpoint_id, forget_uploads)`` to ``tasks`` (stop
+    aligning it)."""
 
     checkpoint_id: int
     tasks: tuple[str, ...]
+    forget_uploads: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,7 +238,7 @@ class CheckpointCoordinator:
                 return []
             missing = self._missing_chain(p)
             if missing is not None:
-                return self._fail(*missing)
+                return self._fail(*missing, forget_uploads=True)
             p.metadata = self._metadata(p)
             p.writing = True
             return [WriteMetadata(p.metadata)]
@@ -396,14 +398,19 @@ class CheckpointCoordinator:
         self.outcomes.append(Outcome(p.checkpoint_id, p.kind, reason=reason))
         return [Discard((p.location,))] if p.kind == CheckpointKind.CHECKPOINT else []
 
-    def _fail(self, reason: str, task: str = "") -> list[Command]:
+    def _fail(self, reason: str, task: str = "", forget_uploads: bool = False
+              ) -> list[Command]:
+        """Fail the pending checkpoint. ``forget_uploads``: the tasks' records of what
+        retained checkpoints hold are wrong (a part named a file none holds); any other
+        failure leaves the retained checkpoints, and so those records, as they were."""
         p = self.pending
         assert p is not None
         self.pending = None
         self.failed += 1
         self.last_failure = f"{p.kind} {p.checkpoint_id} failed: {reason}"
         self.outcomes.append(Outcome(p.checkpoint_id, p.kind, reason=reason, task=task))
-        out: list[Command] = [NotifyAborted(p.checkpoint_id, tuple(p.expected))]
+        out: list[Command] = [NotifyAborted(p.checkpoint_id, tuple(p.expected),
+                                            forget_uploads)]
         if p.kind == CheckpointKind.CHECKPOINT:
             out.append(Discard((p.location,)))
             self._failed_locations[p.checkpoint_id] = p.location

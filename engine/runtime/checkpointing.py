@@ -187,8 +187,8 @@ class Checkpointing:
                     await self.run(self.coord.on_written(meta.checkpoint_id, error))
                 case NotifyComplete(checkpoint_id=cid, tasks=tasks):
                     await self._send(tasks, CheckpointComplete(cid))
-                case NotifyAborted(checkpoint_id=cid, tasks=tasks):
-                    await self._send(tasks, CheckpointAborted(cid))
+                case NotifyAborted(checkpoint_id=cid, tasks=tasks, forget_uploads=forget):
+                    await self._send(tasks, CheckpointAborted(cid, forget))
                 case Discard(locations=locations):
                     for loc in locations:
                         try:

@@ -30,9 +30,11 @@ The metadata locates each of the task's groups at the index (offset ``DB_PART``,
 index's length and CRC-32) and lists the files (``TaskState.db_files``).
 
 Guarantees: ``SstRecord`` names a file of an earlier checkpoint only when that checkpoint
-completed and is a sibling of the new one (the same job directory), and only while no
-checkpoint failed since (``aborted`` forgets every upload: the next checkpoint uploads
-every file again), so a link never points at a file retention may have deleted: an SST
+completed and is a sibling of the new one (the same job directory), and forgets every
+upload when the JobMaster says its view may be wrong (``aborted(forget_uploads=True)``:
+it refused a part naming a file no retained checkpoint holds, or took the job over; the
+next checkpoint then uploads every file again), so a link never points at a file
+retention may have deleted: an SST
 file live in the DB now was live at every checkpoint since it was written, the last
 complete one included, which the JobMaster retains. SST names are unique per DB
 instance only (numbers start again in a new DB), so the folder carries the instance
@@ -186,11 +188,16 @@ class SstRecord:
             later = {n for p in self._pending.values() for n in p}
             self.confirmed.update((n, u) for n, u in uploads.items() if n not in later)
 
-    def aborted(self, checkpoint_id: int) -> None:
-        """A checkpoint failed: the JobMaster may retain other checkpoints than the task
-        believes, so the next checkpoint uploads every file again."""
-        self.confirmed.clear()
-        self._pending.clear()
+    def aborted(self, checkpoint_id: int, forget_uploads: bool = True) -> None:
+        """Checkpoint ``checkpoint_id`` failed: its uploads are never named (its directory
+        is deleted). ``forget_uploads``: the JobMaster may retain other checkpoints than
+        the task believes (it refused a part naming a file, or took the job over), so
+        the next checkpoint uploads every file again; otherwise (a timeout, a decline)
+        the retained checkpoints are as they were, and so is what the task may name."""
+        self._pending.pop(checkpoint_id, None)
+        if forget_uploads:
+            self.confirmed.clear()
+            self._pending.clear()
 
 
 def plan_summary(plan: DbPlan) -> dict[str, Any]:

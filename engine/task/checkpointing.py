@@ -187,7 +187,7 @@ class CheckpointParticipant:
         if self.chains is not None:
             self.chains.aborted(msg.checkpoint_id)
         if self.ssts is not None:
-            self.ssts.aborted(msg.checkpoint_id)
+            self.ssts.aborted(msg.checkpoint_id, msg.forget_uploads)
         if self.aligner.pending == msg.checkpoint_id:
             self.aligner.abort()
         self._barriers.pop(msg.checkpoint_id, None)

@@ -710,9 +710,14 @@ class CheckpointComplete:
 class CheckpointAborted:
     """JobMaster → every task: checkpoint ``checkpoint_id`` failed; a task still aligning it
     reads its inputs again. Its sink transactions stay pending: the next complete
-    checkpoint commits them."""
+    checkpoint commits them. ``forget_uploads``: the task's record of the files complete
+    checkpoints hold may be wrong (the JobMaster refused a part naming one, or took the job
+    over), so its next checkpoint uploads every file again (``engine.state.sst_checkpoints``);
+    False when the failure left the retained checkpoints as they were (a timeout, a
+    decline, a store error)."""
 
     checkpoint_id: int
+    forget_uploads: bool = True
 
 
 @wire

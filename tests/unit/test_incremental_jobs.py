@@ -47,12 +47,13 @@ def incremental(backend: str) -> Iterator[list[int]]:
     make, merge, config = backends.make_keyed_backend, snapshot.merge_chain, oj.JobConfig
     read_db = snapshot.read_db_groups
 
-    def read_db_counted(refs: Any, local_root: str | None = None) -> list[tuple[int, bytes]]:
+    def read_db_counted(refs: Any, local_root: str | None = None,
+                        scratch: str | None = None) -> list[tuple[int, bytes]]:
         refs = list(refs)
         for uri in {r[1] for r in refs}:
             index = DbIndex.decode(read_file(uri))
             merged.append(1 + sum(f.startswith("../") for f, _ in index.files))
-        return read_db(refs, local_root)
+        return read_db(refs, local_root, scratch)
 
     def made(*args: Any, **kw: Any) -> KeyedStateBackend:
         b = make(*args, **kw)

@@ -125,6 +125,19 @@ def test_after_an_abort_the_next_plan_uploads_every_file():
     assert not any(link.startswith("../") for link in got.values())
 
 
+def test_a_timeout_keeps_what_complete_checkpoints_hold_and_drops_only_its_own_uploads():
+    """Review finding 5: a failure other than a refused link leaves the retained
+    checkpoints as they were, so the next checkpoint still names their files (not the
+    whole DB again); the failed one's uploads (its directory is deleted) never are."""
+    rec = SstRecord()
+    _plan(rec, 1, {"000008.sst": 100})
+    rec.completed(1)
+    _plan(rec, 2, {"000008.sst": 100, "000009.sst": 5})
+    rec.aborted(2, forget_uploads=False)
+    assert _plan(rec, 3, {"000008.sst": 100, "000009.sst": 5}) == {
+        "000008.sst": f"../chk-1/{FOLDER}/000008.sst", "000009.sst": f"{FOLDER}/000009.sst"}
+
+
 def test_uploads_of_a_checkpoint_never_heard_complete_are_never_linked():
     rec = SstRecord()
     _plan(rec, 1, {"000008.sst": 100})
@@ -293,9 +306,9 @@ class _Job:
                 case cc.NotifyComplete(checkpoint_id=cid):
                     for r in self.records:
                         r.completed(cid)
-                case cc.NotifyAborted(checkpoint_id=cid):
+                case cc.NotifyAborted(checkpoint_id=cid, forget_uploads=forget):
                     for r in self.records:
-                        r.aborted(cid)
+                        r.aborted(cid, forget)
                 case cc.Discard(locations=locations):
                     for loc in locations:
                         discard(loc)

@@ -653,7 +653,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [*render.md_table(["backend", "state", "savepoint bytes", "duration s"],
                                    rows), ""]
     rows = [[b, rec.get("mode", "new"),
-             render.fmt(rec.get("state_bytes", 0) / 1e6, ",.0f") + " MB",
+             "-" if rec.get("state_bytes") is None else f"{rec['state_bytes'] / 1e6:,.0f} MB",
              f"{rec['checkpoint_bytes'] / 1e6:,.0f} MB",
              f"{rec['to_noticed_s']:.2f}", f"{rec['to_running_s']:.2f}",
              f"{rec['to_output_s']:.2f}", render.fmt(rec.get("tasks_rss_mb"), ",.0f")]

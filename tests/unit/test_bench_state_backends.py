@@ -92,22 +92,23 @@ def test_recovery_tables_and_plot_show_both_backends(tmp_path: Any) -> None:
                "machine": {"cpus": 2, "loadavg_at_start": [1.0, 1, 1],
                            "loadavg_at_end": [2.0, 1, 1]}}
     md = recovery.markdown(results)
-    # results without a restart mode are of the one way there was: every task a new actor
-    assert "| memory | new | 150 MB | 0.50 | 2.00 | 3.00 | 700 |" in md
-    assert "| rocksdb | new | 150 MB | 0.50 | 2.00 | 4.00 | 700 |" in md
+    # results without a restart mode are of the one way there was: every task a new actor;
+    # without the state's size (results from before it was recorded): "-"
+    assert "| memory | new | - | 150 MB | 0.50 | 2.00 | 3.00 | 700 |" in md
+    assert "| rocksdb | new | - | 150 MB | 0.50 | 2.00 | 4.00 | 700 |" in md
     assert "| rocksdb | 200 MB | 150,000,000 | 1.50 |" in md
     path = str(tmp_path / "r.png")
     recovery.plot(results, path)
     assert os.path.getsize(path) > 10_000
     one = {**part("memory", 3.0), "machine": results["machine"]}  # one backend: old layout
-    assert "| memory | new | 150 MB |" in recovery.markdown(one)
+    assert "| memory | new | - | 150 MB |" in recovery.markdown(one)
     # --restart-modes: one row per mode, each drawn
-    modes = [{**part("memory", t)["recovery"], "mode": m}
+    modes = [{**part("memory", t)["recovery"], "mode": m, "state_bytes": 1_500_000_000}
              for m, t in (("new", 3.0), ("reuse", 1.0), ("standby", 0.6))]
     several = {**one, "recovery": {**modes[0], "modes": modes}}
     md = recovery.markdown(several)
-    assert "| memory | reuse | 150 MB | 0.50 | 2.00 | 1.00 | 700 |" in md
-    assert "| memory | standby | 150 MB | 0.50 | 2.00 | 0.60 | 700 |" in md
+    assert "| memory | reuse | 1,500 MB | 150 MB | 0.50 | 2.00 | 1.00 | 700 |" in md
+    assert "| memory | standby | 1,500 MB | 150 MB | 0.50 | 2.00 | 0.60 | 700 |" in md
     recovery.plot(several, path)
     assert os.path.getsize(path) > 10_000
     args = types.SimpleNamespace(state_backend="rocksdb", state_dir=None, state_memory_mb=None)

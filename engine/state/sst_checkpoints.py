@@ -34,9 +34,10 @@ completed and is a sibling of the new one (the same job directory), and forgets 
 upload when the JobMaster says its view may be wrong (``aborted(forget_uploads=True)``:
 it refused a part naming a file no retained checkpoint holds, or took the job over; the
 next checkpoint then uploads every file again), so a link never points at a file
-retention may have deleted: an SST
-file live in the DB now was live at every checkpoint since it was written, the last
-complete one included, which the JobMaster retains. SST names are unique per DB
+retention may have deleted: an SST file live in the DB now was live at every checkpoint
+since it was written, the last complete one included, which the JobMaster retains (and
+the JobMaster refuses a part that names a file no retained checkpoint holds, should
+that ever fail: ``engine.checkpoints.coordinator``). SST names are unique per DB
 instance only (numbers start again in a new DB), so the folder carries the instance
 (``RocksDBKeyedStateBackend.instance``).
 """

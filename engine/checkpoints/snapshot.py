@@ -180,6 +180,37 @@ def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
     return out
 
 
+#: a restore's folder under the scratch folder: ``<prefix><pid>-<random>``
+RESTORE_PREFIX = "reflow-restore-db-"
+
+
+def remove_orphaned_restores(scratch: str) -> list[str]:
+    """Delete the restore folders under ``scratch`` whose process is gone (killed during
+    a restore: nothing else would delete them, and from a remote store they hold copies
+    of a DB's files); returns them. A folder of a live process is left alone."""
+    removed = []
+    for entry in os.scandir(scratch):
+        name = entry.name
+        if not (entry.is_dir() and name.startswith(RESTORE_PREFIX)):
+            continue
+        pid = name[len(RESTORE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
                    local_root: str | None = None, scratch: str | None = None
                    ) -> list[tuple[int, bytes]]:
@@ -209,7 +240,8 @@ def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
         location = parent_location(uri)
         if scratch is not None:
             os.makedirs(scratch, exist_ok=True)
-        folder = tempfile.mkdtemp(prefix="reflow-restore-db-", dir=scratch)
+            remove_orphaned_restores(scratch)
+        folder = tempfile.mkdtemp(prefix=f"{RESTORE_PREFIX}{os.getpid()}-", dir=scratch)
         try:
             for link, size in index.files:
                 file_uri = link_uri(location.rstrip("/"), link)
@@ -242,4 +274,5 @@ def restore_messages(msg: RestoreState, local_root: str | None = None,
     return out
 
 
-__all__ = ["TaskSnapshot", "persist", "read_chains", "read_db_groups", "restore_messages"]
+__all__ = ["RESTORE_PREFIX", "TaskSnapshot", "persist", "read_chains", "read_db_groups",
+           "remove_orphaned_restores", "restore_messages"]

@@ -511,3 +511,25 @@ def test_a_restore_unpacks_under_the_scratch_folder_it_is_given_and_cleans_up(ch
         assert read_chains(refs, None, str(scratch))
     assert seen and all(Path(f).parent == scratch for f in seen)
     assert scratch.is_dir() and not any(scratch.iterdir())
+
+
+def test_a_restore_removes_the_folders_restores_of_gone_processes_left(chain, tmp_path):
+    """A process killed during a restore leaves its folder (links, or a remote store's
+    files copied); the next restore under that scratch folder deletes it, and leaves a
+    live process's (this one's) alone."""
+    import subprocess
+    import sys
+
+    scratch = tmp_path / "restore"
+    scratch.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    orphan = scratch / f"{snapshot_module.RESTORE_PREFIX}{gone}-abc"
+    mine = scratch / f"{snapshot_module.RESTORE_PREFIX}{os.getpid()}-def"
+    for d in (orphan, mine):
+        d.mkdir()
+        (d / "000008.sst").write_bytes(b"x" * 10)
+    plan = plan_restore(read_metadata(chain.co.latest.location), job(sum_p=2), "j-1", 2)
+    refs = next(r.groups for r in plan.tasks.values() if r.groups)
+    assert read_chains(refs, None, str(scratch))
+    assert not orphan.exists() and (mine / "000008.sst").exists()

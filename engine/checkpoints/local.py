@@ -36,12 +36,11 @@ import fcntl
 import glob
 import hashlib
 import os
-import shutil
 import uuid
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from engine.checkpoints.store import read_groups
+from engine.checkpoints.store import link_or_copy, read_groups
 from engine.errors import RestoreError
 from engine.state.backends import (
     LOCK_FILE,
@@ -135,10 +134,7 @@ class LocalCopies:
         directory = self._open()
         final = os.path.join(directory, copy_name(uri))
         tmp = f"{final}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            os.link(path, tmp)
-        except OSError:
-            shutil.copyfile(path, tmp)
+        link_or_copy(path, tmp)
         os.replace(tmp, final)
         for entry in [e for e in self._written if e[1] == final]:
             self._written.remove(entry)

@@ -32,6 +32,7 @@ from engine.checkpoints.store import (
     write_task_part,
 )
 from engine.errors import CodecError, RestoreError, StateBackendError
+from engine.state.backends import RESTORE_PREFIX, remove_orphaned_restores
 from engine.state.incremental import merge_chain
 from engine.state.rocksdb import groups_from_checkpoint
 from engine.state.sst_checkpoints import DB_PART, DbIndex, DbPlan, index_name, index_ref
@@ -180,37 +181,6 @@ def read_chains(refs: tuple[tuple[int, str, int, int, int], ...],
     return out
 
 
-#: a restore's folder under the scratch folder: ``<prefix><pid>-<random>``
-RESTORE_PREFIX = "reflow-restore-db-"
-
-
-def remove_orphaned_restores(scratch: str) -> list[str]:
-    """Delete the restore folders under ``scratch`` whose process is gone (killed during
-    a restore: nothing else would delete them, and from a remote store they hold copies
-    of a DB's files); returns them. A folder of a live process is left alone."""
-    removed = []
-    for entry in os.scandir(scratch):
-        name = entry.name
-        if not (entry.is_dir() and name.startswith(RESTORE_PREFIX)):
-            continue
-        pid = name[len(RESTORE_PREFIX):].split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
-            continue
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.path)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def read_db_groups(refs: Iterable[tuple[int, str, int, int, int]],
                    local_root: str | None = None, scratch: str | None = None
                    ) -> list[tuple[int, bytes]]:
@@ -274,5 +244,4 @@ def restore_messages(msg: RestoreState, local_root: str | None = None,
     return out
 
 
-__all__ = ["RESTORE_PREFIX", "TaskSnapshot", "persist", "read_chains", "read_db_groups",
-           "remove_orphaned_restores", "restore_messages"]
+__all__ = ["TaskSnapshot", "persist", "read_chains", "read_db_groups", "restore_messages"]

@@ -106,6 +106,18 @@ def write_file(uri: str, data: bytes) -> None:
         out.write(data)
 
 
+def link_or_copy(src: str, dst: str, link: bool = True) -> None:
+    """``dst`` (new) as a hard link to the local file ``src`` when ``link`` (a copy when
+    the link fails, e.g. across devices), else as a copy. ``OSError`` as the copy's."""
+    if link:
+        try:
+            os.link(src, dst)
+            return
+        except OSError:
+            pass
+    shutil.copyfile(src, dst)
+
+
 def write_db_part(location: str, plan: DbPlan) -> int:
     """Upload the files of a task's DB checkpoint that ``plan`` marks (from its local
     folder into ``location``); returns the bytes uploaded. A store on this machine's
@@ -118,13 +130,8 @@ def write_db_part(location: str, plan: DbPlan) -> int:
         src = os.path.join(plan.local_dir, link.rsplit("/", 1)[-1])
         fs, path = _fs(join(location, link))
         fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-        if "://" not in location and is_sst(link):  # the others are rewritten by RocksDB
-            try:
-                os.link(src, path)
-            except OSError:
-                shutil.copyfile(src, path)
-        elif "://" not in location:
-            shutil.copyfile(src, path)
+        if "://" not in location:  # the files but SSTs are rewritten by rocksdict: copies
+            link_or_copy(src, path, link=is_sst(link))
         else:
             with open(src, "rb") as f, fs.open_output_stream(path) as out:
                 while chunk := f.read(8 << 20):
@@ -170,13 +177,7 @@ def fetch_file(uri: str, path: str, size: int) -> None:
     it when it is missing or not ``size`` bytes long."""
     try:
         if "://" not in uri:
-            src = os.path.abspath(uri)
-            try:
-                if not is_sst(src):
-                    raise OSError("copied, not linked")
-                os.link(src, path)
-            except OSError:
-                shutil.copyfile(src, path)
+            link_or_copy(os.path.abspath(uri), path, link=is_sst(uri))
         else:
             fs, spath = _fs(uri)
             with fs.open_input_stream(spath) as f, open(path, "wb") as out:
@@ -354,6 +355,6 @@ def discard_files(locations: Iterable[str], files: Iterable[str]) -> None:
 
 
 __all__ = ["complete_checkpoints", "default_root", "directory_name", "discard",
-           "discard_files", "fetch_file", "join", "link_uri", "parent_location", "part_file_name", "read_groups",
+           "discard_files", "fetch_file", "join", "link_or_copy", "link_uri", "parent_location", "part_file_name", "read_groups",
            "read_file", "read_metadata", "resolve", "write_db_part", "write_file", "write_metadata",
            "write_task_part"]

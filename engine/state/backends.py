@@ -54,6 +54,8 @@ LOCK_FILE = "reflow.lock"  # flock'ed in an instance directory while it is in us
 #: the folder under a node's state root where a restore unpacks a DB checkpoint's files
 #: (engine.checkpoints.snapshot.read_db_groups), one temporary folder per restore
 RESTORE_FOLDER = "restore"
+#: a restore's folder in it: ``<prefix><pid>-<random>`` (``remove_orphaned_restores``)
+RESTORE_PREFIX = "reflow-restore-db-"
 
 
 def state_root(config: StateConfig) -> str:
@@ -101,6 +103,24 @@ def _abandoned(instance: str) -> bool:
         except OSError:
             return False  # a live backend's (of this process)
         return True
+
+
+def remove_orphaned_restores(scratch: str) -> list[str]:
+    """Delete the restore folders under ``scratch`` (``<state root>/RESTORE_FOLDER``) whose
+    process is gone (killed during a restore: nothing else would delete them, and from a
+    remote store they hold copies of a DB's files); returns them. A folder of a live
+    process is left alone."""
+    removed = []
+    for path in _subdirs(scratch):
+        name = os.path.basename(path)
+        if not name.startswith(RESTORE_PREFIX):
+            continue
+        pid = name[len(RESTORE_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or _pid_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
 
 
 def _subdirs(path: str) -> list[str]:

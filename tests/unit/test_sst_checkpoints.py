@@ -47,6 +47,7 @@ from engine.checkpoints.store import (
 from engine.dataflow.config import JobConfig
 from engine.dataflow.deployment import initial_deployment
 from engine.errors import RestoreError
+from engine.state.backends import RESTORE_PREFIX
 from engine.state.keyed import (
     EVENT_TIME,
     PROCESSING_TIME,
@@ -524,8 +525,8 @@ def test_a_restore_removes_the_folders_restores_of_gone_processes_left(chain, tm
     scratch.mkdir()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    orphan = scratch / f"{snapshot_module.RESTORE_PREFIX}{gone}-abc"
-    mine = scratch / f"{snapshot_module.RESTORE_PREFIX}{os.getpid()}-def"
+    orphan = scratch / f"{RESTORE_PREFIX}{gone}-abc"
+    mine = scratch / f"{RESTORE_PREFIX}{os.getpid()}-def"
     for d in (orphan, mine):
         d.mkdir()
         (d / "000008.sst").write_bytes(b"x" * 10)
